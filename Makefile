@@ -1,0 +1,39 @@
+# Every target uses the virtual environment in .venv (made by `make install`).
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTHON ?= $(shell infra/find_python312.sh)
+
+.PHONY: install demo test lint bench status dashboard clean
+
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { infra/find_python312.sh; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[steps,test,lint]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) experiments/demo.py $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check executor steps experiments tests benchmarks
+	$(VENV)/bin/ruff format --check executor
+	$(VENV)/bin/mypy executor
+
+bench: install
+	$(PY) benchmarks/bench_plan.py
+
+status: install
+	$(PY) -m executor status $${EXECUTOR_PREFIX:-outputs}
+
+dashboard: install
+	@echo "The web dashboard is issue #5 and is not built yet; 'make status' shows the same data in the terminal." >&2
+	@exit 1
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,94 @@
+"""A content-hashed DAG executor: every step's output lives at `<prefix>/<name>-<hash>`.
+
+A step is a function of a frozen config dataclass. Fields marked `versioned(...)` and the
+versions of the steps it depends on make up the step's *version*; its hash names the output
+path, so changing a versioned value (or anything upstream) gives a new path and reruns, while
+unversioned fields (thread counts, log levels) never do. The prefix, backend and resources never
+enter the hash: the same DAG under `gs://bucket` and `./outputs` has the same hashes.
+
+Worked example, A -> B -> C:
+
+    @dataclass(frozen=True)
+    class DownloadConfig:
+        url: str                        # versioned below
+        output_path: str                # filled in at run time
+
+    @dataclass(frozen=True)
+    class TokenizeConfig:
+        input_path: str
+        output_path: str
+        tokenizer: str
+        num_threads: int = 8            # plain: not hashed, changing it reruns nothing
+
+    download = ExecutorStep(                                          # A
+        name="download", fn=download_fn,
+        config=DownloadConfig(url=versioned("https://example.com/x.jsonl"), output_path=THIS_OUTPUT_PATH),
+    )
+    tokenize = ExecutorStep(                                          # B
+        name="tokenize", fn=tokenize_fn,
+        config=TokenizeConfig(
+            input_path=output_path_of(download, "docs"),              # a dependency: hashed
+            output_path=THIS_OUTPUT_PATH, tokenizer=versioned("gpt2"),
+        ),
+    )
+    train = ExecutorStep(name="train", fn=train_fn, config=TrainConfig(data=tokenize / "tokens", ...))  # C
+    executor_main([train])
+
+`download`'s version is `{"name": "download", "config": {"url": "https://..."}, "dependencies": [],
+"code_version": null}`; its hash is the sha256 of that dict's canonical JSON and its path is
+`<prefix>/download-<first 8 hex>`. `tokenize`'s version holds `"input_path": "DEP[0]/docs"` and
+`download`'s name and hash in `dependencies`, so a new URL gives A, B and C new paths, while
+changing `num_threads` changes nothing. `tokenize_fn` receives
+`TokenizeConfig(input_path="<prefix>/download-1a2b3c4d/docs", output_path="<prefix>/tokenize-...", ...)`.
+
+Running `executor_main` skips every step whose output is SUCCESS, runs the rest in dependency
+order, and resumes after a failure; see README.md for the CLI, storage layout and leases.
+"""
+
+from executor.errors import (
+    ConfigError,
+    CycleError,
+    ExecutorError,
+    LeaseLostError,
+    StepFailedError,
+    StorageError,
+    UnversionableValueError,
+)
+from executor.executor import Executor
+from executor.main import ExecutorMainConfig, executor_main
+from executor.status import StepStatus, read_status
+from executor.step_spec import (
+    THIS_OUTPUT_PATH,
+    ExecutorStep,
+    InputName,
+    OutputName,
+    ResourceConfig,
+    VersionedValue,
+    output_path_of,
+    this_output_path,
+    versioned,
+)
+
+__all__ = [
+    "THIS_OUTPUT_PATH",
+    "ConfigError",
+    "CycleError",
+    "Executor",
+    "ExecutorError",
+    "ExecutorMainConfig",
+    "ExecutorStep",
+    "InputName",
+    "LeaseLostError",
+    "OutputName",
+    "ResourceConfig",
+    "StepFailedError",
+    "StepStatus",
+    "StorageError",
+    "UnversionableValueError",
+    "VersionedValue",
+    "executor_main",
+    "output_path_of",
+    "read_status",
+    "this_output_path",
+    "versioned",
+]

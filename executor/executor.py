@@ -1,0 +1,299 @@
+"""`Executor`: plan a DAG, decide what runs, run it on a backend, and report.
+
+    executor = Executor(prefix="gs://my-bucket/runs")
+    executor.run([tokenize_step], force_run=["tokenize"])
+    executor.output_paths[tokenize_step]   # gs://my-bucket/runs/tokenize-3f2a9c1b
+
+A step runs when its output is not SUCCESS (or `force_run` names it); it waits for its blocking
+dependencies; a failure marks its dependents DEP_FAILED while unrelated branches go on; at the
+end a `StepFailedError` lists what failed. Many executors may run the same DAG on the same prefix
+at once: leases make each step run exactly once (see lease.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from executor import storage
+from executor.backends import check_backend_name, make_backend
+from executor.errors import StepFailedError
+from executor.lease import Lease, LeaseSettings, new_worker_id
+from executor.plan import Plan, PlannedStep, build_plan
+from executor.records import experiment_file_name, experiment_record, info_path, step_info
+from executor.status import (
+    StatusEvent,
+    StepStatus,
+    append_event,
+    create_initial_status,
+    now_iso,
+    read_many_events,
+)
+from executor.step_runner import Outcome, StepResult, StepTask
+from executor.step_spec import ExecutorStep
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What this run will do with one selected step, and why."""
+
+    planned: PlannedStep
+    action: str
+    """"run", "skip" or "wait" (another worker holds it; this one waits, or takes over a stale lease)."""
+    reason: str
+    force: bool = False
+    drift: bool = False
+
+
+class Executor:
+    def __init__(self, prefix: str, executor_info_base_path: str | None = None, backend: str = "local"):
+        self.prefix = storage.make_absolute(prefix)
+        if not storage.is_url(prefix) and self.prefix != prefix:
+            logger.info("prefix %r is relative; using the absolute path %s", prefix, self.prefix)
+        self.executor_info_base_path = storage.make_absolute(
+            executor_info_base_path or storage.join(self.prefix, "experiments")
+        )
+        check_backend_name(backend)
+        self.backend = backend
+        self.lease_settings = LeaseSettings.from_env()
+        self.worker_id = new_worker_id()
+        self.plan: Plan | None = None
+        self.steps: list[ExecutorStep] = []
+        self.output_paths: dict[ExecutorStep, str] = {}
+        self.versions: dict[ExecutorStep, dict[str, Any]] = {}
+        self.version_strs: dict[ExecutorStep, str] = {}
+        self.configs: dict[ExecutorStep, Any] = {}
+        self.decisions: list[Decision] = []
+        self.results: dict[PlannedStep, StepResult] = {}
+        self.executor_info_path: str | None = None
+
+    # --- planning ---------------------------------------------------------------------------
+
+    def _expose(self, plan: Plan) -> None:
+        self.plan = plan
+        self.steps = [planned.step for planned in plan.steps]
+        for step, planned in plan.by_step.items():
+            self.output_paths[step] = planned.output_path
+            self.versions[step] = planned.version
+            self.version_strs[step] = planned.version_str
+            self.configs[step] = planned.config
+
+    @staticmethod
+    def _matching(plan_steps: Sequence[PlannedStep], patterns: Sequence[str], what: str) -> list[PlannedStep]:
+        matched: list[PlannedStep] = []
+        for pattern in patterns:
+            try:
+                regex = re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"{what} pattern {pattern!r} is not a valid regex: {error}") from error
+            hits = [planned for planned in plan_steps if regex.search(planned.name)]
+            if not hits:
+                logger.warning("%s pattern %r matches no step of this DAG; ignoring it", what, pattern)
+            matched.extend(hit for hit in hits if hit not in matched)
+        return matched
+
+    @staticmethod
+    def _with_blocking_dependencies(roots: Sequence[PlannedStep]) -> list[PlannedStep]:
+        selected: set[PlannedStep] = set()
+        stack = list(roots)
+        while stack:
+            planned = stack.pop()
+            if planned not in selected:
+                selected.add(planned)
+                stack.extend(planned.blocking)
+        return selected
+
+    def _decide(
+        self, plan: Plan, run_only: Sequence[str] | None, force_run: Sequence[str], force_run_failed: bool
+    ) -> list[Decision]:
+        roots = self._matching(plan.steps, run_only, "run_only") if run_only else plan.requested
+        selected_set = self._with_blocking_dependencies(roots)
+        selected = [planned for planned in plan.steps if planned in selected_set]
+        forced = set(self._matching(selected, force_run, "force_run")) if force_run else set()
+        histories = read_many_events([planned.output_path for planned in selected])
+        decisions, failed_before = [], []
+        for planned, events in zip(selected, histories, strict=True):
+            last = events[-1] if events else None
+            if planned in forced:
+                decisions.append(Decision(planned, "run", "force_run matched", force=True))
+            elif last is None:
+                decisions.append(Decision(planned, "run", "no output yet"))
+            elif last.status == StepStatus.SUCCESS:
+                recorded = last.details.get("code_fingerprint")
+                drift = bool(recorded and planned.fingerprint and recorded != planned.fingerprint)
+                if drift:
+                    logger.warning(
+                        "%s: code drift: %s changed since this output was written (%s); keeping the output "
+                        "because code is not hashed. Bump code_version or use --force_run %s to rerun it.",
+                        planned.label, planned.fn_name, planned.output_path, re.escape(planned.name),
+                    )
+                reason = f"SUCCESS at {last.time}" + ("; code drift: fn changed since" if drift else "")
+                decisions.append(Decision(planned, "skip", reason, drift=drift))
+            elif last.status == StepStatus.FAILED:
+                if not force_run_failed:
+                    failed_before.append(planned)
+                decisions.append(Decision(planned, "run", f"FAILED at {last.time}; rerunning (force_run_failed)"))
+            elif last.status == StepStatus.RUNNING:
+                decisions.append(Decision(planned, "wait", f"RUNNING in {last.worker} since {last.time}"))
+            else:
+                decisions.append(Decision(planned, "run", f"{last.status} at {last.time}"))
+        if failed_before:
+            listed = "; ".join(f"{planned.label} ({planned.output_path})" for planned in failed_before)
+            raise StepFailedError(
+                f"{len(failed_before)} step(s) failed previously and force_run_failed is false: {listed}. "
+                "Read their logs/step.log, fix the cause, then rerun with --force_run_failed true "
+                "(or force_run=[...] for just these steps).",
+                failed=[planned.label for planned in failed_before],
+            )
+        return decisions
+
+    # --- running ----------------------------------------------------------------------------
+
+    def run(
+        self,
+        steps: Sequence[ExecutorStep],
+        *,
+        dry_run: bool = False,
+        run_only: Sequence[str] | None = None,
+        force_run: Sequence[str] | None = None,
+        force_run_failed: bool = True,
+        max_concurrent: int | None = None,
+        caller: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        """Run every step of `steps` (and their dependencies) whose output is not SUCCESS yet."""
+        planned_at = now_iso()
+        plan = build_plan(list(steps), self.prefix)
+        self._expose(plan)
+        self.decisions = self._decide(plan, run_only, force_run or [], force_run_failed)
+        caller = caller or "experiment"
+        self.executor_info_path = storage.join(self.executor_info_base_path, experiment_file_name(plan, caller))
+        if dry_run:
+            self._print_dry_run()
+            return
+        storage.write_json_atomic(self.executor_info_path, experiment_record(plan, caller=caller, description=description))
+        to_run = [decision for decision in self.decisions if decision.action != "skip"]
+        for decision in self.decisions:
+            if decision.action == "skip":
+                logger.info("%s: SUCCESS already, skipping (%s)", decision.planned.label, decision.planned.output_path)
+        self._prepare(to_run)
+        self.results = self._schedule(to_run, planned_at, max_concurrent)
+        self._raise_for_failures()
+
+    def _print_dry_run(self) -> None:
+        width = max((len(decision.planned.label) for decision in self.decisions), default=0)
+        print(f"Dry run: {len(self.decisions)} step(s) under {self.prefix}; nothing is written.")
+        for decision in self.decisions:
+            print(f"  {decision.action:<4}  {decision.planned.label:<{width}}  {decision.reason}")
+            print(f"        {'':<{width}}  {decision.planned.output_path}")
+
+    def _prepare(self, to_run: list[Decision]) -> None:
+        """Write `.executor_info` and a first WAITING event for steps that have none (exclusive creates)."""
+
+        def prepare(decision: Decision) -> None:
+            planned = decision.planned
+            storage.create_exclusive(info_path(planned.output_path), storage.json_bytes(step_info(planned)))
+            create_initial_status(planned.output_path, StatusEvent(StepStatus.WAITING, worker=self.worker_id))
+
+        if to_run:
+            with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, len(to_run))) as pool:
+                list(pool.map(prepare, to_run))
+
+    def _task(self, decision: Decision, planned_at: str) -> StepTask:
+        planned = decision.planned
+        return StepTask(
+            label=planned.label,
+            output_path=planned.output_path,
+            fn=planned.step.fn,
+            config=planned.config,
+            info=step_info(planned),
+            fingerprint=planned.fingerprint,
+            force=decision.force,
+            planned_at=planned_at,
+            worker_id=self.worker_id,
+            lease_settings=self.lease_settings,
+        )
+
+    def _schedule(
+        self, to_run: list[Decision], planned_at: str, max_concurrent: int | None
+    ) -> dict[PlannedStep, StepResult]:
+        decision_of = {decision.planned: decision for decision in to_run}
+        waiting_on = {
+            planned: {dep for dep in planned.blocking if dep in decision_of} for planned in decision_of
+        }
+        ready = deque(planned for planned, deps in waiting_on.items() if not deps)
+        results: dict[PlannedStep, StepResult] = {}
+        limit = max_concurrent or max(4, os.cpu_count() or 1)
+        if limit < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        backend = make_backend(self.backend, limit)
+        running: dict[Future[StepResult], PlannedStep] = {}
+        try:
+            while ready or running:
+                while ready and len(running) < limit:
+                    planned = ready.popleft()
+                    running[backend.submit(self._task(decision_of[planned], planned_at), planned.step.resources)] = planned
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    planned = running.pop(future)
+                    try:
+                        result = future.result()
+                    except Exception as error:  # the executor's own I/O failed around the step
+                        logger.exception("%s: the executor failed around the step", planned.label)
+                        result = StepResult(Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
+                    results[planned] = result
+                    if result.ok:
+                        for child in planned.dependents:
+                            deps = waiting_on.get(child)
+                            if deps is not None and planned in deps:
+                                deps.discard(planned)
+                                if not deps and child not in results:
+                                    ready.append(child)
+                    else:
+                        self._mark_dependents_failed(planned, decision_of, results)
+        finally:
+            backend.close()
+        return results
+
+    def _mark_dependents_failed(
+        self, failed: PlannedStep, decision_of: dict[PlannedStep, Decision], results: dict[PlannedStep, StepResult]
+    ) -> None:
+        stack = list(failed.dependents)
+        while stack:
+            child = stack.pop()
+            if child not in decision_of or child in results:
+                continue
+            message = f"dependency {failed.label} failed"
+            results[child] = StepResult(Outcome.DEP_FAILED, message)
+            lease = Lease(child.output_path, self.worker_id, self.lease_settings)
+            if lease.try_acquire():  # another executor holding it will record its own outcome
+                try:
+                    append_event(
+                        child.output_path, StatusEvent(StepStatus.DEP_FAILED, worker=self.worker_id, message=message)
+                    )
+                finally:
+                    lease.release()
+            logger.error("%s: DEP_FAILED (%s) %s", child.label, message, child.output_path)
+            stack.extend(child.dependents)
+
+    def _raise_for_failures(self) -> None:
+        failed = [p for p, r in self.results.items() if r.outcome in (Outcome.FAILED, Outcome.FAILED_ELSEWHERE)]
+        dep_failed = [p for p, r in self.results.items() if r.outcome == Outcome.DEP_FAILED]
+        if not failed:
+            return
+        lines = [
+            f"{planned.label}: {self.results[planned].message} (log: {storage.join(planned.output_path, 'logs/step.log')})"
+            for planned in failed
+        ]
+        message = f"{len(failed)} step(s) failed: " + "; ".join(lines)
+        if dep_failed:
+            message += "; not run because a dependency failed (DEP_FAILED): " + ", ".join(p.label for p in dep_failed)
+        raise StepFailedError(message, [p.label for p in failed], [p.label for p in dep_failed])

@@ -1,0 +1,163 @@
+"""The JSON records the executor writes: `.executor_info`, the experiment file, and the manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import getpass
+import hashlib
+import json
+import logging
+import os
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from executor import storage
+from executor.identity import canonical_json
+from executor.plan import Plan, PlannedStep
+from executor.status import INFO_FILE, MANIFEST_FILE, METADATA_NAMES, STATUS_FILE, now_iso
+
+logger = logging.getLogger(__name__)
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON form of a resolved config for people to read (not for identity: see identity.py)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value)
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((jsonable(item) for item in value), key=lambda item: json.dumps(item, default=str))
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+@functools.cache
+def git_commit() -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+@functools.cache
+def user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def step_info(planned: PlannedStep, *, worker: str | None = None, started: str | None = None) -> dict[str, Any]:
+    step = planned.step
+    return {
+        "name": planned.name,
+        "fn": planned.fn_name,
+        "description": step.description,
+        "config": jsonable(planned.config),
+        "version": planned.version,
+        "hash": planned.hash,
+        "output_path": planned.output_path,
+        "dependencies": [
+            {"name": dep.name, "output_path": dep.output_path, "blocking": dep in planned.blocking}
+            for dep in planned.dependencies
+        ],
+        "code_fingerprint": planned.fingerprint,
+        "code_version": step.code_version,
+        "resources": jsonable(step.resources),
+        "git_commit": git_commit(),
+        "user": user_name(),
+        "host": socket.gethostname(),
+        "worker": worker,
+        "written": now_iso(),
+        "started": started,
+    }
+
+
+def info_path(output_path: str) -> str:
+    return storage.join(output_path, INFO_FILE)
+
+
+def experiment_record(plan: Plan, *, caller: str, description: str | None) -> dict[str, Any]:
+    return {
+        "caller": caller,
+        "description": description,
+        "git_commit": git_commit(),
+        "user": user_name(),
+        "created": now_iso(),
+        "steps": [
+            {
+                "name": planned.name,
+                "hash": planned.hash,
+                "output_path": planned.output_path,
+                "status_path": storage.join(planned.output_path, STATUS_FILE),
+                "fn": planned.fn_name,
+                "code_fingerprint": planned.fingerprint,
+                "version": planned.version,
+                "config": jsonable(planned.config),
+                "description": planned.step.description,
+                "requested": planned in plan.requested,
+                "dependencies": [
+                    {"output_path": dep.output_path, "blocking": dep in planned.blocking}
+                    for dep in planned.dependencies
+                ],
+            }
+            for planned in plan.steps
+        ],
+    }
+
+
+def experiment_file_name(plan: Plan, caller: str) -> str:
+    script = os.path.splitext(os.path.basename(caller))[0] or "experiment"
+    identity = hashlib.sha256(canonical_json(sorted(p.hash for p in plan.steps)).encode()).hexdigest()
+    return f"{script}-{identity[:8]}.json"
+
+
+def write_manifest(output_path: str) -> dict[str, Any]:
+    """List every output file with its size and sha256, then write `.executor_manifest`."""
+    files = storage.walk_files(output_path, skip=METADATA_NAMES)
+    paths = [storage.join(output_path, relative) for relative, _size in files]
+    with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(paths)))) as pool:
+        digests = list(pool.map(storage.sha256_file, paths))
+    manifest = {
+        "written": now_iso(),
+        "files": [
+            {"path": relative, "size": size, "sha256": digest}
+            for (relative, size), digest in zip(files, digests, strict=True)
+        ],
+        "total_bytes": sum(size for _relative, size in files),
+    }
+    storage.write_json_atomic(storage.join(output_path, MANIFEST_FILE), manifest)
+    return manifest
+
+
+def verify_manifest(output_path: str) -> list[str]:
+    """Problems found when recomputing a finished step's checksums; empty means all is well."""
+    manifest = storage.read_json(storage.join(output_path, MANIFEST_FILE))
+    if manifest is None:
+        return [f"{output_path}: no {MANIFEST_FILE}; the step never finished (or predates manifests)"]
+    problems = []
+    for entry in manifest["files"]:
+        path = storage.join(output_path, entry["path"])
+        if not storage.exists(path):
+            problems.append(f"missing: {path}")
+            continue
+        digest = storage.sha256_file(path)
+        if digest != entry["sha256"]:
+            problems.append(f"corrupt: {path} (sha256 {digest[:12]}…, manifest says {entry['sha256'][:12]}…)")
+    listed = {entry["path"] for entry in manifest["files"]}
+    for relative, _size in storage.walk_files(output_path, skip=METADATA_NAMES):
+        if relative not in listed:
+            problems.append(f"not in manifest: {storage.join(output_path, relative)}")
+    return problems

@@ -1,0 +1,136 @@
+"""What a step leaves in storage besides its outputs, and the status history.
+
+Layout under `<prefix>/<name>-<hash>/`:
+
+    .executor_info      JSON: name, fn, resolved config, version, hash, dependencies, fingerprint, who/when
+    .executor_status    JSON lines, one event each: {"status", "time", "attempt", "worker", "message", ...};
+                        the last line is the current status
+    .executor_lease/    numbered lease objects (see lease.py)
+    .executor_manifest  JSON: every output file with size and sha256, written just before SUCCESS
+    logs/step.log       the step's captured log
+    ...                 the step's own outputs
+
+Only a lease holder rewrites `.executor_status`; before any lease exists, the first WAITING event is
+created with an exclusive create, so no writer can overwrite another's newer history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from executor import storage
+from executor.errors import StorageError
+
+logger = logging.getLogger(__name__)
+
+INFO_FILE = ".executor_info"
+STATUS_FILE = ".executor_status"
+LEASE_DIR = ".executor_lease"
+MANIFEST_FILE = ".executor_manifest"
+LOG_DIR = "logs"
+LOG_FILE = "logs/step.log"
+METADATA_NAMES = frozenset({INFO_FILE, STATUS_FILE, LEASE_DIR, MANIFEST_FILE, LOG_DIR})
+"""Top-level names the executor owns; they are not the step's outputs."""
+
+
+class StepStatus(StrEnum):
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    DEP_FAILED = "DEP_FAILED"
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+
+
+def parse_time(value: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(value)
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    status: StepStatus
+    time: str = field(default_factory=now_iso)
+    attempt: int = 0
+    worker: str | None = None
+    message: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    """Extra figures: the code fingerprint on SUCCESS, shard progress, the traceback on FAILED."""
+
+    def to_json(self) -> str:
+        record = dataclasses.asdict(self)
+        record["status"] = str(self.status)
+        if not record["details"]:
+            del record["details"]
+        return json.dumps(record, sort_keys=True, default=str)
+
+    @staticmethod
+    def from_json(line: str) -> StatusEvent:
+        record = json.loads(line)
+        return StatusEvent(
+            status=StepStatus(record["status"]),
+            time=record["time"],
+            attempt=record.get("attempt", 0),
+            worker=record.get("worker"),
+            message=record.get("message"),
+            details=record.get("details") or {},
+        )
+
+
+def status_path(output_path: str) -> str:
+    return storage.join(output_path, STATUS_FILE)
+
+
+def parse_events(data: bytes | None, output_path: str) -> list[StatusEvent]:
+    if not data:
+        return []
+    try:
+        return [StatusEvent.from_json(line) for line in data.decode().splitlines() if line.strip()]
+    except (ValueError, KeyError) as error:
+        raise StorageError(
+            f"{status_path(output_path)} is corrupt ({error}); inspect it, then delete it to let the step rerun"
+        ) from error
+
+
+def read_events(output_path: str) -> list[StatusEvent]:
+    return parse_events(storage.read_bytes(status_path(output_path)), output_path)
+
+
+def read_status(output_path: str) -> str | None:
+    """The step's current status (WAITING, RUNNING, SUCCESS, FAILED, DEP_FAILED), or None if it never ran."""
+    events = read_events(output_path)
+    return str(events[-1].status) if events else None
+
+
+def read_many_events(output_paths: Sequence[str]) -> list[list[StatusEvent]]:
+    """Status histories of many steps, read in parallel."""
+    blobs = storage.read_many(status_path(path) for path in output_paths)
+    return [parse_events(blob, path) for blob, path in zip(blobs, output_paths, strict=True)]
+
+
+def create_initial_status(output_path: str, event: StatusEvent) -> bool:
+    """Start a history with `event` if the step has none yet (safe without a lease)."""
+    return storage.create_exclusive(status_path(output_path), event.to_json() + "\n")
+
+
+def append_event(output_path: str, event: StatusEvent) -> None:
+    """Append to the history. Only the lease holder may call this (read, then atomic rewrite)."""
+    path = status_path(output_path)
+    existing = storage.read_bytes(path) or b""
+    if existing and not existing.endswith(b"\n"):
+        existing += b"\n"
+    storage.write_atomic(path, existing + event.to_json().encode() + b"\n")
+    logger.debug("%s: %s", output_path, event.status)
+
+
+def attempts_so_far(events: Sequence[StatusEvent]) -> int:
+    return sum(1 for event in events if event.status == StepStatus.RUNNING)

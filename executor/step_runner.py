@@ -1,0 +1,253 @@
+"""Run one step exactly once across every executor that shares its output path.
+
+`run_step(task)` is self-contained (a task object in, an outcome out) so that any backend can
+call it: a thread here, a Ray task later. The sequence is
+
+    wait until the step is SUCCESS (skip) or its lease can be taken
+    -> .executor_info, RUNNING -> fn(config) under a heartbeat -> manifest -> SUCCESS (last)
+
+and on an exception FAILED with the traceback. If the heartbeat finds the lease taken over, the
+step function is interrupted (an exception raised in its thread), nothing more is written, and
+the worker goes back to waiting for the new holder's result.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from executor import storage
+from executor.errors import LeaseLostError
+from executor.lease import Heartbeat, Lease, LeaseSettings
+from executor.records import info_path, write_manifest
+from executor.status import (
+    LOG_FILE,
+    StatusEvent,
+    StepStatus,
+    append_event,
+    attempts_so_far,
+    parse_time,
+    read_events,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class StepAborted(BaseException):  # noqa: N818 - BaseException, so `except Exception` in steps cannot swallow it
+    """Raised inside a step's thread when its lease is lost."""
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "SUCCEEDED"
+    """This worker ran the step and it succeeded."""
+    DONE_ELSEWHERE = "DONE_ELSEWHERE"
+    """Another worker finished it (before or while this one waited)."""
+    FAILED = "FAILED"
+    """This worker ran it and it raised."""
+    FAILED_ELSEWHERE = "FAILED_ELSEWHERE"
+    """Another worker ran it while this one waited, and it failed."""
+    DEP_FAILED = "DEP_FAILED"
+    """Not run: a blocking dependency failed."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    outcome: Outcome
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (Outcome.SUCCEEDED, Outcome.DONE_ELSEWHERE)
+
+
+@dataclass
+class StepTask:
+    """Everything a worker needs to run one step."""
+
+    label: str
+    output_path: str
+    fn: Callable[[Any], Any]
+    config: Any
+    info: dict[str, Any]
+    fingerprint: str | None
+    force: bool
+    """Run even if SUCCESS (force_run); a SUCCESS newer than `planned_at` still counts as done."""
+    planned_at: str
+    worker_id: str
+    lease_settings: LeaseSettings
+
+
+def run_step(task: StepTask) -> StepResult:
+    lease = Lease(task.output_path, task.worker_id, task.lease_settings)
+    while True:
+        done = _wait_for_lease(task, lease)
+        if done is not None:
+            return done
+        try:
+            return _run_holding_lease(task, lease)
+        except LeaseLostError as error:
+            logger.warning("%s: %s; waiting for the new holder", task.label, error)
+        finally:
+            lease.release()
+
+
+def _newer_than_plan(event: StatusEvent, task: StepTask) -> bool:
+    return parse_time(event.time) >= parse_time(task.planned_at)
+
+
+def _finished(task: StepTask, waited: bool) -> StepResult | None:
+    """The result if the step needs no run by this worker: SUCCESS, or another's failure we waited on."""
+    events = read_events(task.output_path)
+    if not events:
+        return None
+    last = events[-1]
+    if last.status == StepStatus.SUCCESS and (not task.force or _newer_than_plan(last, task)):
+        return StepResult(Outcome.DONE_ELSEWHERE, f"finished by {last.worker} at {last.time}")
+    if waited and last.status == StepStatus.FAILED and _newer_than_plan(last, task):
+        return StepResult(Outcome.FAILED_ELSEWHERE, f"failed in {last.worker}: {last.message}")
+    return None
+
+
+def _wait_for_lease(task: StepTask, lease: Lease) -> StepResult | None:
+    """None once this worker holds the lease; a result if the step was settled by someone else."""
+    waited = False
+    while True:
+        done = _finished(task, waited)
+        if done is not None:
+            return done
+        if lease.try_acquire():
+            done = _finished(task, waited)  # it may have finished between our look and our lease
+            if done is not None:
+                lease.release()
+            return done
+        if not waited:
+            holder = lease.current() or {}
+            logger.info(
+                "%s: %s holds the lease (heartbeat %s); waiting",
+                task.label, holder.get("worker"), holder.get("heartbeat"),
+            )
+            waited = True
+        time.sleep(task.lease_settings.poll_s)
+
+
+def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult:
+    attempt = attempts_so_far(read_events(task.output_path)) + 1
+    started = StatusEvent(StepStatus.RUNNING, attempt=attempt, worker=task.worker_id)
+    storage.write_json_atomic(info_path(task.output_path), {**task.info, "worker": task.worker_id, "started": started.time})
+    append_event(task.output_path, started)
+    logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt, task.output_path)
+    with _StepLog(task.output_path) as step_log:
+        interrupter = _Interrupter()
+        with Heartbeat(lease, on_lost=interrupter.interrupt, on_tick=step_log.upload) as heartbeat:
+            try:
+                with interrupter:
+                    task.fn(task.config)
+                if heartbeat.lost is not None:
+                    raise heartbeat.lost
+                lease.check()
+                write_manifest(task.output_path)
+            except StepAborted as aborted:
+                raise heartbeat.lost or LeaseLostError(f"{task.label}: aborted") from aborted
+            except (LeaseLostError, KeyboardInterrupt):
+                raise
+            except BaseException as error:
+                message = f"{type(error).__name__}: {error}"
+                logger.error("%s: FAILED (attempt %d): %s", task.label, attempt, message)
+                step_log.write_exception(error)
+                lease.check()
+                append_event(
+                    task.output_path,
+                    StatusEvent(
+                        StepStatus.FAILED, attempt=attempt, worker=task.worker_id, message=message,
+                        details={"traceback": "".join(traceback.format_exception(error))},
+                    ),
+                )
+                return StepResult(Outcome.FAILED, message)
+    lease.check()
+    append_event(
+        task.output_path,
+        StatusEvent(
+            StepStatus.SUCCESS, attempt=attempt, worker=task.worker_id,
+            details={"code_fingerprint": task.fingerprint},
+        ),
+    )
+    logger.info("%s: SUCCESS %s", task.label, task.output_path)
+    return StepResult(Outcome.SUCCEEDED)
+
+
+class _Interrupter:
+    """Raises StepAborted inside the step's thread, but only while the step function runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread_id: int | None = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._thread_id = threading.get_ident()
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            if self._thread_id is not None:
+                # Clear an interrupt that was sent but not yet raised: from here on we are our own code.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+            self._thread_id = None
+
+    def interrupt(self, _error: LeaseLostError) -> None:
+        with self._lock:
+            if self._thread_id is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread_id), ctypes.py_object(StepAborted)
+                )
+
+
+class _StepLog:
+    """Captures log records from the step's thread into `<output>/logs/step.log`."""
+
+    def __init__(self, output_path: str):
+        self.target = storage.join(output_path, LOG_FILE)
+        self._thread_id = threading.get_ident()
+        handle, self._local = tempfile.mkstemp(prefix="executor-step-", suffix=".log")
+        os.close(handle)
+        existing = storage.read_bytes(self.target)  # keep earlier attempts' logs
+        if existing:
+            with open(self._local, "wb") as out:
+                out.write(existing)
+        self._handler = logging.FileHandler(self._local, encoding="utf-8")
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._handler.addFilter(lambda record: record.thread == self._thread_id)
+        self._upload_lock = threading.Lock()
+
+    def __enter__(self) -> _StepLog:
+        logging.getLogger().addHandler(self._handler)
+        return self
+
+    def write_exception(self, error: BaseException) -> None:
+        self._handler.acquire()
+        try:
+            self._handler.stream.write("".join(traceback.format_exception(error)))
+            self._handler.flush()
+        finally:
+            self._handler.release()
+
+    def upload(self) -> None:
+        with self._upload_lock:
+            self._handler.flush()
+            storage.upload_file(self._local, self.target)
+
+    def __exit__(self, *exc_info: object) -> None:
+        logging.getLogger().removeHandler(self._handler)
+        try:
+            self.upload()
+        finally:
+            self._handler.close()
+            os.unlink(self._local)

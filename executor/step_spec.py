@@ -1,0 +1,178 @@
+"""What a user writes to declare a step: `ExecutorStep` and the markers its config may hold.
+
+A config is a frozen dataclass whose fields are plain values (not hashed), `versioned(v)`
+(hashed), `output_path_of(step, sub)` / `InputName` (a dependency: its version is hashed, its
+output path is filled in before the step runs) or `this_output_path(sub)` (the step's own output
+path, filled in at run time). Nothing here touches storage; identity lives in `identity.py` and
+`plan.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from executor.errors import ConfigError
+
+ConfigT = TypeVar("ConfigT")
+
+_STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)*$")
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """What a step asks of the machine that runs it. Never part of the step's identity."""
+
+    cpus: float = 1
+    """CPU cores for the step's own process or task."""
+    memory_gb: float | None = None
+    """Memory in GiB; None leaves it to the backend."""
+    gpus: float = 0
+    """GPUs (or other accelerators) for the step."""
+    accelerator_type: str | None = None
+    """E.g. "H100" or "v5p-8"; backends that know accelerator types schedule on it."""
+    custom: dict[str, float] = field(default_factory=dict)
+    """Extra named resources (Ray custom resources)."""
+
+
+@dataclass(frozen=True, eq=False)
+class ExecutorStep(Generic[ConfigT]):
+    """One node of the DAG: `fn(config)` writes its outputs under the step's output path.
+
+    Steps compare by identity; two steps built separately with the same name, function and
+    version are merged into one when the DAG is planned.
+    """
+
+    name: str
+    """Human name; the output path is `<prefix>/<name>-<hash>`. May contain `/` to group steps."""
+    fn: Callable[[ConfigT], Any]
+    """The function that does the work. It receives the config with every marker resolved."""
+    config: ConfigT
+    """A dataclass instance (frozen is best) holding plain values and markers."""
+    description: str | None = None
+    """Free text shown by `status`, `explain` and the dashboard."""
+    override_output_path: str | None = None
+    """Pin the output path: relative means under the prefix, absolute is used as is.
+    It changes the path, never the version."""
+    resources: ResourceConfig | None = None
+    """What the step needs to run; never hashed."""
+    code_version: str | None = None
+    """Bump this string to force new outputs after a code change (code is not hashed)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _STEP_NAME.match(self.name):
+            raise ConfigError(
+                f"step name {self.name!r} is not valid: use letters, digits, '_', '-', '.', "
+                "and '/' between parts"
+            )
+        if not callable(self.fn):
+            raise ConfigError(f"step {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+        if not dataclasses.is_dataclass(self.config) or isinstance(self.config, type):
+            raise ConfigError(
+                f"step {self.name!r}: config must be a dataclass instance, got "
+                f"{type(self.config).__name__}; wrap the step's settings in a @dataclass(frozen=True)"
+            )
+
+    def cd(self, name: str) -> InputName:
+        """A dependency on the subpath `name` of this step's output."""
+        return InputName(self, name)
+
+    def __truediv__(self, name: str) -> InputName:
+        return InputName(self, name)
+
+    def __repr__(self) -> str:
+        return f"ExecutorStep(name={self.name!r}, fn={getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+@dataclass(frozen=True)
+class InputName:
+    """A path inside another step's output (or a hard-coded path), resolved before running.
+
+    `block_on_step=False` makes a pseudo-dependency: its version enters the hash but the
+    executor neither waits for it nor runs it (unless it is asked for or blocking-needed).
+    """
+
+    step: ExecutorStep | None
+    name: str | None = None
+    block_on_step: bool = True
+
+    @staticmethod
+    def hardcoded(path: str) -> InputName:
+        """A fixed path, not produced by any step; the path itself enters the version."""
+        return InputName(None, path)
+
+    def nonblocking(self) -> InputName:
+        return dataclasses.replace(self, block_on_step=False)
+
+    def cd(self, name: str) -> InputName:
+        return dataclasses.replace(self, name=join_relative(self.name, name))
+
+    def __truediv__(self, name: str) -> InputName:
+        return self.cd(name)
+
+    def __post_init__(self) -> None:
+        if self.step is None and not self.name:
+            raise ConfigError("InputName.hardcoded needs a non-empty path")
+
+
+@dataclass(frozen=True)
+class OutputName:
+    """The running step's own output path (or a subpath of it), filled in at run time."""
+
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class VersionedValue:
+    """A config value that enters the step's version (and so its hash and path)."""
+
+    value: Any
+
+
+def versioned(value: Any) -> VersionedValue:
+    """Mark `value` as part of the step's identity. It must be JSON-canonical data."""
+    _reject_markers(value, "versioned(...)")
+    return VersionedValue(value)
+
+
+def output_path_of(step: ExecutorStep, name: str | None = None) -> InputName:
+    """The output path of `step` (or a subpath): a dependency whose version is hashed."""
+    return InputName(step, name)
+
+
+def this_output_path(name: str | None = None) -> OutputName:
+    return OutputName(name)
+
+
+THIS_OUTPUT_PATH = OutputName(None)
+
+
+def join_relative(base: str | None, name: str | None) -> str | None:
+    if not name:
+        return base
+    if not base:
+        return name
+    return f"{base.rstrip('/')}/{name.lstrip('/')}"
+
+
+def _reject_markers(value: Any, where: str) -> None:
+    """`versioned` holds data only: a dependency or another versioned value inside is an error."""
+    if isinstance(value, VersionedValue):
+        raise ValueError(f"{where}: the value is already versioned; do not nest versioned()")
+    if isinstance(value, (InputName, ExecutorStep, OutputName)):
+        raise ValueError(
+            f"{where}: {type(value).__name__} cannot be versioned; a dependency's version is "
+            "already part of the hash"
+        )
+    if isinstance(value, dict):
+        for item in value.values():
+            _reject_markers(item, where)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            _reject_markers(item, where)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _reject_markers(getattr(value, f.name), where)

@@ -1,0 +1,217 @@
+"""All executor I/O, through fsspec: reads, atomic writes, exclusive creates, listings, checksums.
+
+Paths are full URLs (`gs://bucket/x`, `s3://b/x`, `memory://x`) or absolute local paths.
+Two primitives carry the executor's safety, and both exist on every store we support:
+
+- `write_atomic`: a reader sees the old bytes or the new bytes, never a torn file (local: temp
+  file + rename; object stores: a single PUT).
+- `create_exclusive`: create-if-absent, where exactly one of many concurrent creators wins
+  (local: `link(2)` of a finished temp file, which fails if the name exists; GCS:
+  `ifGenerationMatch=0`; S3: `If-None-Match: *`; memory: a process-wide lock).
+
+No compare-and-swap on an existing object is assumed anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import threading
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+_MEMORY_CREATE_LOCK = threading.Lock()
+_CHUNK = 8 * 1024 * 1024
+IO_THREADS = 32
+"""Parallel metadata reads; object stores reward many requests in flight."""
+
+
+def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    return fs, fs_path
+
+
+def is_url(path: str) -> bool:
+    return "://" in path
+
+
+def make_absolute(path: str) -> str:
+    """Local paths become absolute; URLs are returned unchanged (minus a trailing slash)."""
+    if is_url(path):
+        return path.rstrip("/") if not path.endswith("://") else path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def join(base: str, *parts: str) -> str:
+    path = base.rstrip("/")
+    for part in parts:
+        if part:
+            path = f"{path}/{part.strip('/')}"
+    return path
+
+
+def basename(path: str) -> str:
+    return posixpath.basename(path.rstrip("/"))
+
+
+def dirname(path: str) -> str:
+    if is_url(path):
+        protocol, rest = path.split("://", 1)
+        return f"{protocol}://{posixpath.dirname(rest.rstrip('/'))}"
+    return os.path.dirname(path.rstrip("/"))
+
+
+def exists(path: str) -> bool:
+    fs, fs_path = filesystem(path)
+    return fs.exists(fs_path)
+
+
+def read_bytes(path: str) -> bytes | None:
+    """The file's bytes, or None if it does not exist."""
+    fs, fs_path = filesystem(path)
+    try:
+        return fs.cat_file(fs_path)
+    except FileNotFoundError:
+        return None
+
+
+def read_text(path: str) -> str | None:
+    data = read_bytes(path)
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def read_json(path: str) -> Any | None:
+    data = read_bytes(path)
+    return None if data is None else json.loads(data)
+
+
+def read_many(paths: Iterable[str]) -> list[bytes | None]:
+    """Read many small files in parallel (never one sequential round trip per file)."""
+    paths = list(paths)
+    if len(paths) <= 1:
+        return [read_bytes(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(paths))) as pool:
+        return list(pool.map(read_bytes, paths))
+
+
+def makedirs(path: str) -> None:
+    fs, fs_path = filesystem(path)
+    fs.makedirs(fs_path, exist_ok=True)
+
+
+def _local_temp_name(fs_path: str) -> str:
+    return f"{fs_path}.tmp-{uuid.uuid4().hex}"
+
+
+def write_atomic(path: str, data: bytes | str) -> None:
+    """Replace the file at `path` with `data`; readers never see a partial file."""
+    payload = data.encode() if isinstance(data, str) else data
+    fs, fs_path = filesystem(path)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(fs_path), exist_ok=True)
+        temp = _local_temp_name(fs_path)
+        with open(temp, "wb") as handle:
+            handle.write(payload)
+        os.replace(temp, fs_path)
+    else:
+        fs.pipe_file(fs_path, payload)
+
+
+def create_exclusive(path: str, data: bytes | str) -> bool:
+    """Create `path` holding `data` if it does not exist. True if this call created it."""
+    payload = data.encode() if isinstance(data, str) else data
+    fs, fs_path = filesystem(path)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(fs_path), exist_ok=True)
+        temp = _local_temp_name(fs_path)
+        with open(temp, "wb") as handle:
+            handle.write(payload)
+        try:
+            os.link(temp, fs_path)  # atomic, fails if the name exists; readers never see it half-written
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temp)
+    if isinstance(fs, MemoryFileSystem):
+        with _MEMORY_CREATE_LOCK:
+            if fs.exists(fs_path):
+                return False
+            fs.pipe_file(fs_path, payload)
+            return True
+    try:
+        fs.pipe_file(fs_path, payload, mode="create")
+        return True
+    except FileExistsError:
+        return False
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value, indent=1, sort_keys=True, default=str).encode()
+
+
+def write_json_atomic(path: str, value: Any) -> None:
+    write_atomic(path, json_bytes(value))
+
+
+def delete(path: str, recursive: bool = False) -> None:
+    fs, fs_path = filesystem(path)
+    try:
+        fs.rm(fs_path, recursive=recursive)
+    except FileNotFoundError:
+        pass
+
+
+def list_names(path: str) -> list[str]:
+    """Names (not paths) of the entries directly under `path`; empty if it does not exist."""
+    fs, fs_path = filesystem(path)
+    try:
+        entries = fs.ls(fs_path, detail=False, refresh=True) if _supports_refresh(fs) else fs.ls(fs_path, detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(posixpath.basename(entry.rstrip("/")) for entry in entries)
+
+
+def _supports_refresh(fs: fsspec.AbstractFileSystem) -> bool:
+    return not isinstance(fs, (LocalFileSystem, MemoryFileSystem))
+
+
+def walk_files(path: str, skip: Iterable[str] = ()) -> list[tuple[str, int]]:
+    """(relative path, size) of every file under `path`, skipping top-level names in `skip`."""
+    fs, fs_path = filesystem(path)
+    skip = set(skip)
+    root = fs_path.rstrip("/")
+    try:
+        found = fs.find(root, detail=True)
+    except FileNotFoundError:
+        return []
+    files = []
+    for full, info in found.items():
+        relative = full[len(root) :].lstrip("/")
+        if not relative or relative.split("/", 1)[0] in skip or info.get("type") == "directory":
+            continue
+        files.append((relative, int(info.get("size") or 0)))
+    return sorted(files)
+
+
+def sha256_file(path: str) -> str:
+    fs, fs_path = filesystem(path)
+    digest = hashlib.sha256()
+    with fs.open(fs_path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def upload_file(local_path: str, path: str) -> None:
+    """Copy a local file to `path` atomically."""
+    with open(local_path, "rb") as handle:
+        write_atomic(path, handle.read())
