@@ -24,6 +24,7 @@ from typing import Any
 from executor import storage
 from executor.backends import check_backend_name, make_backend
 from executor.errors import StepFailedError
+from executor.explain import ExplainReport, explain
 from executor.lease import Lease, LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
 from executor.records import experiment_file_name, experiment_record, info_path, step_info
@@ -154,6 +155,12 @@ class Executor:
                 failed=[planned.label for planned in failed_before],
             )
         return decisions
+
+    def explain(self, step: ExecutorStep) -> ExplainReport:
+        """Why `step`'s hash is what it is, and how it differs from other stored versions of it."""
+        plan = self.plan if self.plan is not None and step in self.plan.by_step else build_plan([step], self.prefix)
+        planned = plan.lookup(step)
+        return explain(planned.output_path, planned.version, planned.hash, planned.fingerprint)
 
     # --- running ----------------------------------------------------------------------------
 

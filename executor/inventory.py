@@ -1,0 +1,110 @@
+"""Read-only views of what is stored: the steps of an experiment or a prefix, with their status.
+
+Every read here is batched (`storage.read_many`), so a view of thousands of steps costs a few
+parallel round trips, not one sequential round trip per step. The CLI's `status` and the
+dashboard both read through this module.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from executor import storage
+from executor.status import INFO_FILE, STATUS_FILE, StatusEvent, StepStatus, attempts_so_far, parse_events
+
+
+@dataclass(frozen=True)
+class StepRow:
+    name: str
+    label: str
+    output_path: str
+    status: str | None
+    attempts: int
+    updated: str | None
+    started: str | None
+    worker: str | None
+    message: str | None
+    drift: bool
+
+
+def step_row(
+    name: str, output_path: str, events: list[StatusEvent], current_fingerprint: str | None = None
+) -> StepRow:
+    last = events[-1] if events else None
+    running = [event for event in events if event.status == StepStatus.RUNNING]
+    recorded = last.details.get("code_fingerprint") if last is not None else None
+    return StepRow(
+        name=name,
+        label=storage.basename(output_path),
+        output_path=output_path,
+        status=str(last.status) if last else None,
+        attempts=attempts_so_far(events),
+        updated=last.time if last else None,
+        started=running[-1].time if running else None,
+        worker=last.worker if last else None,
+        message=last.message if last else None,
+        drift=bool(recorded and current_fingerprint and recorded != current_fingerprint),
+    )
+
+
+def load_experiment(path: str) -> dict[str, Any]:
+    record = storage.read_json(path)
+    if record is None:
+        raise FileNotFoundError(f"no experiment file at {path}")
+    return record
+
+
+def experiment_rows(record: dict[str, Any]) -> list[StepRow]:
+    steps = record["steps"]
+    blobs = storage.read_many(step["status_path"] for step in steps)
+    return [
+        step_row(step["name"], step["output_path"], parse_events(blob, step["output_path"]), step.get("code_fingerprint"))
+        for step, blob in zip(steps, blobs, strict=True)
+    ]
+
+
+def find_step_outputs(prefix: str, max_depth: int = 3) -> list[str]:
+    """Output folders under `prefix` (step names may contain '/', so look a few levels down)."""
+    fs, fs_path = storage.filesystem(prefix)
+    base = fs_path.rstrip("/")
+    found: list[str] = []
+    for depth in range(1, max_depth + 1):
+        pattern = base + "/*" * depth + "/" + INFO_FILE
+        for match in fs.glob(pattern):
+            folder = match[: -len(INFO_FILE) - 1]
+            found.append(storage.join(prefix, folder[len(base) :]))
+    return sorted(set(found))
+
+
+def prefix_rows(prefix: str) -> list[StepRow]:
+    outputs = find_step_outputs(prefix)
+    infos = storage.read_many(storage.join(path, INFO_FILE) for path in outputs)
+    statuses = storage.read_many(storage.join(path, STATUS_FILE) for path in outputs)
+    rows = []
+    for path, info_blob, status_blob in zip(outputs, infos, statuses, strict=True):
+        name = json.loads(info_blob).get("name") if info_blob else storage.basename(path)
+        rows.append(step_row(name, path, parse_events(status_blob, path)))
+    return rows
+
+
+def latest_experiment(prefix: str) -> str | None:
+    """The most recently written experiment file under `<prefix>/experiments`, if any."""
+    folder = storage.join(prefix, "experiments")
+    names = [name for name in storage.list_names(folder) if name.endswith(".json")]
+    if not names:
+        return None
+    records = storage.read_many(storage.join(folder, name) for name in names)
+    newest = max(
+        zip(names, records, strict=True), key=lambda pair: json.loads(pair[1]).get("created", "") if pair[1] else ""
+    )
+    return storage.join(folder, newest[0])
+
+
+def status_counts(rows: list[StepRow]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        key = row.status or "NEVER_RAN"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
