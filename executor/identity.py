@@ -211,6 +211,9 @@ def _fingerprint_code(code: Any) -> str | None:
     except SyntaxError:  # a lambda cut out of a larger expression
         normalized = "\n".join(line.split("#", 1)[0].strip() for line in source.splitlines())
         return hashlib.sha256(normalized.encode()).hexdigest()
+    top = tree.body[0] if tree.body else None
+    if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        top.name = ""  # a rename is not a code change; qualified names are compared separately
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (

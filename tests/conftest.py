@@ -1,0 +1,76 @@
+"""Shared fixtures: small real step functions whose calls are counted, and fast lease timings."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+
+import fsspec
+import pytest
+
+from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
+
+
+class CallLog:
+    """Counts step-function calls by step name, across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def record(self, name: str) -> None:
+        with self._lock:
+            self.counts[name] += 1
+
+
+CALLS = CallLog()
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    """Writes `text` (plus its inputs' text) to `<output_path>/out.txt`."""
+
+    name: str
+    output_path: str
+    text: str = "x"
+    inputs: tuple[str, ...] = ()
+    refs: tuple[str, ...] = ()
+    """Paths only referenced (pseudo-dependencies): never read."""
+    fail: bool = False
+
+
+def write_text(config: WriteConfig) -> None:
+    CALLS.record(config.name)
+    if config.fail:
+        raise RuntimeError(f"{config.name} was told to fail")
+    parts = [config.text]
+    for path in config.inputs:
+        with fsspec.open(path, "r") as handle:
+            parts.append(handle.read())
+    with fsspec.open(f"{config.output_path}/out.txt", "w", auto_mkdir=True) as handle:
+        handle.write("+".join(parts))
+
+
+def make_step(name: str, *deps: ExecutorStep, text: str = "x", fail: bool = False, nonblocking=()) -> ExecutorStep:
+    inputs = tuple(output_path_of(dep, "out.txt") for dep in deps)
+    refs = tuple(output_path_of(dep, "out.txt").nonblocking() for dep in nonblocking)
+    return ExecutorStep(
+        name=name,
+        fn=write_text,
+        config=WriteConfig(
+            name=name, output_path=THIS_OUTPUT_PATH, text=versioned(text), inputs=inputs, refs=refs, fail=fail
+        ),
+    )
+
+
+@pytest.fixture
+def calls() -> CallLog:
+    CALLS.counts.clear()
+    return CALLS
+
+
+@pytest.fixture
+def fast_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.1")
+    monkeypatch.setenv("EXECUTOR_LEASE_STALE_S", "1.0")
