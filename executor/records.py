@@ -18,7 +18,7 @@ from typing import Any
 from executor import storage
 from executor.identity import canonical_json
 from executor.plan import Plan, PlannedStep
-from executor.status import INFO_FILE, MANIFEST_FILE, METADATA_NAMES, STATUS_FILE, now_iso
+from executor.status import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_metadata, now_iso
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def experiment_file_name(plan: Plan, caller: str) -> str:
 
 def write_manifest(output_path: str) -> dict[str, Any]:
     """List every output file with its size and sha256, then write `.executor_manifest`."""
-    files = storage.walk_files(output_path, skip=METADATA_NAMES)
+    files = storage.walk_files(output_path, skip=is_metadata)
     paths = [storage.join(output_path, relative) for relative, _size in files]
     with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(paths)))) as pool:
         digests = list(pool.map(storage.sha256_file, paths))
@@ -157,7 +157,7 @@ def verify_manifest(output_path: str) -> list[str]:
         if digest != entry["sha256"]:
             problems.append(f"corrupt: {path} (sha256 {digest[:12]}…, manifest says {entry['sha256'][:12]}…)")
     listed = {entry["path"] for entry in manifest["files"]}
-    for relative, _size in storage.walk_files(output_path, skip=METADATA_NAMES):
+    for relative, _size in storage.walk_files(output_path, skip=is_metadata):
         if relative not in listed:
             problems.append(f"not in manifest: {storage.join(output_path, relative)}")
     return problems

@@ -37,7 +37,11 @@ MANIFEST_FILE = ".executor_manifest"
 LOG_DIR = "logs"
 LOG_FILE = "logs/step.log"
 METADATA_NAMES = frozenset({INFO_FILE, STATUS_FILE, LEASE_DIR, MANIFEST_FILE, LOG_DIR})
-"""Top-level names the executor owns; they are not the step's outputs."""
+
+
+def is_metadata(top_level_name: str) -> bool:
+    """Names the executor owns (and their temp files, which other executors may be writing right now)."""
+    return top_level_name in METADATA_NAMES or top_level_name.startswith(".executor_")
 
 
 class StepStatus(StrEnum):

@@ -20,7 +20,7 @@ import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -184,10 +184,9 @@ def _supports_refresh(fs: fsspec.AbstractFileSystem) -> bool:
     return not isinstance(fs, (LocalFileSystem, MemoryFileSystem))
 
 
-def walk_files(path: str, skip: Iterable[str] = ()) -> list[tuple[str, int]]:
-    """(relative path, size) of every file under `path`, skipping top-level names in `skip`."""
+def walk_files(path: str, skip: Callable[[str], bool] = lambda _name: False) -> list[tuple[str, int]]:
+    """(relative path, size) of every file under `path`, skipping top-level names where `skip(name)`."""
     fs, fs_path = filesystem(path)
-    skip = set(skip)
     root = fs_path.rstrip("/")
     try:
         found = fs.find(root, detail=True)
@@ -196,7 +195,7 @@ def walk_files(path: str, skip: Iterable[str] = ()) -> list[tuple[str, int]]:
     files = []
     for full, info in found.items():
         relative = full[len(root) :].lstrip("/")
-        if not relative or relative.split("/", 1)[0] in skip or info.get("type") == "directory":
+        if not relative or skip(relative.split("/", 1)[0]) or info.get("type") == "directory":
             continue
         files.append((relative, int(info.get("size") or 0)))
     return sorted(files)

@@ -11,7 +11,6 @@ import platform
 from collections.abc import Sequence
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
-from steps.corpus_stats import CorpusStatsConfig, compute_corpus_stats
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.train_tokenizer import TrainTokenizerConfig, train_tokenizer
 
@@ -23,7 +22,7 @@ def default_text_corpus(
     return ExecutorStep(
         name=f"corpus/{source}",
         fn=build_text_corpus,
-        description=f"The first {max_docs} documents of {source}, read from Python {platform.python_version()}'s stdlib",
+        description=f"The first {max_docs} {source} documents of Python {platform.python_version()}'s stdlib",
         config=TextCorpusConfig(
             source=versioned(source),
             max_docs=versioned(max_docs),
@@ -49,23 +48,6 @@ def default_tokenizer(
             vocab_size=versioned(vocab_size),
             min_frequency=versioned(min_frequency),
             special_tokens=versioned(["<|endoftext|>"]),
-            output_path=THIS_OUTPUT_PATH,
-        ),
-    )
-
-
-def default_corpus_stats(
-    corpora: Sequence[ExecutorStep], tokenizer: ExecutorStep | None = None, top_words: int = 20
-) -> ExecutorStep[CorpusStatsConfig]:
-    """Side-by-side figures for `corpora`, with tokens per byte under `tokenizer` when given."""
-    return ExecutorStep(
-        name="stats/corpora",
-        fn=compute_corpus_stats,
-        description="Docs, bytes, whitespace tokens, common words (and tokens per byte) per corpus",
-        config=CorpusStatsConfig(
-            input_paths=[output_path_of(corpus) for corpus in corpora],
-            tokenizer_path=output_path_of(tokenizer) if tokenizer is not None else None,
-            top_words=versioned(top_words),
             output_path=THIS_OUTPUT_PATH,
         ),
     )

@@ -107,7 +107,7 @@ def _documents(config: TextCorpusConfig, stdlib: Path) -> Iterator[tuple[str, st
 
 def stdlib_files(stdlib: Path) -> list[str]:
     """Relative POSIX paths of the stdlib's `.py` files, sorted, without excluded directories."""
-    found = []
+    found: list[str] = []
     for directory, subdirectories, files in os.walk(stdlib):
         subdirectories[:] = [name for name in subdirectories if name not in EXCLUDED_DIRS]
         found.extend(Path(directory, name).relative_to(stdlib).as_posix() for name in files if name.endswith(".py"))
@@ -137,11 +137,7 @@ def module_prose(source_text: str, min_docstring_chars: int) -> str | None:
     if module_doc is None or len(module_doc) < min_docstring_chars:
         return None
     definitions = sorted(
-        (
-            node
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        ),
+        (node for node in ast.walk(tree) if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))),
         key=lambda node: (node.lineno, node.col_offset),
     )
     parts = [module_doc]

@@ -1,0 +1,163 @@
+"""explain, code drift, the `python -m executor` CLI and `executor_main`'s command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import make_step
+
+from executor import Executor, executor_main, read_status
+from executor.cli import main as cli_main
+from executor.explain import diff_versions, explain_output
+
+
+def test_explain_names_the_changed_key(tmp_path, calls):
+    upstream_v1 = make_step("corpus", text="v1")
+    upstream_v2 = make_step("corpus", text="v2")
+    Executor(str(tmp_path)).run([make_step("tok", upstream_v1, text="same")])
+    current = make_step("tok", upstream_v2, text="same")
+    executor = Executor(str(tmp_path))
+    executor.run([current])
+
+    report = executor.explain(current)
+    assert report.status == "SUCCESS"
+    assert [other.label.split("-")[0] for other in report.others] == ["tok"]
+    [difference] = report.others[0].differences
+    assert difference.key == "dependencies[corpus]"
+    text = report.render()
+    assert "dependencies[corpus]" in text and "1 difference" in text
+
+    corpus_report = executor.explain(upstream_v2)
+    [corpus_difference] = corpus_report.others[0].differences
+    assert (corpus_difference.key, corpus_difference.other, corpus_difference.this) == ("config.text", "v1", "v2")
+    assert 'config.text: "v1" there -> "v2" here' in corpus_report.render()
+
+
+def test_diff_versions_reports_added_removed_and_changed_keys():
+    old = {"name": "s", "config": {"a": 1, "gone": 2}, "dependencies": [], "code_version": None}
+    new = {"name": "s", "config": {"a": 3, "new": 4}, "dependencies": ["d-" + "f" * 64], "code_version": "2"}
+    rendered = {d.key: d.render() for d in diff_versions(old, new)}
+    assert rendered == {
+        "code_version": 'code_version: null there -> "2" here',
+        "config.a": "config.a: 1 there -> 3 here",
+        "config.gone": "config.gone: removed here (was 2)",
+        "config.new": "config.new: added here = 4",
+        "dependencies[d]": 'dependencies[d]: added here = "ffffffff"',
+    }
+
+
+STEP_MODULE = '''
+from dataclasses import dataclass
+from pathlib import Path
+
+@dataclass(frozen=True)
+class Config:
+    output_path: str
+
+def produce(config: Config) -> None:
+    Path(config.output_path).mkdir(parents=True, exist_ok=True)
+    Path(config.output_path, "out.txt").write_text({body!r})
+'''
+
+
+def load_step_module(tmp_path: Path, body: str, comment: str = ""):
+    source = tmp_path / "drift_steps.py"
+    source.write_text(textwrap.dedent(STEP_MODULE.format(body=body)) + comment)
+    spec = importlib.util.spec_from_file_location("drift_steps", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def drift_step(module):
+    from executor import THIS_OUTPUT_PATH, ExecutorStep
+
+    return ExecutorStep("produce", module.produce, module.Config(THIS_OUTPUT_PATH))
+
+
+def test_a_changed_function_body_is_reported_as_drift_never_rerun(tmp_path, caplog, capsys):
+    prefix = str(tmp_path / "out")
+    original = drift_step(load_step_module(tmp_path, "one"))
+    first = Executor(prefix)
+    first.run([original])
+    output = first.output_paths[original]
+
+    commented = drift_step(load_step_module(tmp_path, "one", comment="# only a comment\n"))
+    with caplog.at_level(logging.WARNING):
+        Executor(prefix).run([commented], dry_run=True)
+    assert "code drift" not in caplog.text
+
+    changed = drift_step(load_step_module(tmp_path, "two"))
+    executor = Executor(prefix)
+    with caplog.at_level(logging.WARNING):
+        executor.run([changed], dry_run=True)
+        executor.run([changed])
+    assert executor.output_paths[changed] == output  # same version, same path
+    assert "code drift" in caplog.text and "--force_run" in caplog.text
+    assert "code drift" in capsys.readouterr().out  # the dry run says so too
+    assert Path(output, "out.txt").read_text() == "one"  # never a silent rerun
+    assert executor.explain(changed).drift is not None
+    assert explain_output(output).drift is None  # without the current code, no claim either way
+    assert cli_main(["status", executor.executor_info_path]) == 0
+    assert "code drift!" in capsys.readouterr().out
+
+
+def test_cli_status_explain_verify(tmp_path, calls, capsys):
+    a = make_step("a", text="A")
+    b = make_step("b", a)
+    bad = make_step("bad", fail=True)
+    executor = Executor(str(tmp_path))
+    with pytest.raises(Exception, match="1 step"):
+        executor.run([b, bad])
+    assert cli_main(["status", str(tmp_path)]) == 1  # a FAILED step makes the exit code 1
+    out = capsys.readouterr().out
+    assert "SUCCESS: 2" in out and "FAILED: 1" in out and "b-" in out
+
+    assert cli_main(["status", executor.executor_info_path, "--name", "^a$"]) == 0
+    out = capsys.readouterr().out
+    assert "a-" in out and "b-" not in out
+
+    Executor(str(tmp_path)).run([make_step("a", text="A2")])
+    capsys.readouterr()
+    assert cli_main(["explain", str(tmp_path), "^a$"]) == 0
+    out = capsys.readouterr().out
+    assert 'config.text: "A" there -> "A2" here' in out  # the newest experiment's step, against the older one
+
+    good_path = executor.output_paths[b]
+    assert cli_main(["verify", good_path]) == 0
+    assert "every file matches" in capsys.readouterr().out
+    Path(good_path, "out.txt").write_text("tampered")
+    Path(good_path, "extra.bin").write_bytes(b"?")
+    assert cli_main(["verify", good_path]) == 1
+    out = capsys.readouterr().out
+    assert "corrupt:" in out and "not in manifest:" in out
+    Path(good_path, "out.txt").unlink()
+    assert cli_main(["verify", good_path]) == 1
+    assert "missing:" in capsys.readouterr().out
+    assert cli_main(["verify", executor.output_paths[bad]]) == 1
+    assert "never finished" in capsys.readouterr().out
+
+
+def test_executor_main_parses_its_command_line(tmp_path, calls, monkeypatch, capsys):
+    a = make_step("a")
+    b = make_step("b", a)
+    c = make_step("c")
+    monkeypatch.setenv("EXECUTOR_PREFIX", str(tmp_path / "from-env"))
+    executor = executor_main([b, c], args=["--dry_run", "true"])
+    assert "Dry run: 3 step(s)" in capsys.readouterr().out
+    assert executor.prefix == str(tmp_path / "from-env") and calls.counts == {}
+
+    executor = executor_main([b, c], args=["--prefix", str(tmp_path / "p"), "--run_only", "[^b$]"])
+    assert calls.counts == {"a": 1, "b": 1}
+    assert read_status(executor.output_paths[c]) is None
+    experiment = json.loads(Path(executor.executor_info_path).read_text())
+    assert experiment["caller"].endswith("test_explain_and_cli.py")
+    assert executor.executor_info_path.startswith(str(tmp_path / "p" / "experiments" / "test_explain_and_cli-"))
+
+    executor_main([b, c], args=["--prefix", str(tmp_path / "p"), "--force_run", "[^a$]", "--max_concurrent", "1"])
+    assert calls.counts == {"a": 2, "b": 1, "c": 1}
