@@ -1,10 +1,10 @@
 """`python -m executor status|explain|verify`: inspect what a DAG left in storage.
 
-    python -m executor status outputs                     # every step under a prefix
-    python -m executor status outputs/experiments/demo-1a2b3c4d.json
-    python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
-    python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
-    python -m executor verify outputs/tokenizer-5e6f7a8b  # recompute checksums vs the manifest
+python -m executor status outputs                     # every step under a prefix
+python -m executor status outputs/experiments/demo-1a2b3c4d.json
+python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
+python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
+python -m executor verify outputs/tokenizer-5e6f7a8b  # recompute checksums vs the manifest
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
         note = row.message or row.worker or ""
         if row.drift:
             note = f"code drift! {note}"
-        table.add_row(
-            row.label, f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path
-        )
+        table.add_row(row.label, f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path)
     console.print(table)
     counts = status_counts(rows)
-    console.print("  ".join(f"[{STATUS_STYLES.get(key, 'dim')}]{key}[/]: {value}" for key, value in sorted(counts.items())))
+    console.print(
+        "  ".join(f"[{STATUS_STYLES.get(key, 'dim')}]{key}[/]: {value}" for key, value in sorted(counts.items()))
+    )
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:

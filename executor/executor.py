@@ -29,6 +29,7 @@ from executor.lease import Lease, LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
 from executor.records import experiment_file_name, experiment_record, info_path, step_info
 from executor.status import (
+    LOG_FILE,
     StatusEvent,
     StepStatus,
     append_event,
@@ -102,7 +103,7 @@ class Executor:
         return matched
 
     @staticmethod
-    def _with_blocking_dependencies(roots: Sequence[PlannedStep]) -> list[PlannedStep]:
+    def _with_blocking_dependencies(roots: Sequence[PlannedStep]) -> set[PlannedStep]:
         selected: set[PlannedStep] = set()
         stack = list(roots)
         while stack:
@@ -134,7 +135,10 @@ class Executor:
                     logger.warning(
                         "%s: code drift: %s changed since this output was written (%s); keeping the output "
                         "because code is not hashed. Bump code_version or use --force_run %s to rerun it.",
-                        planned.label, planned.fn_name, planned.output_path, re.escape(planned.name),
+                        planned.label,
+                        planned.fn_name,
+                        planned.output_path,
+                        re.escape(planned.name),
                     )
                 reason = f"SUCCESS at {last.time}" + ("; code drift: fn changed since" if drift else "")
                 decisions.append(Decision(planned, "skip", reason, drift=drift))
@@ -186,7 +190,9 @@ class Executor:
         if dry_run:
             self._print_dry_run()
             return
-        storage.write_json_atomic(self.executor_info_path, experiment_record(plan, caller=caller, description=description))
+        storage.write_json_atomic(
+            self.executor_info_path, experiment_record(plan, caller=caller, description=description)
+        )
         to_run = [decision for decision in self.decisions if decision.action != "skip"]
         for decision in self.decisions:
             if decision.action == "skip":
@@ -233,9 +239,7 @@ class Executor:
         self, to_run: list[Decision], planned_at: str, max_concurrent: int | None
     ) -> dict[PlannedStep, StepResult]:
         decision_of = {decision.planned: decision for decision in to_run}
-        waiting_on = {
-            planned: {dep for dep in planned.blocking if dep in decision_of} for planned in decision_of
-        }
+        waiting_on = {planned: {dep for dep in planned.blocking if dep in decision_of} for planned in decision_of}
         ready = deque(planned for planned, deps in waiting_on.items() if not deps)
         results: dict[PlannedStep, StepResult] = {}
         limit = max_concurrent or max(4, os.cpu_count() or 1)
@@ -247,7 +251,9 @@ class Executor:
             while ready or running:
                 while ready and len(running) < limit:
                     planned = ready.popleft()
-                    running[backend.submit(self._task(decision_of[planned], planned_at), planned.step.resources)] = planned
+                    running[backend.submit(self._task(decision_of[planned], planned_at), planned.step.resources)] = (
+                        planned
+                    )
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     planned = running.pop(future)
@@ -297,7 +303,7 @@ class Executor:
         if not failed:
             return
         lines = [
-            f"{planned.label}: {self.results[planned].message} (log: {storage.join(planned.output_path, 'logs/step.log')})"
+            f"{planned.label}: {self.results[planned].message} (log: {storage.join(planned.output_path, LOG_FILE)})"
             for planned in failed
         ]
         message = f"{len(failed)} step(s) failed: " + "; ".join(lines)

@@ -135,7 +135,10 @@ def explain(
     own_status, sibling_infos, sibling_statuses = blobs[0], blobs[1 : 1 + len(siblings)], blobs[1 + len(siblings) :]
     last = _last_event(own_status, output_path)
     report = ExplainReport(
-        label=storage.basename(output_path), output_path=output_path, version=version, hash=full_hash,
+        label=storage.basename(output_path),
+        output_path=output_path,
+        version=version,
+        hash=full_hash,
         status=str(last.status) if last else None,
     )
     if last is not None and last.status == StepStatus.SUCCESS:
@@ -154,8 +157,11 @@ def explain(
         event = _last_event(status_blob, path)
         report.others.append(
             OtherVersion(
-                label=storage.basename(path), output_path=path, status=str(event.status) if event else None,
-                written=info.get("written"), differences=diff_versions(info.get("version") or {}, version),
+                label=storage.basename(path),
+                output_path=path,
+                status=str(event.status) if event else None,
+                written=info.get("written"),
+                differences=diff_versions(info.get("version") or {}, version),
             )
         )
     report.others.sort(key=lambda other: (len(other.differences), other.label))

@@ -193,8 +193,8 @@ def code_fingerprint(fn: Callable) -> str | None:
     """sha256 of `fn`'s source with comments, docstrings and formatting removed, or None if unknown."""
     target = inspect.unwrap(getattr(fn, "func", fn))  # functools.partial -> its function
     code = getattr(target, "__code__", None)
-    if code is None and callable(target) and not inspect.isfunction(target):
-        code = getattr(getattr(type(target), "__call__", None), "__code__", None)
+    if code is None and callable(target) and not inspect.isfunction(target):  # a callable object
+        code = getattr(type(target).__call__, "__code__", None)
     if code is None:
         return None
     return _fingerprint_code(code)

@@ -29,9 +29,7 @@ class StepRow:
     drift: bool
 
 
-def step_row(
-    name: str, output_path: str, events: list[StatusEvent], current_fingerprint: str | None = None
-) -> StepRow:
+def step_row(name: str, output_path: str, events: list[StatusEvent], current_fingerprint: str | None = None) -> StepRow:
     last = events[-1] if events else None
     running = [event for event in events if event.status == StepStatus.RUNNING]
     recorded = last.details.get("code_fingerprint") if last is not None else None
@@ -60,7 +58,9 @@ def experiment_rows(record: dict[str, Any]) -> list[StepRow]:
     steps = record["steps"]
     blobs = storage.read_many(step["status_path"] for step in steps)
     return [
-        step_row(step["name"], step["output_path"], parse_events(blob, step["output_path"]), step.get("code_fingerprint"))
+        step_row(
+            step["name"], step["output_path"], parse_events(blob, step["output_path"]), step.get("code_fingerprint")
+        )
         for step, blob in zip(steps, blobs, strict=True)
     ]
 

@@ -144,7 +144,9 @@ class Lease:
             if not record.get("released"):
                 logger.warning(
                     "%s: taking over the stale lease of %s (last heartbeat %s)",
-                    self.output_path, record.get("worker"), record.get("heartbeat"),
+                    self.output_path,
+                    record.get("worker"),
+                    record.get("heartbeat"),
                 )
             candidate = top + 1
         else:

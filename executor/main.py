@@ -1,8 +1,8 @@
 """`executor_main`: the command line every experiment file ends with.
 
-    python experiments/demo.py                       # run what is not done yet
-    python experiments/demo.py --dry_run true        # say what would run, write nothing
-    python experiments/demo.py --run_only '["tokenizer"]' --force_run '["tokenizer"]'
+python experiments/demo.py                       # run what is not done yet
+python experiments/demo.py --dry_run true        # say what would run, write nothing
+python experiments/demo.py --run_only '["tokenizer"]' --force_run '["tokenizer"]'
 """
 
 from __future__ import annotations

@@ -144,7 +144,9 @@ class _Planner:
     def finish(self, step: ExecutorStep) -> None:
         dependencies: list[PlannedStep] = []
         blocking: list[PlannedStep] = []
-        for marker in (m for _k, m in self.markers(step) if isinstance(m, InputName) and m.step is not None):
+        for _key, marker in self.markers(step):
+            if not isinstance(marker, InputName) or marker.step is None:
+                continue
             planned = self.by_step[marker.step]
             if planned not in dependencies:
                 dependencies.append(planned)
@@ -242,4 +244,3 @@ class _Planner:
             return marker.name
         base = self.by_step[marker.step].output_path
         return storage.join(base, marker.name) if marker.name else base
-

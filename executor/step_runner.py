@@ -42,7 +42,7 @@ from executor.status import (
 logger = logging.getLogger(__name__)
 
 
-class StepAborted(BaseException):  # noqa: N818 - BaseException, so `except Exception` in steps cannot swallow it
+class StepAborted(BaseException):
     """Raised inside a step's thread when its lease is lost."""
 
 
@@ -133,7 +133,9 @@ def _wait_for_lease(task: StepTask, lease: Lease) -> StepResult | None:
             holder = lease.current() or {}
             logger.info(
                 "%s: %s holds the lease (heartbeat %s); waiting",
-                task.label, holder.get("worker"), holder.get("heartbeat"),
+                task.label,
+                holder.get("worker"),
+                holder.get("heartbeat"),
             )
             waited = True
         time.sleep(task.lease_settings.poll_s)
@@ -142,7 +144,9 @@ def _wait_for_lease(task: StepTask, lease: Lease) -> StepResult | None:
 def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult:
     attempt = attempts_so_far(read_events(task.output_path)) + 1
     started = StatusEvent(StepStatus.RUNNING, attempt=attempt, worker=task.worker_id)
-    storage.write_json_atomic(info_path(task.output_path), {**task.info, "worker": task.worker_id, "started": started.time})
+    storage.write_json_atomic(
+        info_path(task.output_path), {**task.info, "worker": task.worker_id, "started": started.time}
+    )
     append_event(task.output_path, started)
     logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt, task.output_path)
     with _StepLog(task.output_path) as step_log:
@@ -167,7 +171,10 @@ def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult:
                 append_event(
                     task.output_path,
                     StatusEvent(
-                        StepStatus.FAILED, attempt=attempt, worker=task.worker_id, message=message,
+                        StepStatus.FAILED,
+                        attempt=attempt,
+                        worker=task.worker_id,
+                        message=message,
                         details={"traceback": "".join(traceback.format_exception(error))},
                     ),
                 )
@@ -176,7 +183,9 @@ def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult:
     append_event(
         task.output_path,
         StatusEvent(
-            StepStatus.SUCCESS, attempt=attempt, worker=task.worker_id,
+            StepStatus.SUCCESS,
+            attempt=attempt,
+            worker=task.worker_id,
             details={"code_fingerprint": task.fingerprint},
         ),
     )
@@ -234,8 +243,9 @@ class _StepLog:
     def write_exception(self, error: BaseException) -> None:
         self._handler.acquire()
         try:
-            self._handler.stream.write("".join(traceback.format_exception(error)))
-            self._handler.flush()
+            with open(self._local, "a", encoding="utf-8") as out:
+                self._handler.flush()
+                out.write("".join(traceback.format_exception(error)))
         finally:
             self._handler.release()
 

@@ -13,11 +13,9 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from executor.errors import ConfigError
-
-ConfigT = TypeVar("ConfigT")
 
 _STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)*$")
 
@@ -39,7 +37,7 @@ class ResourceConfig:
 
 
 @dataclass(frozen=True, eq=False)
-class ExecutorStep(Generic[ConfigT]):
+class ExecutorStep[ConfigT]:
     """One node of the DAG: `fn(config)` writes its outputs under the step's output path.
 
     Steps compare by identity; two steps built separately with the same name, function and
@@ -65,8 +63,7 @@ class ExecutorStep(Generic[ConfigT]):
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _STEP_NAME.match(self.name):
             raise ConfigError(
-                f"step name {self.name!r} is not valid: use letters, digits, '_', '-', '.', "
-                "and '/' between parts"
+                f"step name {self.name!r} is not valid: use letters, digits, '_', '-', '.', and '/' between parts"
             )
         if not callable(self.fn):
             raise ConfigError(f"step {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
@@ -164,8 +161,7 @@ def _reject_markers(value: Any, where: str) -> None:
         raise ValueError(f"{where}: the value is already versioned; do not nest versioned()")
     if isinstance(value, (InputName, ExecutorStep, OutputName)):
         raise ValueError(
-            f"{where}: {type(value).__name__} cannot be versioned; a dependency's version is "
-            "already part of the hash"
+            f"{where}: {type(value).__name__} cannot be versioned; a dependency's version is already part of the hash"
         )
     if isinstance(value, dict):
         for item in value.values():

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import CALLS, WriteConfig, make_step, write_text
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, output_path_of, read_status
-from executor import storage
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, output_path_of, read_status, storage
 from executor.status import read_events
 
 
@@ -129,7 +128,8 @@ def test_a_fixed_failure_succeeds_on_rerun_and_dependents_resume(tmp_path, calls
     marker = tmp_path / "fixed"
     first = ExecutorStep("flaky", flaky, FlakyConfig(THIS_OUTPUT_PATH, str(marker)))
     downstream = ExecutorStep(
-        "downstream", write_text,
+        "downstream",
+        write_text,
         WriteConfig(name="downstream", output_path=THIS_OUTPUT_PATH, inputs=(output_path_of(first, "out.txt"),)),
     )
     after = make_step("after")
@@ -205,5 +205,5 @@ def test_memory_prefix_runs_the_same_dag_with_the_same_hashes(tmp_path, calls):
 
 
 def test_unknown_backend_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="unknown backend 'ray'.*issue #3"):
+    with pytest.raises(ValueError, match=r"unknown backend 'ray'.*issue #3"):
         Executor(str(tmp_path), backend="ray")

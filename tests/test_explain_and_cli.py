@@ -51,7 +51,7 @@ def test_diff_versions_reports_added_removed_and_changed_keys():
     }
 
 
-STEP_MODULE = '''
+STEP_MODULE = """
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +62,7 @@ class Config:
 def produce(config: Config) -> None:
     Path(config.output_path).mkdir(parents=True, exist_ok=True)
     Path(config.output_path, "out.txt").write_text({body!r})
-'''
+"""
 
 
 def load_step_module(tmp_path: Path, body: str, comment: str = ""):

@@ -100,7 +100,9 @@ def test_same_hashes_under_any_prefix_and_deep_chains_stay_small():
     def chain(depth: int) -> list[ExecutorStep]:
         steps = [ExecutorStep("s0", fn, Config(lr=versioned(0)))]
         for index in range(1, depth):
-            steps.append(ExecutorStep(f"s{index}", fn, Config(input_path=output_path_of(steps[-1]), lr=versioned(index))))
+            steps.append(
+                ExecutorStep(f"s{index}", fn, Config(input_path=output_path_of(steps[-1]), lr=versioned(index)))
+            )
         return steps
 
     local = plan_of(chain(12)[-1], prefix="/data/run")

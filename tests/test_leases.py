@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import CALLS, make_step
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, read_status
-from executor import storage
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, read_status, storage
 from executor.lease import Heartbeat, Lease, LeaseSettings
 from executor.status import StatusEvent, StepStatus, append_event, now_iso, read_events
 from executor.step_runner import Outcome
@@ -177,8 +176,9 @@ def test_losing_the_lease_aborts_the_step_and_the_loser_waits_for_the_new_holder
     executor = Executor(str(tmp_path))
     runner = threading.Thread(target=executor.run, args=([step],))
     runner.start()
-    wait_until(lambda: executor.output_paths.get(step) and read_status(executor.output_paths[step]) == "RUNNING",
-               "RUNNING")
+    wait_until(
+        lambda: executor.output_paths.get(step) and read_status(executor.output_paths[step]) == "RUNNING", "RUNNING"
+    )
     output = executor.output_paths[step]
     # Another worker decides the lease is stale and takes it (exclusive create of the next number).
     usurper = Lease(output, "usurper", LeaseSettings.from_env())
