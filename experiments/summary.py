@@ -15,9 +15,9 @@ def print_summary(executor: Executor, steps: Sequence[ExecutorStep]) -> None:
     for step in steps:
         output_path = executor.output_paths[step]
         action = actions.get(output_path, "-")
-        status = read_status(output_path) or "not run"
+        status = read_status(output_path) or "no output yet"
         stats = storage.read_json(storage.join(output_path, "stats.json"))
-        print(f"  {step.name} [{action}, {status}]")
+        print(f"  {step.name}  (this run: {action}; status: {status})")
         if stats is not None:
             print(f"      {_headline(stats)}")
         print(f"      {output_path}")
