@@ -23,7 +23,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check executor steps experiments tests benchmarks
 	$(VENV)/bin/ruff format --check executor
-	$(VENV)/bin/mypy executor
+	$(VENV)/bin/mypy executor steps experiments
 
 bench: install
 	$(PY) benchmarks/bench_plan.py

@@ -74,6 +74,8 @@ class Executor:
         self.version_strs: dict[ExecutorStep, str] = {}
         self.configs: dict[ExecutorStep, Any] = {}
         self.decisions: list[Decision] = []
+        self.dry_run = False
+        """Whether the last `run` was a dry run (nothing was written)."""
         self.results: dict[PlannedStep, StepResult] = {}
         self.executor_info_path: str | None = None
 
@@ -160,6 +162,13 @@ class Executor:
             )
         return decisions
 
+    def decision_for(self, step: ExecutorStep) -> Decision | None:
+        """What the last run decided for `step` (None if it was not selected)."""
+        if self.plan is None or step not in self.plan.by_step:
+            return None
+        planned = self.plan.lookup(step)
+        return next((decision for decision in self.decisions if decision.planned is planned), None)
+
     def explain(self, step: ExecutorStep) -> ExplainReport:
         """Why `step`'s hash is what it is, and how it differs from other stored versions of it."""
         plan = self.plan if self.plan is not None and step in self.plan.by_step else build_plan([step], self.prefix)
@@ -182,6 +191,7 @@ class Executor:
     ) -> None:
         """Run every step of `steps` (and their dependencies) whose output is not SUCCESS yet."""
         planned_at = now_iso()
+        self.dry_run = dry_run
         plan = build_plan(list(steps), self.prefix)
         self._expose(plan)
         self.decisions = self._decide(plan, run_only, force_run or [], force_run_failed)

@@ -129,22 +129,28 @@ class VersionedValue:
     value: Any
 
 
-def versioned(value: Any) -> VersionedValue:
-    """Mark `value` as part of the step's identity. It must be JSON-canonical data."""
+# The marker constructors below are typed `Any` on purpose: a config's fields are annotated with
+# what the step function receives (`input_path: str`), and a marker stands in for that value
+# until the executor resolves it. At run time they return the marker types above.
+
+
+def versioned(value: Any) -> Any:
+    """Mark `value` as part of the step's identity (a `VersionedValue`). It must be JSON-canonical data."""
     _reject_markers(value, "versioned(...)")
     return VersionedValue(value)
 
 
-def output_path_of(step: ExecutorStep, name: str | None = None) -> InputName:
-    """The output path of `step` (or a subpath): a dependency whose version is hashed."""
+def output_path_of(step: ExecutorStep, name: str | None = None) -> Any:
+    """The output path of `step` (or a subpath): an `InputName`, a dependency whose version is hashed."""
     return InputName(step, name)
 
 
-def this_output_path(name: str | None = None) -> OutputName:
+def this_output_path(name: str | None = None) -> Any:
+    """The running step's own output path (or a subpath of it): an `OutputName`."""
     return OutputName(name)
 
 
-THIS_OUTPUT_PATH = OutputName(None)
+THIS_OUTPUT_PATH: Any = OutputName(None)
 
 
 def join_relative(base: str | None, name: str | None) -> str | None:

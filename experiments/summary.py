@@ -10,11 +10,12 @@ from executor import Executor, ExecutorStep, read_status, storage
 
 def print_summary(executor: Executor, steps: Sequence[ExecutorStep]) -> None:
     """One block per step: what this run did with it, its status, headline figures, output path."""
-    actions = {decision.planned.output_path: decision.action for decision in executor.decisions}
-    print(f"\nOutputs under {executor.prefix}:")
+    verbs = {"run": "would run" if executor.dry_run else "ran", "skip": "skipped (already SUCCESS)", "wait": "waited"}
+    print(f"\n{'Dry run over' if executor.dry_run else 'Outputs under'} {executor.prefix}:")
     for step in steps:
         output_path = executor.output_paths[step]
-        action = actions.get(output_path, "-")
+        decision = executor.decision_for(step)
+        action = verbs[decision.action] if decision is not None else "not selected"
         status = read_status(output_path) or "no output yet"
         stats = storage.read_json(storage.join(output_path, "stats.json"))
         print(f"  {step.name}  (this run: {action}; status: {status})")
