@@ -294,7 +294,8 @@ def build_pipeline(target_steps: int) -> list[ExecutorStep]:
     filters, tokenized = sources[2::STEPS_PER_SOURCE], sources[3::STEPS_PER_SOURCE]
     mixtures = mixture_steps(tokenized, filters)
     steps = sources + mixtures + training_ladder(layout, mixtures, filters)
-    assert len(steps) == layout.total == target_steps, (len(steps), layout)
+    if len(steps) != target_steps:
+        raise RuntimeError(f"the layout {layout} gives {len(steps)} steps, not {target_steps}")
     return steps
 
 

@@ -7,7 +7,10 @@ Layout under `<prefix>/<name>-<hash>/`:
                         the last line is the current status
     .executor_lease/    numbered lease objects (see lease.py)
     .executor_manifest  JSON: every output file with size and sha256, written just before SUCCESS
+    .executor_progress  JSON: shard progress while a sharded step runs
     logs/step.log       the step's captured log
+    stats.json          the step's own figures (docs/bytes/tokens in and out), by convention
+    metrics.jsonl       training/eval metrics, one JSON object per line, by convention
     ...                 the step's own outputs
 
 Only a lease holder rewrites `.executor_status`; before any lease exists, the first WAITING event is
@@ -36,7 +39,13 @@ LEASE_DIR = ".executor_lease"
 MANIFEST_FILE = ".executor_manifest"
 LOG_DIR = "logs"
 LOG_FILE = "logs/step.log"
-METADATA_NAMES = frozenset({INFO_FILE, STATUS_FILE, LEASE_DIR, MANIFEST_FILE, LOG_DIR})
+PROGRESS_FILE = ".executor_progress"
+"""JSON written while a sharded step runs: {"shards_total", "shards_done", "rows", "bytes", "updated"}."""
+STATS_FILE = "stats.json"
+"""A step's own figures, by convention: docs_in/docs_out, bytes_in/bytes_out, tokens_in/tokens_out, ..."""
+METRICS_FILE = "metrics.jsonl"
+"""A training or eval step's metrics, one JSON object per line, each with a "step" key."""
+METADATA_NAMES = frozenset({INFO_FILE, STATUS_FILE, LEASE_DIR, MANIFEST_FILE, LOG_DIR, PROGRESS_FILE})
 
 
 def is_metadata(top_level_name: str) -> bool:
