@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import io
 import json
@@ -302,15 +303,12 @@ def build_pipeline(target_steps: int) -> list[ExecutorStep]:
 # --- measuring --------------------------------------------------------------------------------
 
 
-def best_of(repeats: int, work: Callable[[], Any]) -> tuple[float, Any]:
-    """The fastest of `repeats` runs of `work` in seconds, and the last result."""
-    best, result = math.inf, None
-    for _ in range(repeats):
-        gc.collect()
-        started = time.perf_counter()
-        result = work()
-        best = min(best, time.perf_counter() - started)
-    return best, result
+def timed(work: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds `work` took, and its result."""
+    gc.collect()
+    started = time.perf_counter()
+    result = work()
+    return time.perf_counter() - started, result
 
 
 def version_sizes(plan: Plan) -> dict[str, float]:
@@ -336,25 +334,36 @@ def leaves(steps: list[ExecutorStep]) -> list[ExecutorStep]:
     return [step for step in steps if id(step) not in referenced]
 
 
-def measure_plan(target_steps: int, repeats: int) -> dict[str, float]:
-    construct_s, steps = best_of(repeats, lambda: build_pipeline(target_steps))
-    roots = leaves(steps)
-    plan_s, plan = best_of(repeats, lambda: build_plan(steps, PREFIX))
-    leaves_s, leaves_plan = best_of(repeats, lambda: build_plan(roots, PREFIX))
-    for planned_steps in (plan.steps, leaves_plan.steps):
-        if len(planned_steps) != target_steps:
-            raise RuntimeError(f"expected {target_steps} distinct planned steps, got {len(planned_steps)}")
-    return {
-        "steps": target_steps,
-        "leaves": len(roots),
-        "construct_s": construct_s,
-        "plan_s": plan_s,
-        "leaves_s": leaves_s,
-        "construct_us_per_step": construct_s / target_steps * 1e6,
-        "plan_us_per_step": plan_s / target_steps * 1e6,
-        "leaves_us_per_step": leaves_s / target_steps * 1e6,
-        **version_sizes(plan),
-    }
+def measure_plans(sizes: list[int], repeats: int) -> list[dict[str, float]]:
+    """Best-of-`repeats` timings per size. Sizes take turns within each repeat, so a slow spell on
+    a shared machine hits every size alike instead of skewing the ratio between them."""
+    best = {size: {"construct_s": math.inf, "plan_s": math.inf, "leaves_s": math.inf} for size in sizes}
+    plans: dict[int, Plan] = {}
+    roots: dict[int, list[ExecutorStep]] = {}
+    for _ in range(repeats):
+        for size in sizes:
+            timings = best[size]
+            construct_s, steps = timed(functools.partial(build_pipeline, size))
+            roots[size] = leaves(steps)
+            plan_s, plans[size] = timed(functools.partial(build_plan, steps, PREFIX))
+            leaves_s, leaves_plan = timed(functools.partial(build_plan, roots[size], PREFIX))
+            for planned_steps in (plans[size].steps, leaves_plan.steps):
+                if len(planned_steps) != size:
+                    raise RuntimeError(f"expected {size} distinct planned steps, got {len(planned_steps)}")
+            for key, seconds in (("construct_s", construct_s), ("plan_s", plan_s), ("leaves_s", leaves_s)):
+                timings[key] = min(timings[key], seconds)
+    return [
+        {
+            "steps": size,
+            "leaves": len(roots[size]),
+            **best[size],
+            "construct_us_per_step": best[size]["construct_s"] / size * 1e6,
+            "plan_us_per_step": best[size]["plan_s"] / size * 1e6,
+            "leaves_us_per_step": best[size]["leaves_s"] / size * 1e6,
+            **version_sizes(plans[size]),
+        }
+        for size in sizes
+    ]
 
 
 def measure_dry_run(target_steps: int, repeats: int) -> dict[str, float]:
@@ -365,7 +374,7 @@ def measure_dry_run(target_steps: int, repeats: int) -> dict[str, float]:
         with tempfile.TemporaryDirectory(prefix="bench_plan-") as prefix, contextlib.redirect_stdout(io.StringIO()):
             Executor(prefix=prefix).run(steps, dry_run=True)
 
-    dry_run_s, _ = best_of(repeats, dry_run)
+    dry_run_s = min(timed(dry_run)[0] for _ in range(repeats))
     return {"steps": target_steps, "dry_run_s": dry_run_s, "dry_run_ms_per_step": dry_run_s / target_steps * 1e3}
 
 
@@ -419,7 +428,7 @@ def main() -> None:
     parser.add_argument("--dry-run-size", type=int, default=1000, help="DAG size for the dry run (0 skips it)")
     args = parser.parse_args()
 
-    figures = report_sizes([measure_plan(size, args.repeats) for size in sorted(args.sizes)])
+    figures = report_sizes(measure_plans(sorted(set(args.sizes)), args.repeats))
     if args.dry_run_size:
         dry = measure_dry_run(args.dry_run_size, args.repeats)
         print(

@@ -92,7 +92,7 @@ class Executor:
 
     @staticmethod
     def _matching(plan_steps: Sequence[PlannedStep], patterns: Sequence[str], what: str) -> list[PlannedStep]:
-        matched: list[PlannedStep] = []
+        matched: dict[PlannedStep, None] = {}
         for pattern in patterns:
             try:
                 regex = re.compile(pattern)
@@ -101,8 +101,8 @@ class Executor:
             hits = [planned for planned in plan_steps if regex.search(planned.name)]
             if not hits:
                 logger.warning("%s pattern %r matches no step of this DAG; ignoring it", what, pattern)
-            matched.extend(hit for hit in hits if hit not in matched)
-        return matched
+            matched.update(dict.fromkeys(hits))
+        return list(matched)
 
     @staticmethod
     def _with_blocking_dependencies(roots: Sequence[PlannedStep]) -> set[PlannedStep]:

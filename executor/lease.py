@@ -153,7 +153,7 @@ class Lease:
             candidate = 0
         self.number = candidate
         self._acquired_at = now_iso()
-        if not storage.create_exclusive(self._path(candidate), self._record()):
+        if not storage.create_exclusive(self._path(candidate), self._record()) and not self._created_by_us(candidate):
             self.number = None
             return False
         if self._numbers()[-1] != candidate:
@@ -164,6 +164,11 @@ class Lease:
         for older in (number for number in numbers if number < candidate):
             storage.delete(self._path(older))
         return True
+
+    def _created_by_us(self, number: int) -> bool:
+        """After a lost answer to a retried create, the object may be ours after all."""
+        record = storage.read_json(self._path(number)) or {}
+        return record.get("worker") == self.worker_id and record.get("acquired") == self._acquired_at
 
     def check(self) -> None:
         """Raise LeaseLostError unless this worker still holds the current lease."""

@@ -18,6 +18,7 @@ from typing import Any
 from executor import storage
 from executor.identity import canonical_json
 from executor.plan import Plan, PlannedStep
+from executor.shards import read_shard_markers
 from executor.status import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_metadata, now_iso
 
 logger = logging.getLogger(__name__)
@@ -123,11 +124,25 @@ def experiment_file_name(plan: Plan, caller: str) -> str:
 
 
 def write_manifest(output_path: str) -> dict[str, Any]:
-    """List every output file with its size and sha256, then write `.executor_manifest`."""
+    """List every output file with its size and sha256, then write `.executor_manifest`.
+
+    Files committed by `run_sharded` already have their checksum in a shard marker; only the
+    others are read and hashed.
+    """
     files = storage.walk_files(output_path, skip=is_metadata)
-    paths = [storage.join(output_path, relative) for relative, _size in files]
-    with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(paths)))) as pool:
-        digests = list(pool.map(storage.sha256_file, paths))
+    known = {
+        entry["path"]: (entry["size"], entry["sha256"])
+        for marker in read_shard_markers(output_path).values()
+        for entry in marker["files"]
+    }
+
+    def digest(relative: str, size: int) -> str:
+        if relative in known and known[relative][0] == size:
+            return known[relative][1]
+        return storage.sha256_file(storage.join(output_path, relative))
+
+    with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(files)))) as pool:
+        digests = list(pool.map(lambda item: digest(*item), files))
     manifest = {
         "written": now_iso(),
         "files": [

@@ -9,7 +9,8 @@ Two primitives carry the executor's safety, and both exist on every store we sup
   (local: `link(2)` of a finished temp file, which fails if the name exists; GCS:
   `ifGenerationMatch=0`; S3: `If-None-Match: *`; memory: a process-wide lock).
 
-No compare-and-swap on an existing object is assumed anywhere.
+No compare-and-swap on an existing object is assumed anywhere. Every call here retries transient
+failures (429, 5xx, dropped connections) with backoff; see retry.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
+
+from executor.retry import call_with_retry
 
 _MEMORY_CREATE_LOCK = threading.Lock()
 _CHUNK = 8 * 1024 * 1024
@@ -71,16 +74,20 @@ def dirname(path: str) -> str:
 
 def exists(path: str) -> bool:
     fs, fs_path = filesystem(path)
-    return fs.exists(fs_path)
+    return call_with_retry(lambda: fs.exists(fs_path), f"exists {path}")
 
 
 def read_bytes(path: str) -> bytes | None:
     """The file's bytes, or None if it does not exist."""
     fs, fs_path = filesystem(path)
-    try:
-        return fs.cat_file(fs_path)
-    except FileNotFoundError:
-        return None
+
+    def read() -> bytes | None:
+        try:
+            return fs.cat_file(fs_path)
+        except FileNotFoundError:
+            return None
+
+    return call_with_retry(read, f"read {path}")
 
 
 def read_text(path: str) -> str | None:
@@ -96,7 +103,7 @@ def read_json(path: str) -> Any | None:
 def read_many(paths: Iterable[str]) -> list[bytes | None]:
     """Read many small files in parallel (never one sequential round trip per file)."""
     paths = list(paths)
-    if len(paths) <= 1:
+    if len(paths) <= 1 or not any(is_url(path) for path in paths):  # local disk: threads only add overhead
         return [read_bytes(path) for path in paths]
     with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(paths))) as pool:
         return list(pool.map(read_bytes, paths))
@@ -104,7 +111,7 @@ def read_many(paths: Iterable[str]) -> list[bytes | None]:
 
 def makedirs(path: str) -> None:
     fs, fs_path = filesystem(path)
-    fs.makedirs(fs_path, exist_ok=True)
+    call_with_retry(lambda: fs.makedirs(fs_path, exist_ok=True), f"makedirs {path}")
 
 
 def _local_temp_name(fs_path: str) -> str:
@@ -122,11 +129,15 @@ def write_atomic(path: str, data: bytes | str) -> None:
             handle.write(payload)
         os.replace(temp, fs_path)
     else:
-        fs.pipe_file(fs_path, payload)
+        call_with_retry(lambda: fs.pipe_file(fs_path, payload), f"write {path}")
 
 
 def create_exclusive(path: str, data: bytes | str) -> bool:
-    """Create `path` holding `data` if it does not exist. True if this call created it."""
+    """Create `path` holding `data` if it does not exist. True if this call created it.
+
+    After a retried request, False can also mean "our own first try created it and its answer
+    was lost": callers that must know (leases) read the object back and compare.
+    """
     payload = data.encode() if isinstance(data, str) else data
     fs, fs_path = filesystem(path)
     if isinstance(fs, LocalFileSystem):
@@ -147,11 +158,15 @@ def create_exclusive(path: str, data: bytes | str) -> bool:
                 return False
             fs.pipe_file(fs_path, payload)
             return True
-    try:
-        fs.pipe_file(fs_path, payload, mode="create")
-        return True
-    except FileExistsError:
-        return False
+
+    def create() -> bool:
+        try:
+            fs.pipe_file(fs_path, payload, mode="create")
+            return True
+        except FileExistsError:
+            return False
+
+    return call_with_retry(create, f"create {path}")
 
 
 def json_bytes(value: Any) -> bytes:
@@ -164,19 +179,29 @@ def write_json_atomic(path: str, value: Any) -> None:
 
 def delete(path: str, recursive: bool = False) -> None:
     fs, fs_path = filesystem(path)
-    try:
-        fs.rm(fs_path, recursive=recursive)
-    except FileNotFoundError:
-        pass
+
+    def remove() -> None:
+        try:
+            fs.rm(fs_path, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+    call_with_retry(remove, f"delete {path}")
 
 
 def list_names(path: str) -> list[str]:
     """Names (not paths) of the entries directly under `path`; empty if it does not exist."""
     fs, fs_path = filesystem(path)
-    try:
-        entries = fs.ls(fs_path, detail=False, refresh=True) if _supports_refresh(fs) else fs.ls(fs_path, detail=False)
-    except FileNotFoundError:
-        return []
+
+    def listing() -> list[str]:
+        try:
+            if _supports_refresh(fs):
+                return fs.ls(fs_path, detail=False, refresh=True)
+            return fs.ls(fs_path, detail=False)
+        except FileNotFoundError:
+            return []
+
+    entries = call_with_retry(listing, f"list {path}")
     return sorted(posixpath.basename(entry.rstrip("/")) for entry in entries)
 
 
@@ -188,10 +213,16 @@ def walk_files(path: str, skip: Callable[[str], bool] = lambda _name: False) -> 
     """(relative path, size) of every file under `path`, skipping top-level names where `skip(name)`."""
     fs, fs_path = filesystem(path)
     root = fs_path.rstrip("/")
-    try:
-        found = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return []
+
+    def find() -> dict[str, Any]:
+        try:
+            if _supports_refresh(fs):
+                fs.invalidate_cache(root)
+            return fs.find(root, detail=True)
+        except FileNotFoundError:
+            return {}
+
+    found = call_with_retry(find, f"walk {path}")
     files = []
     for full, info in found.items():
         relative = full[len(root) :].lstrip("/")
@@ -203,11 +234,27 @@ def walk_files(path: str, skip: Callable[[str], bool] = lambda _name: False) -> 
 
 def sha256_file(path: str) -> str:
     fs, fs_path = filesystem(path)
-    digest = hashlib.sha256()
-    with fs.open(fs_path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+
+    def digest_file() -> str:
+        digest = hashlib.sha256()
+        with fs.open(fs_path, "rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    return call_with_retry(digest_file, f"checksum {path}")
+
+
+def move(source: str, destination: str) -> None:
+    """Move a file within one store (rename locally; copy then delete on object stores)."""
+    fs, source_path = filesystem(source)
+    _, destination_path = filesystem(destination)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(destination_path), exist_ok=True)
+        os.replace(source_path, destination_path)
+        return
+    call_with_retry(lambda: fs.copy(source_path, destination_path), f"copy {source} -> {destination}")
+    delete(source)
 
 
 def upload_file(local_path: str, path: str) -> None:

@@ -1,0 +1,161 @@
+// Shared helpers: building DOM safely (text only, never innerHTML with data), the API, formatting, polling.
+"use strict";
+
+const STATUSES = ["FAILED", "CORRUPT", "DEP_FAILED", "RUNNING", "WAITING", "NEVER_RAN", "SUCCESS"];
+const POLL_MS = 2000;
+
+function h(tag, attrs, ...children) {
+  const element = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") element.className = value;
+    else if (key.startsWith("on")) element.addEventListener(key.slice(2), value);
+    else if (key === "dataset") Object.assign(element.dataset, value);
+    else element.setAttribute(key, value === true ? "" : String(value));
+  }
+  appendAll(element, children);
+  return element;
+}
+
+function appendAll(element, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+async function api(path, params) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(params || {})) {
+    if (value !== null && value !== undefined && value !== "") query.set(key, value);
+  }
+  const url = query.toString() ? `${path}?${query}` : path;
+  const response = await fetch(url, { headers: { Accept: "application/json" } });
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+function badge(status) {
+  const shown = status || "NEVER_RAN";
+  return h("span", { class: `badge ${shown}`, "data-status": shown }, shown === "NEVER_RAN" ? "never ran" : shown);
+}
+
+function dot(status) {
+  return h("span", { class: `dot ${status}` });
+}
+
+function countChips(counts, options) {
+  const { active, onToggle } = options || {};
+  const chips = STATUSES.filter((status) => counts[status]).map((status) => {
+    const label = [dot(status), `${status === "NEVER_RAN" ? "never ran" : status} `, h("b", {}, fmtNum(counts[status]))];
+    if (!onToggle) return h("span", { class: "chip", "data-count": status }, label);
+    const classes = `chip${active && active.has(status) ? " active" : ""}`;
+    return h("button", { class: classes, "data-count": status, onclick: () => onToggle(status) }, label);
+  });
+  return h("div", { class: "counts" }, chips);
+}
+
+function fmtNum(value) {
+  if (value === null || value === undefined) return "";
+  if (typeof value !== "number") return String(value);
+  if (Math.abs(value) >= 1e9) return `${(value / 1e9).toFixed(2)}B`;
+  if (Math.abs(value) >= 1e6) return `${(value / 1e6).toFixed(2)}M`;
+  if (Number.isInteger(value)) return value.toLocaleString("en-US");
+  return value.toPrecision(4);
+}
+
+function fmtBytes(bytes) {
+  if (bytes === null || bytes === undefined) return "";
+  const units = ["B", "KB", "MB", "GB", "TB", "PB"];
+  let value = bytes, unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return `${unit ? value.toFixed(1) : value} ${units[unit]}`;
+}
+
+function fmtDuration(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
+  if (seconds < 90) return `${seconds.toFixed(1)} s`;
+  if (seconds < 5400) return `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
+  if (seconds < 172800) return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} min`;
+  return `${(seconds / 86400).toFixed(1)} days`;
+}
+
+function fmtTime(iso) {
+  if (!iso) return "";
+  const date = new Date(iso);
+  const ago = (Date.now() - date.getTime()) / 1000;
+  const stamp = date.toLocaleString("sv-SE").slice(0, 19);
+  if (ago < 0 || ago > 7 * 86400) return stamp;
+  return `${stamp} (${fmtDuration(ago)} ago)`.replace(/\.\d s ago/, " s ago");
+}
+
+function timeCell(iso) {
+  return h("span", { title: iso || "" }, fmtTime(iso));
+}
+
+function progressBar(progress) {
+  if (!progress || !progress.shards_total) return "";
+  const done = progress.shards_done || 0, total = progress.shards_total;
+  const percent = Math.min(100, (100 * done) / total);
+  const title = `${done} / ${total} shards` + (progress.rows ? `, ${fmtNum(progress.rows)} rows` : "")
+    + (progress.bytes ? `, ${fmtBytes(progress.bytes)}` : "");
+  return h("div", { class: `bar${done >= total ? " done" : ""}`, title, "data-progress": `${done}/${total}` },
+    h("span", { style: `width:${percent.toFixed(1)}%` }), h("em", {}, `${fmtNum(done)} / ${fmtNum(total)}`));
+}
+
+function figuresText(figures) {
+  if (!figures) return "";
+  const parts = [];
+  for (const what of ["docs", "tokens", "bytes"]) {
+    const into = figures[`${what}_in`], out = figures[`${what}_out`];
+    const fmt = what === "bytes" ? fmtBytes : fmtNum;
+    if (into !== undefined || out !== undefined) parts.push(`${what} ${fmt(into ?? null) || "?"} → ${fmt(out ?? null) || "?"}`);
+    else if (figures[what] !== undefined) parts.push(`${what} ${fmt(figures[what])}`);
+  }
+  return parts.join(" · ");
+}
+
+function setCrumbs(items) {
+  const nav = document.getElementById("crumbs");
+  nav.replaceChildren();
+  items.forEach((item, index) => {
+    if (index) nav.append(h("span", { class: "sep" }, "›"));
+    nav.append(item.href ? h("a", { href: item.href }, item.text) : h("span", {}, item.text));
+  });
+}
+
+function setLive(on, text) {
+  const live = document.getElementById("live");
+  live.className = on ? "live on" : "live";
+  live.textContent = text || (on ? "live" : "");
+}
+
+// Poll `task` every POLL_MS while the tab is visible; never two calls in flight.
+function poll(task) {
+  let busy = false;
+  const tick = async () => {
+    if (busy || document.hidden) return;
+    busy = true;
+    try { await task(); } catch (error) { setLive(false, `update failed: ${error.message}`); } finally { busy = false; }
+  };
+  return setInterval(tick, POLL_MS);
+}
+
+function showError(container, error) {
+  container.replaceChildren(h("div", { class: "error" }, String(error.message || error)));
+}
+
+function stepHref(path, experiment) {
+  const encoded = path.split("/").map(encodeURIComponent).join("/");
+  return `/step/${encoded}` + (experiment ? `?experiment=${encodeURIComponent(experiment)}` : "");
+}
+
+function copyBox(text) {
+  const pre = h("pre", { class: "light mono" }, text);
+  const button = h("button", { class: "plain", onclick: () => {
+    navigator.clipboard?.writeText(text).then(() => { button.textContent = "copied"; }, () => {});
+  } }, "copy");
+  return h("div", { class: "copy" }, pre, button);
+}

@@ -1,0 +1,333 @@
+"""Shard-level resume for steps that fan out: each shard commits atomically, with a marker.
+
+    def tokenize_shard(input_file: str, out: ShardWriter) -> dict:
+        with out.open(f"tokens/{basename(input_file)}.bin") as handle:   # a temp file, hashed as written
+            ...
+        return {"rows": n_docs}
+
+    def tokenize(config: TokenizeConfig) -> None:
+        shards = [Shard(f"{i:05d}", path) for i, path in enumerate(list_inputs(config.input_path))]
+        run_sharded(config.output_path, shards, tokenize_shard)
+
+A shard function writes only through its `ShardWriter`: files land under
+`<output>/.executor_tmp/<shard>-<attempt>/` and, once the function returns, move to their final
+names; then `<output>/.executor_shards/<shard>.json` records the files (size, sha256), rows and
+stats. A shard is done exactly when its marker exists, so a restarted step redoes only the
+shards without one. The step's manifest reuses the markers' checksums instead of reading every
+file again. While shards run, `<output>/.executor_progress` holds shards done / total, rows and
+bytes for `status` and the dashboard.
+
+Shards run in Ray tasks when Ray is initialized (the `ray` backend), else in a process pool
+(functions must be importable, i.e. module-level), or in threads for I/O-bound work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import IO, Any
+
+from tqdm import tqdm
+
+from executor import storage
+from executor.errors import ExecutorError
+from executor.retry import RetryPolicy
+from executor.status import PROGRESS_FILE, now_iso
+
+logger = logging.getLogger(__name__)
+
+SHARD_DIR = ".executor_shards"
+TEMP_DIR = ".executor_tmp"
+_SHARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+PROGRESS_INTERVAL_S = 1.0
+
+ShardFn = Callable[[Any, "ShardWriter"], dict[str, Any] | None]
+
+
+class ShardFailedError(ExecutorError):
+    """A shard's function raised (after any retries); committed shards stay committed."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    shard_id: str
+    """Stable and unique within the step (it names the marker): e.g. "00042" or an input file's stem."""
+    payload: Any = None
+    """What the shard function receives: an input path, a range, parameters. Must pickle."""
+
+
+class _HashingWriter:
+    """A binary file that computes its sha256 and size as it is written."""
+
+    def __init__(self, handle: IO[bytes], on_close: Callable[[str, int], None]):
+        self._handle = handle
+        self._digest = hashlib.sha256()
+        self._size = 0
+        self._on_close = on_close
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        self._size += len(data)
+        return self._handle.write(data)
+
+    def close(self) -> None:
+        if not self._handle.closed:
+            self._handle.close()
+            self._on_close(self._digest.hexdigest(), self._size)
+
+    def __enter__(self) -> _HashingWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class ShardWriter:
+    """Where a shard writes: temp paths that are committed (moved) only if the shard succeeds."""
+
+    def __init__(self, output_path: str, shard_id: str):
+        self.output_path = output_path
+        self.shard_id = shard_id
+        self.temp_root = storage.join(output_path, TEMP_DIR, f"{shard_id}-{uuid.uuid4().hex[:8]}")
+        self._files: dict[str, tuple[str, int] | None] = {}
+
+    def path(self, relative: str) -> str:
+        """A temp path to write `relative` (relative to the step's output) to, by any library."""
+        if relative.startswith("/") or ".." in relative.split("/") or not relative:
+            raise ValueError(f"shard {self.shard_id}: output name {relative!r} must be a relative path inside the step")
+        self._files.setdefault(relative, None)
+        temp = storage.join(self.temp_root, relative)
+        storage.makedirs(storage.dirname(temp))
+        return temp
+
+    def open(self, relative: str) -> _HashingWriter:
+        """Open `relative` for binary writing; its checksum is computed as it is written."""
+        temp = self.path(relative)
+        fs, fs_path = storage.filesystem(temp)
+
+        def record(digest: str, size: int) -> None:
+            self._files[relative] = (digest, size)
+
+        return _HashingWriter(fs.open(fs_path, "wb"), record)
+
+    def commit(self) -> list[dict[str, Any]]:
+        """Move every written file to its final name; return their manifest entries."""
+        entries = []
+        for relative, known in sorted(self._files.items()):
+            temp = storage.join(self.temp_root, relative)
+            digest, size = known if known is not None else (storage.sha256_file(temp), _size(temp))
+            storage.move(temp, storage.join(self.output_path, relative))
+            entries.append({"path": relative, "size": size, "sha256": digest})
+        storage.delete(self.temp_root, recursive=True)
+        return entries
+
+    def discard(self) -> None:
+        storage.delete(self.temp_root, recursive=True)
+
+
+def _size(path: str) -> int:
+    fs, fs_path = storage.filesystem(path)
+    return int(fs.size(fs_path) or 0)
+
+
+def marker_path(output_path: str, shard_id: str) -> str:
+    return storage.join(output_path, SHARD_DIR, f"{shard_id}.json")
+
+
+def run_one_shard(output_path: str, shard: Shard, fn: ShardFn, retry: RetryPolicy) -> dict[str, Any]:
+    """Run, commit and mark one shard (in whichever worker runs it)."""
+    attempt = 1
+    while True:
+        writer = ShardWriter(output_path, shard.shard_id)
+        try:
+            stats = fn(shard.payload, writer) or {}
+            files = writer.commit()
+            break
+        except Exception as error:
+            writer.discard()
+            if not retry.should_retry(error, attempt):
+                raise ShardFailedError(f"shard {shard.shard_id} of {output_path} failed: {error!r}") from error
+            wait_s = retry.backoff_s(attempt)
+            logger.warning("shard %s: %r; attempt %d, retrying in %.1fs", shard.shard_id, error, attempt, wait_s)
+            time.sleep(wait_s)
+            attempt += 1
+    marker = {
+        "shard_id": shard.shard_id,
+        "files": files,
+        "rows": int(stats.get("rows", 0)),
+        "bytes": sum(entry["size"] for entry in files),
+        "stats": stats,
+        "attempts": attempt,
+        "worker": f"{os.uname().nodename}:{os.getpid()}",
+        "committed": now_iso(),
+    }
+    storage.write_json_atomic(marker_path(output_path, shard.shard_id), marker)
+    return marker
+
+
+def read_shard_markers(output_path: str) -> dict[str, dict[str, Any]]:
+    """Markers of the committed shards, by shard id (one listing plus parallel reads)."""
+    folder = storage.join(output_path, SHARD_DIR)
+    names = [name for name in storage.list_names(folder) if name.endswith(".json")]
+    blobs = storage.read_many(storage.join(folder, name) for name in names)
+    markers = {}
+    for name, blob in zip(names, blobs, strict=True):
+        if blob is not None:
+            markers[name.removesuffix(".json")] = json.loads(blob)
+    return markers
+
+
+@dataclass
+class ShardReport:
+    total: int
+    skipped: int
+    """Shards already committed by an earlier attempt, not run again."""
+    ran: int
+    rows: int
+    bytes: int
+    markers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _choose_parallelism(parallelism: str) -> str:
+    if parallelism != "auto":
+        if parallelism not in ("ray", "process", "thread"):
+            raise ValueError(f"parallelism must be auto, ray, process or thread, not {parallelism!r}")
+        return parallelism
+    ray = sys.modules.get("ray")
+    return "ray" if ray is not None and ray.is_initialized() else "process"
+
+
+def run_sharded(
+    output_path: str,
+    shards: Sequence[Shard],
+    fn: ShardFn,
+    *,
+    parallelism: str = "auto",
+    max_workers: int | None = None,
+    retry: RetryPolicy | None = None,
+    description: str | None = None,
+) -> ShardReport:
+    """Run `fn` on every shard not yet committed under `output_path`; raise if any shard fails."""
+    ids = [shard.shard_id for shard in shards]
+    bad = [shard_id for shard_id in ids if not _SHARD_ID.match(shard_id)]
+    if bad:
+        raise ValueError(f"{output_path}: shard ids must be letters, digits, '_', '-', '.'; got {bad[:5]}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{output_path}: shard ids must be unique")
+    retry = retry or RetryPolicy()
+    storage.delete(storage.join(output_path, TEMP_DIR), recursive=True)  # leftovers of a killed attempt
+    markers = read_shard_markers(output_path)
+    pending = [shard for shard in shards if shard.shard_id not in markers]
+    report = ShardReport(total=len(shards), skipped=len(shards) - len(pending), ran=0, rows=0, bytes=0)
+    report.markers = {shard_id: markers[shard_id] for shard_id in ids if shard_id in markers}
+    report.rows = sum(marker["rows"] for marker in report.markers.values())
+    report.bytes = sum(marker["bytes"] for marker in report.markers.values())
+    if report.skipped:
+        logger.info("%s: %d of %d shards already committed; running %d", output_path,
+                    report.skipped, report.total, len(pending))  # fmt: skip
+    progress = _Progress(output_path, report, description)
+    try:
+        for marker in _execute(output_path, pending, fn, retry, _choose_parallelism(parallelism), max_workers):
+            report.ran += 1
+            report.rows += marker["rows"]
+            report.bytes += marker["bytes"]
+            report.markers[marker["shard_id"]] = marker
+            progress.update()
+    finally:
+        progress.close()
+    return report
+
+
+def _execute(
+    output_path: str, pending: list[Shard], fn: ShardFn, retry: RetryPolicy, parallelism: str, max_workers: int | None
+) -> Iterator[dict[str, Any]]:
+    if not pending:
+        return
+    if parallelism == "ray":
+        yield from _execute_ray(output_path, pending, fn, retry, max_workers)
+        return
+    workers = max(1, min(max_workers or os.cpu_count() or 1, len(pending)))
+    pool: ThreadPoolExecutor | ProcessPoolExecutor
+    if parallelism == "thread":
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard")
+    else:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    with pool:
+        queue = list(reversed(pending))
+        running: set[Future[dict[str, Any]]] = set()
+        failure: BaseException | None = None
+        while queue or running:
+            while queue and failure is None and len(running) < 2 * workers:
+                running.add(pool.submit(run_one_shard, output_path, queue.pop(), fn, retry))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                error = future.exception()
+                if error is None:
+                    yield future.result()
+                elif failure is None:
+                    failure = error
+            if failure is not None and not running:
+                raise failure
+
+
+def _execute_ray(
+    output_path: str, pending: list[Shard], fn: ShardFn, retry: RetryPolicy, max_workers: int | None
+) -> Iterator[dict[str, Any]]:
+    import ray
+
+    remote = ray.remote(run_one_shard).options(num_cpus=1, max_retries=retry.max_attempts, retry_exceptions=False)
+    limit = max_workers or max(1, int(ray.available_resources().get("CPU", 1)) * 2)
+    queue = list(reversed(pending))
+    running: list[Any] = []
+    failure: BaseException | None = None
+    while queue or running:
+        while queue and failure is None and len(running) < limit:
+            running.append(remote.remote(output_path, queue.pop(), fn, retry))
+        done, running = ray.wait(running, num_returns=1)
+        for ref in done:
+            try:
+                yield ray.get(ref)
+            except ray.exceptions.RayTaskError as error:
+                failure = failure or error.as_instanceof_cause()
+            except Exception as error:  # a lost worker past its retries
+                failure = failure or error
+        if failure is not None and not running:
+            raise failure
+
+
+class _Progress:
+    """A progress bar for people and `.executor_progress` for status views, throttled."""
+
+    def __init__(self, output_path: str, report: ShardReport, description: str | None):
+        self.path = storage.join(output_path, PROGRESS_FILE)
+        self.report = report
+        self.bar = tqdm(total=report.total, initial=report.skipped, desc=description or "shards", unit="shard",
+                        disable=None, leave=False)  # fmt: skip
+        self._written = 0.0
+        self.update(force=True)
+
+    def update(self, force: bool = False) -> None:
+        self.bar.n = self.report.skipped + self.report.ran
+        self.bar.refresh()
+        now = time.monotonic()
+        if force or now - self._written >= PROGRESS_INTERVAL_S:
+            self._written = now
+            storage.write_json_atomic(self.path, {
+                "shards_total": self.report.total, "shards_done": self.report.skipped + self.report.ran,
+                "shards_skipped": self.report.skipped, "rows": self.report.rows, "bytes": self.report.bytes,
+                "updated": now_iso(),
+            })  # fmt: skip
+
+    def close(self) -> None:
+        self.update(force=True)
+        self.bar.close()
