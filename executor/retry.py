@@ -15,11 +15,8 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 _TRANSIENT_ERRNOS = {
     errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
@@ -114,7 +111,7 @@ STORAGE_RETRY = RetryPolicy(max_attempts=6, initial_backoff_s=0.2, max_backoff_s
 """For the executor's own metadata I/O; the fsspec clients retry inside each call as well."""
 
 
-def call_with_retry(fn: Callable[[], T], what: str, policy: RetryPolicy = STORAGE_RETRY) -> T:
+def call_with_retry[T](fn: Callable[[], T], what: str, policy: RetryPolicy = STORAGE_RETRY) -> T:
     """Call `fn`, retrying transient failures per `policy`; `what` names the operation in logs."""
     attempt = 1
     while True:

@@ -51,7 +51,7 @@ def _kind(name: str) -> str:
         return "jsonl"
     if stem.endswith(".parquet"):
         return "parquet"
-    if stem.endswith(".json") or name.startswith(".executor_") and name != ".executor_status":
+    if stem.endswith(".json") or (name.startswith(".executor_") and name != ".executor_status"):
         return "json"
     if name == ".executor_status":
         return "jsonl"

@@ -58,7 +58,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
     app: DashboardApp
     loopback_only: bool
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's signature)
+    def log_message(self, format: str, *args: object) -> None:
         logger.debug("%s " + format, self.address_string(), *args)
 
     def _respond(self, response: Response, with_body: bool) -> None:
@@ -93,10 +93,10 @@ class DashboardHandler(BaseHTTPRequestHandler):
             response = json_response({"error": f"{type(error).__name__}: {error}"}, 500)
         self._respond(response, with_body)
 
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's naming)
+    def do_GET(self) -> None:
         self._answer(with_body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(with_body=False)
 
     def _refuse(self) -> None:

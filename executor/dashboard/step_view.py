@@ -20,9 +20,9 @@ from typing import Any
 from executor import storage
 from executor.dashboard.cache import state_from_status_file
 from executor.dashboard.experiments import Experiment
+from executor.errors import StorageError
 from executor.explain import explain, flatten_version
 from executor.status import INFO_FILE, MANIFEST_FILE, PROGRESS_FILE, STATS_FILE, STATUS_FILE, parse_events
-from executor.errors import StorageError
 
 _DEPENDENCY = re.compile(r"^DEP\[(\d+)\](.*)$")
 
