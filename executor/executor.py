@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,8 @@ from executor.explain import ExplainReport, explain
 from executor.lease import Lease, LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
 from executor.records import experiment_file_name, experiment_record, info_path, step_info
+from executor.retry import RetryPolicy
+from executor.scheduler import schedule
 from executor.status import (
     LOG_FILE,
     StatusEvent,
@@ -243,48 +244,27 @@ class Executor:
             planned_at=planned_at,
             worker_id=self.worker_id,
             lease_settings=self.lease_settings,
+            retry=planned.step.retry or RetryPolicy(),
         )
 
     def _schedule(
         self, to_run: list[Decision], planned_at: str, max_concurrent: int | None
     ) -> dict[PlannedStep, StepResult]:
         decision_of = {decision.planned: decision for decision in to_run}
-        waiting_on = {planned: {dep for dep in planned.blocking if dep in decision_of} for planned in decision_of}
-        ready = deque(planned for planned, deps in waiting_on.items() if not deps)
-        results: dict[PlannedStep, StepResult] = {}
         limit = max_concurrent or max(4, os.cpu_count() or 1)
         if limit < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         backend = make_backend(self.backend, limit)
-        running: dict[Future[StepResult], PlannedStep] = {}
         try:
-            while ready or running:
-                while ready and len(running) < limit:
-                    planned = ready.popleft()
-                    running[backend.submit(self._task(decision_of[planned], planned_at), planned.step.resources)] = (
-                        planned
-                    )
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    planned = running.pop(future)
-                    try:
-                        result = future.result()
-                    except Exception as error:  # the executor's own I/O failed around the step
-                        logger.exception("%s: the executor failed around the step", planned.label)
-                        result = StepResult(Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
-                    results[planned] = result
-                    if result.ok:
-                        for child in planned.dependents:
-                            deps = waiting_on.get(child)
-                            if deps is not None and planned in deps:
-                                deps.discard(planned)
-                                if not deps and child not in results:
-                                    ready.append(child)
-                    else:
-                        self._mark_dependents_failed(planned, decision_of, results)
+            return schedule(
+                list(decision_of),
+                backend,
+                make_task=lambda planned: self._task(decision_of[planned], planned_at),
+                on_failure=lambda planned, results: self._mark_dependents_failed(planned, decision_of, results),
+                limit=limit,
+            )
         finally:
             backend.close()
-        return results
 
     def _mark_dependents_failed(
         self, failed: PlannedStep, decision_of: dict[PlannedStep, Decision], results: dict[PlannedStep, StepResult]

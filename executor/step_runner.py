@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,6 +30,7 @@ from executor import storage
 from executor.errors import LeaseLostError
 from executor.lease import Heartbeat, Lease, LeaseSettings
 from executor.records import info_path, write_manifest
+from executor.retry import RetryPolicy, is_transient
 from executor.status import (
     LOG_FILE,
     StatusEvent,
@@ -83,21 +85,29 @@ class StepTask:
     """Run even if SUCCESS (force_run); a SUCCESS newer than `planned_at` still counts as done."""
     planned_at: str
     worker_id: str
+    """The executor's id; each call of `run_step` adds a suffix of its own."""
     lease_settings: LeaseSettings
+    retry: RetryPolicy
 
 
 def run_step(task: StepTask) -> StepResult:
-    lease = Lease(task.output_path, task.worker_id, task.lease_settings)
+    # One worker id per call: a retried Ray task must not mistake its dead predecessor's lease for its own.
+    worker_id = f"{task.worker_id}/{uuid.uuid4().hex[:6]}"
+    lease = Lease(task.output_path, worker_id, task.lease_settings)
     while True:
         done = _wait_for_lease(task, lease)
         if done is not None:
             return done
         try:
-            return _run_holding_lease(task, lease)
+            result = _run_holding_lease(task, lease)
         except LeaseLostError as error:
             logger.warning("%s: %s; waiting for the new holder", task.label, error)
+            continue
         finally:
             lease.release()
+        if isinstance(result, StepResult):
+            return result
+        time.sleep(result.wait_s)  # a transient failure: back off, then compete for the lease again
 
 
 def _newer_than_plan(event: StatusEvent, task: StepTask) -> bool:
@@ -141,12 +151,16 @@ def _wait_for_lease(task: StepTask, lease: Lease) -> StepResult | None:
         time.sleep(task.lease_settings.poll_s)
 
 
-def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult:
+@dataclass(frozen=True)
+class _Retry:
+    wait_s: float
+
+
+def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult | _Retry:
+    worker = lease.worker_id
     attempt = attempts_so_far(read_events(task.output_path)) + 1
-    started = StatusEvent(StepStatus.RUNNING, attempt=attempt, worker=task.worker_id)
-    storage.write_json_atomic(
-        info_path(task.output_path), {**task.info, "worker": task.worker_id, "started": started.time}
-    )
+    started = StatusEvent(StepStatus.RUNNING, attempt=attempt, worker=worker)
+    storage.write_json_atomic(info_path(task.output_path), {**task.info, "worker": worker, "started": started.time})
     append_event(task.output_path, started)
     logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt, task.output_path)
     with _StepLog(task.output_path) as step_log:
@@ -164,33 +178,38 @@ def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult:
             except (LeaseLostError, KeyboardInterrupt):
                 raise
             except BaseException as error:
-                message = f"{type(error).__name__}: {error}"
-                logger.error("%s: FAILED (attempt %d): %s", task.label, attempt, message)
                 step_log.write_exception(error)
-                lease.check()
-                append_event(
-                    task.output_path,
-                    StatusEvent(
-                        StepStatus.FAILED,
-                        attempt=attempt,
-                        worker=task.worker_id,
-                        message=message,
-                        details={"traceback": "".join(traceback.format_exception(error))},
-                    ),
-                )
-                return StepResult(Outcome.FAILED, message)
+                return _record_failure(task, lease, attempt, error)
     lease.check()
     append_event(
         task.output_path,
-        StatusEvent(
-            StepStatus.SUCCESS,
-            attempt=attempt,
-            worker=task.worker_id,
-            details={"code_fingerprint": task.fingerprint},
-        ),
+        StatusEvent(StepStatus.SUCCESS, attempt=attempt, worker=worker, details={"code_fingerprint": task.fingerprint}),
     )
     logger.info("%s: SUCCESS %s", task.label, task.output_path)
     return StepResult(Outcome.SUCCEEDED)
+
+
+def _record_failure(task: StepTask, lease: Lease, attempt: int, error: BaseException) -> StepResult | _Retry:
+    """FAILED with the traceback; or, for a retryable error with attempts left, WAITING and a backoff."""
+    message = f"{type(error).__name__}: {error}"
+    details = {"traceback": "".join(traceback.format_exception(error))}
+    lease.check()
+    if task.retry.should_retry(error, attempt):
+        wait_s = task.retry.backoff_s(attempt)
+        kind = "transient" if is_transient(error) else "retryable"
+        logger.warning("%s: attempt %d failed (%s %s); retrying in %.1fs", task.label, attempt, kind, message, wait_s)
+        note = f"attempt {attempt} failed ({kind}): {message}; retrying in {wait_s:.1f}s"
+        append_event(
+            task.output_path,
+            StatusEvent(StepStatus.WAITING, attempt=attempt, worker=lease.worker_id, message=note, details=details),
+        )
+        return _Retry(wait_s)
+    logger.error("%s: FAILED (attempt %d): %s", task.label, attempt, message)
+    append_event(
+        task.output_path,
+        StatusEvent(StepStatus.FAILED, attempt=attempt, worker=lease.worker_id, message=message, details=details),
+    )
+    return StepResult(Outcome.FAILED, message)
 
 
 class _Interrupter:

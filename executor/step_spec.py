@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.errors import ConfigError
+from executor.retry import RetryPolicy
 
 _STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)*$")
 
@@ -59,6 +60,8 @@ class ExecutorStep[ConfigT]:
     """What the step needs to run; never hashed."""
     code_version: str | None = None
     """Bump this string to force new outputs after a code change (code is not hashed)."""
+    retry: RetryPolicy | None = None
+    """How failures are retried; default: transient ones (lost node, storage 5xx) up to 3 attempts."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _STEP_NAME.match(self.name):
