@@ -1,19 +1,31 @@
 """Where step functions run. Every backend takes a `StepTask` and returns a future `StepResult`.
 
-`local` runs steps in this process's thread pool, so steps may be closures. The Ray backend
-(issue #3) will submit the same `run_step(task)` as a Ray task with the step's resources.
+- `local`: this process's thread pool, so steps may be closures.
+- `ray`: each step is a Ray task with the step's resources, on the cluster named by `RAY_ADDRESS`,
+  or on a local Ray started on demand (this machine's CPUs, a temp dir of ours, no dashboard).
+  Steps that fan out launch their shard tasks from inside (see shards.py). A task whose worker
+  or node dies is retried by Ray (`max_retries`); the retried call waits for the dead attempt's
+  lease to go stale, then takes it over.
+
+Both call the same `run_step(task)`, so a DAG runs unchanged on either.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from executor.errors import ConfigError
 from executor.step_runner import StepResult, StepTask, run_step
 from executor.step_spec import ResourceConfig
 
-BACKENDS = ("local",)
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("local", "ray")
 
 
 class Backend(Protocol):
@@ -37,12 +49,85 @@ class LocalBackend:
         self._pool.shutdown(wait=True)
 
 
-def check_backend_name(name: str) -> None:
+def ray_temp_dir() -> str:
+    """Our own folder for a local Ray's sessions, so they do not litter the system temp folder."""
+    return os.path.join(tempfile.gettempdir(), f"executor-ray-{os.getuid()}")
+
+
+def ensure_ray() -> None:
+    """Connect to `RAY_ADDRESS` if set, else start a local Ray, unless Ray is already initialized."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Workers import step functions by module name: give them the driver's import path.
+    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}}
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        logger.info("joining the Ray cluster at %s", address)
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+    else:
+        num_cpus = os.cpu_count() or 1
+        logger.info("starting a local Ray with %d CPUs (temp dir %s)", num_cpus, ray_temp_dir())
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, _temp_dir=ray_temp_dir(), runtime_env=runtime_env,
+            log_to_driver=True,
+        )  # fmt: skip
+
+
+def ray_options(resources: ResourceConfig | None, max_attempts: int) -> dict[str, Any]:
+    """Ray task options for a step's resources; retries cover lost workers and nodes only."""
+    resources = resources or ResourceConfig()
+    options: dict[str, Any] = {
+        "num_cpus": resources.cpus,
+        "num_gpus": resources.gpus,
+        "max_retries": max_attempts - 1,
+        "retry_exceptions": False,
+    }
+    if resources.memory_gb:
+        options["memory"] = int(resources.memory_gb * 2**30)
+    if resources.accelerator_type:
+        options["accelerator_type"] = resources.accelerator_type
+    if resources.custom:
+        options["resources"] = dict(resources.custom)
+    return options
+
+
+def _run_step_in_ray(task: StepTask) -> StepResult:
+    root = logging.getLogger()
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)  # so the step's INFO lines reach its logs/step.log
+    return run_step(task)
+
+
+class RayBackend:
+    name = "ray"
+
+    def __init__(self, max_concurrent: int):
+        import ray
+
+        ensure_ray()
+        self._remote = ray.remote(_run_step_in_ray)
+
+    def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
+        options = ray_options(resources, task.retry.max_attempts)
+        return self._remote.options(**options).remote(task).future()
+
+    def close(self) -> None:
+        """Ray stays up for the rest of the process; it shuts itself down at exit."""
+
+
+def check_backend(name: str, prefix: str) -> None:
     if name not in BACKENDS:
-        hint = " (the Ray backend is issue #3 and not built yet)" if name == "ray" else ""
-        raise ConfigError(f"unknown backend {name!r}{hint}; choose one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "ray" and prefix.startswith("memory://"):
+        raise ConfigError(
+            f"prefix {prefix} lives in this process's memory, which Ray workers cannot see; "
+            "use a local folder, gs:// or s3:// with the ray backend"
+        )
 
 
 def make_backend(name: str, max_concurrent: int) -> Backend:
-    check_backend_name(name)
+    if name == "ray":
+        return RayBackend(max_concurrent)
     return LocalBackend(max_concurrent)

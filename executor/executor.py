@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import storage
-from executor.backends import check_backend_name, make_backend
+from executor.backends import check_backend, make_backend
 from executor.errors import StepFailedError
 from executor.explain import ExplainReport, explain
 from executor.lease import Lease, LeaseSettings, new_worker_id
@@ -64,7 +64,7 @@ class Executor:
         self.executor_info_base_path = storage.make_absolute(
             executor_info_base_path or storage.join(self.prefix, "experiments")
         )
-        check_backend_name(backend)
+        check_backend(backend, self.prefix)
         self.backend = backend
         self.lease_settings = LeaseSettings.from_env()
         self.worker_id = new_worker_id()

@@ -41,7 +41,7 @@ class ExecutorMainConfig:
     max_concurrent: int | None = None
     """Steps running at once. Default: max(4, CPUs)."""
     backend: str = "local"
-    """Where steps run: local (threads in this process)."""
+    """Where steps run: local (threads in this process) or ray (RAY_ADDRESS, else a local Ray)."""
 
 
 def configure_logging(level: int = logging.INFO) -> None:

@@ -205,5 +205,7 @@ def test_memory_prefix_runs_the_same_dag_with_the_same_hashes(tmp_path, calls):
 
 
 def test_unknown_backend_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown backend 'ray'.*issue #3"):
-        Executor(str(tmp_path), backend="ray")
+    with pytest.raises(ValueError, match=r"unknown backend 'slurm'; choose one of local, ray"):
+        Executor(str(tmp_path), backend="slurm")
+    with pytest.raises(ValueError, match="Ray workers cannot see"):
+        Executor("memory://x", backend="ray")

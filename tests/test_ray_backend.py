@@ -1,0 +1,74 @@
+"""The same DAGs on the local and the Ray backend: same hashes, same outputs, same failures."""
+
+from __future__ import annotations
+
+import pytest
+import sharded_steps
+from conftest import make_step
+
+from executor import Executor, StepFailedError, read_status
+from executor.shards import read_shard_markers
+from executor.status import read_events
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    import ray
+
+    from executor.backends import ensure_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ensure_ray()
+    yield ray
+    ray.shutdown()
+
+
+def test_a_sharded_dag_gives_identical_outputs_on_both_backends(tmp_path, local_ray):
+    outputs = {}
+    for backend in ("local", "ray"):
+        steps = sharded_steps.build_dag(shards=6, parallelism="auto", rounds=500)
+        executor = Executor(str(tmp_path / backend), backend=backend)
+        executor.run(steps)
+        outputs[backend] = {
+            step.name: (executor.output_paths[step].rsplit("/", 1)[1],
+                        sharded_steps.manifest_digests(executor.output_paths[step]))
+            for step in steps
+        }  # fmt: skip
+        for step in steps:
+            assert read_status(executor.output_paths[step]) == "SUCCESS"
+        markers = read_shard_markers(executor.output_paths[steps[0]])
+        assert sorted(markers) == [f"{i:04d}" for i in range(6)]
+    assert outputs["local"] == outputs["ray"]
+
+
+def test_failures_and_dependents_on_ray(tmp_path, local_ray, calls):
+    bad = make_step("bad", fail=True)
+    child = make_step("child", bad)
+    good = make_step("good", text="G")
+    executor = Executor(str(tmp_path), backend="ray")
+    with pytest.raises(StepFailedError, match=r"^1 step\(s\) failed: bad-.*bad was told to fail"):
+        executor.run([child, good])
+    assert read_status(executor.output_paths[good]) == "SUCCESS"
+    assert read_status(executor.output_paths[child]) == "DEP_FAILED"
+    failed = read_events(executor.output_paths[bad])[-1]
+    assert failed.status == "FAILED" and "RuntimeError" in failed.details["traceback"]
+    assert "/" in failed.worker and failed.worker.startswith(executor.worker_id)
+
+
+def test_a_step_can_ask_for_ray_resources(tmp_path, local_ray):
+    from executor import ResourceConfig
+    from executor.backends import ray_options
+
+    options = ray_options(ResourceConfig(cpus=2, memory_gb=1.5, gpus=1, accelerator_type="H100", custom={"x": 1}), 3)
+    assert options == {
+        "num_cpus": 2, "num_gpus": 1, "max_retries": 2, "retry_exceptions": False,
+        "memory": int(1.5 * 2**30), "accelerator_type": "H100", "resources": {"x": 1},
+    }  # fmt: skip
+    step = make_step("small")
+    step = type(step)(step.name, step.fn, step.config, resources=ResourceConfig(cpus=0.5))
+    executor = Executor(str(tmp_path), backend="ray")
+    executor.run([step])
+    assert read_status(executor.output_paths[step]) == "SUCCESS"
