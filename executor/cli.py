@@ -5,6 +5,7 @@ python -m executor status outputs/experiments/demo-1a2b3c4d.json
 python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
 python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
 python -m executor verify outputs/tokenizer-5e6f7a8b  # recompute checksums vs the manifest
+python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from executor.inventory import (
     prefix_rows,
     status_counts,
 )
-from executor.main import configure_logging
+from executor.main import configure_logging, resolve_prefix
 from executor.records import verify_manifest
 from executor.status import INFO_FILE
 
@@ -130,6 +131,13 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     return worst
 
 
+def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
+    from executor.dashboard import serve  # imported here: the other commands do not need the web server
+
+    serve(storage.make_absolute(resolve_prefix(args.prefix)), host=args.host, port=args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m executor", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("step", nargs="?", help="regex of step names (when target is a prefix or experiment)")
     verify = commands.add_parser("verify", help="recompute checksums of finished steps against their manifests")
     verify.add_argument("outputs", nargs="+", help="step output paths")
+    dashboard = commands.add_parser("dashboard", help="serve a live, read-only web dashboard of a prefix")
+    dashboard.add_argument("--prefix", help="default: $EXECUTOR_PREFIX, else ./outputs (local, gs://, s3://)")
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", help="bind address; anything but loopback is logged as a warning"
+    )
+    dashboard.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
     return parser
 
 
@@ -148,5 +162,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     console = Console(width=200) if not sys.stdout.isatty() else Console()
-    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify}
+    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "dashboard": cmd_dashboard}
     return handlers[args.command](args, console)

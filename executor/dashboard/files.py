@@ -14,6 +14,7 @@ import posixpath
 from typing import Any
 
 from executor import storage
+from executor.status import is_metadata
 
 PREVIEW_ROWS = 50
 PREVIEW_BYTES = 256 * 1024
@@ -24,7 +25,7 @@ MAX_POINTS = 4000
 
 
 def list_folder(full_path: str) -> dict[str, Any]:
-    """Entries directly under `full_path`: folders first, then files, with sizes."""
+    """Entries directly under `full_path` with sizes: outputs before executor files, folders before files."""
     fs, fs_path = storage.filesystem(full_path)
     try:
         entries = fs.ls(fs_path, detail=True, refresh=True)
@@ -39,7 +40,8 @@ def list_folder(full_path: str) -> dict[str, Any]:
         for entry in entries
         if entry["name"].rstrip("/") != fs_path.rstrip("/")
     ]
-    items.sort(key=lambda item: (item["type"] != "dir", item["name"]))
+    # The step's own outputs first; the executor's files (.executor_*, logs/) after them.
+    items.sort(key=lambda item: (is_metadata(item["name"]), item["type"] != "dir", item["name"]))
     return {"entries": items[:MAX_LISTING], "truncated": len(items) > MAX_LISTING, "count": len(items)}
 
 

@@ -18,7 +18,7 @@ import shlex
 from typing import Any
 
 from executor import storage
-from executor.dashboard.cache import state_from_status_file
+from executor.dashboard.cache import json_or_none, state_from_status_file
 from executor.dashboard.experiments import Experiment
 from executor.errors import StorageError
 from executor.explain import explain, flatten_version
@@ -120,7 +120,7 @@ def live_state(output_path: str) -> dict[str, Any]:
         "message": state.message,
         "recorded_fingerprint": state.recorded_fingerprint,
         "events": [json.loads(event.to_json()) for event in events],
-        "progress": json.loads(progress_blob) if progress_blob else None,
+        "progress": json_or_none(progress_blob),
     }
 
 
@@ -143,7 +143,7 @@ def step_detail(prefix: str, relative: str, output_path: str, experiment: Experi
             "The output is kept (code is not hashed); bump code_version or force_run the step to rebuild it."
         )
     name = info.get("name") or (step.name if step else relative)
-    manifest = json.loads(manifest_blob) if manifest_blob else None
+    manifest = json_or_none(manifest_blob)
     return {
         "path": relative,
         "output_path": output_path,
@@ -177,7 +177,7 @@ def step_detail(prefix: str, relative: str, output_path: str, experiment: Experi
         "config": config_rows(info) if info else [],
         "explain": _explain_json(output_path, info, current, prefix) if info.get("version") else None,
         "drift": drift,
-        "stats": json.loads(stats_blob) if stats_blob else None,
+        "stats": json_or_none(stats_blob),
         "output_bytes": manifest.get("total_bytes") if isinstance(manifest, dict) else None,
         "rerun": rerun_command(prefix, name, experiment),
     }

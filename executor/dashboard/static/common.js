@@ -85,14 +85,27 @@ function fmtDuration(seconds) {
 function fmtTime(iso) {
   if (!iso) return "";
   const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return String(iso);
   const ago = (Date.now() - date.getTime()) / 1000;
   const stamp = date.toLocaleString("sv-SE").slice(0, 19);
   if (ago < 0 || ago > 7 * 86400) return stamp;
   return `${stamp} (${fmtDuration(ago)} ago)`.replace(/\.\d s ago/, " s ago");
 }
 
+function fmtAgo(iso) {
+  if (!iso) return "";
+  const ago = (Date.now() - new Date(iso).getTime()) / 1000;
+  if (Number.isNaN(ago)) return String(iso);
+  if (ago < 0 || ago > 30 * 86400) return new Date(iso).toLocaleString("sv-SE").slice(0, 16);
+  if (ago < 60) return `${Math.round(ago)} s ago`;
+  if (ago < 3600) return `${Math.round(ago / 60)} min ago`;
+  if (ago < 86400) return `${(ago / 3600).toFixed(1)} h ago`;
+  return `${(ago / 86400).toFixed(1)} days ago`;
+}
+
+// A compact "4 min ago" with the exact time on hover.
 function timeCell(iso) {
-  return h("span", { title: iso || "" }, fmtTime(iso));
+  return h("span", { title: iso ? new Date(iso).toLocaleString("sv-SE") + " (" + iso + ")" : "" }, fmtAgo(iso));
 }
 
 function progressBar(progress) {
@@ -111,7 +124,9 @@ function figuresText(figures) {
   for (const what of ["docs", "tokens", "bytes"]) {
     const into = figures[`${what}_in`], out = figures[`${what}_out`];
     const fmt = what === "bytes" ? fmtBytes : fmtNum;
-    if (into !== undefined || out !== undefined) parts.push(`${what} ${fmt(into ?? null) || "?"} → ${fmt(out ?? null) || "?"}`);
+    if (into !== undefined && out !== undefined) parts.push(`${what} ${fmt(into)} → ${fmt(out)}`);
+    else if (out !== undefined) parts.push(`${what} out ${fmt(out)}`);
+    else if (into !== undefined) parts.push(`${what} in ${fmt(into)}`);
     else if (figures[what] !== undefined) parts.push(`${what} ${fmt(figures[what])}`);
   }
   return parts.join(" · ");

@@ -1,0 +1,166 @@
+"""The dashboard in headless Chromium (Debian's `chromium`, driven by Playwright) on a real DAG's prefix.
+
+Each test saves a screenshot of every page it visits under `$TEST_ARTIFACTS_DIR/dashboard`
+(default `build/test-artifacts/dashboard`). Waits poll the DOM with generous deadlines; nothing
+asserts on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_dashboard_dag import GATES, build_prefix, gated_step
+
+from executor import Executor
+from executor.dashboard import make_server, serve_in_thread
+from executor.status import read_status
+
+pytestmark = pytest.mark.browser
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+DEADLINE_MS = 30_000
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).parent.parent / "build" / "test-artifacts")
+
+
+def chromium_binary() -> str | None:
+    return os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no chromium binary (apt-get install -y chromium; .ci/run installs it)")
+    with playwright_sync.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dashboard-browser")
+    build_prefix(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def base_url(prefix: Path) -> Iterator[str]:
+    server = make_server(str(prefix), port=0, live_ttl_s=0.1)
+    serve_in_thread(server)
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    context.close()
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def screenshot(page: object, name: str) -> None:
+    folder = ARTIFACTS / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+def test_experiment_and_step_pages(page, base_url: str) -> None:  # type: ignore[no-untyped-def]
+    expect = playwright_sync.expect
+    page.goto(base_url + "/")
+    rows = page.locator("[data-testid=experiments] tbody tr")
+    expect(rows).to_have_count(2, timeout=DEADLINE_MS)
+    expect(rows.first).to_contain_text("lsq.py")
+    expect(rows.first.locator("[data-count=FAILED]")).to_contain_text("1")
+    screenshot(page, "experiments")
+
+    rows.first.click()
+    nodes = page.locator("[data-testid=dag] g.node")
+    expect(nodes).to_have_count(6, timeout=DEADLINE_MS)
+    expect(page.locator("[data-testid=dag] path.edge")).to_have_count(5)
+    expect(page.locator("[data-testid=dag] path.edge.pseudo")).to_have_count(1)
+    expect(page.locator('g.node[data-node="data/broken"]')).to_have_attribute("data-status", "FAILED")
+    expect(page.locator('g.node[data-node="report/broken"]')).to_have_attribute("data-status", "DEP_FAILED")
+    expect(page.locator('g.node[data-node="train/lsq"]')).to_have_attribute("data-status", "SUCCESS")
+    counts = page.locator("[data-testid=counts]")
+    expect(counts.locator("[data-count=SUCCESS]")).to_contain_text("4")
+    expect(counts.locator("[data-count=DEP_FAILED]")).to_contain_text("1")
+    expect(page.locator("[data-testid=steps] tbody tr")).to_have_count(6)
+    expect(page.locator('tr[data-step="data/raw"] [data-progress]')).to_have_attribute("data-progress", "4/4")
+    expect(page.locator('tr[data-step="data/clean"]')).to_contain_text("docs 40 → 30")
+    screenshot(page, "experiment")
+
+    page.locator("button.chip[data-count=FAILED]").click()
+    expect(page.locator("[data-testid=steps] tbody tr")).to_have_count(1, timeout=DEADLINE_MS)
+    expect(page.locator("[data-testid=steps] tbody tr")).to_contain_text("data/broken")
+    page.locator("button.chip[data-count=FAILED]").click()
+    page.locator("[data-testid=name-filter]").fill("lsq")
+    expect(page.locator("[data-testid=steps] tbody tr")).to_have_count(2, timeout=DEADLINE_MS)
+    screenshot(page, "experiment-filtered")
+
+    page.locator('tr[data-step="train/lsq"] a').click()
+    expect(page.locator("[data-testid=step-status]")).to_have_text("SUCCESS", timeout=DEADLINE_MS)
+    expect(page.locator('[data-testid=config] tr[data-key="lr"]')).to_have_attribute("data-kind", "versioned")
+    expect(page.locator('[data-testid=config] tr[data-key="input_path"]')).to_have_attribute("data-kind", "dependency")
+    expect(page.locator("[data-testid=explain]")).to_contain_text("config.lr: 0.05 there -> 0.1 here")
+    expect(page.locator("[data-testid=log]")).to_contain_text("step 0 loss", timeout=DEADLINE_MS)
+    expect(page.locator('[data-metric="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
+    expect(page.locator("[data-testid=history] tbody tr")).to_have_count(3)
+    page.locator('[data-testid=files] tr[data-file="model.json"]').click()
+    expect(page.locator("[data-testid=preview]")).to_contain_text("weight", timeout=DEADLINE_MS)
+    screenshot(page, "step-train")
+
+
+def test_failed_step_page_shows_the_error(page, base_url: str, prefix: Path) -> None:  # type: ignore[no-untyped-def]
+    expect = playwright_sync.expect
+    broken = next(path.name for path in (prefix / "data").iterdir() if path.name.startswith("broken-"))
+    page.goto(f"{base_url}/step/data/{broken}")
+    expect(page.locator("[data-testid=step-status]")).to_have_text("FAILED", timeout=DEADLINE_MS)
+    expect(page.locator("[data-testid=failure]")).to_contain_text("the broken step always fails")
+    screenshot(page, "step-failed")
+
+
+def wait_for_output_path(executor: Executor, step: object) -> str:
+    """The step's output path, once the executor (in another thread) has planned it and marked it RUNNING."""
+    for _ in range(600):
+        path = executor.output_paths.get(step)  # type: ignore[call-overload]
+        if path is not None and read_status(path) == "RUNNING":
+            return path
+        time.sleep(0.1)
+    raise AssertionError("the gated step never started running")
+
+
+def test_running_step_updates_without_reload(page, base_url: str, prefix: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    expect = playwright_sync.expect
+    monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.2")  # the step log is uploaded on each heartbeat
+    step = gated_step("browser-live")
+    executor = Executor(str(prefix))
+    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/live.py"})
+    runner.start()
+    try:
+        output_path = wait_for_output_path(executor, step)
+        relative = output_path[len(str(prefix)) + 1 :]
+        page.goto(f"{base_url}/step/{relative}")
+        expect(page.locator("[data-testid=step-status]")).to_have_text("RUNNING", timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=log]")).to_contain_text("waiting for gate", timeout=DEADLINE_MS)
+        page.evaluate("window.__notReloaded = true")
+        screenshot(page, "step-running")
+        assert read_status(output_path) == "RUNNING"
+    finally:
+        GATES["browser-live"].set()
+        runner.join(timeout=60)
+    expect(page.locator("[data-testid=step-status]")).to_have_text("SUCCESS", timeout=DEADLINE_MS)
+    expect(page.locator("[data-testid=history] tbody tr")).to_have_count(3, timeout=DEADLINE_MS)
+    assert page.evaluate("window.__notReloaded") is True
+    screenshot(page, "step-finished-live")
