@@ -6,6 +6,7 @@ import http.client
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,16 @@ def get_json(port: int, target: str) -> Any:
     status, body = request(port, "GET", target)
     assert status == 200, body
     return json.loads(body)
+
+
+def write_synthetic_prefix(prefix: Path, steps: int) -> str:
+    """The benchmark's synthetic data DAG (download -> dedup -> filter -> tokenize -> mix -> train -> eval)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    try:
+        from bench_dashboard import write_prefix
+    finally:
+        sys.path.pop(0)
+    return write_prefix(prefix, steps)
 
 
 def experiment_file(prefix: Path, script: str) -> str:
@@ -255,3 +266,28 @@ def test_foreign_host_header_and_headers(prefix: Path, port: int) -> None:
     assert "script-src 'self'" in response.getheader("Content-Security-Policy")
     connection.close()
     assert '<script src="/static/' in page and "http" not in page.replace("http-equiv", "")
+
+
+def test_big_dag_is_grouped_and_paginated(tmp_path: Path) -> None:
+    file = write_synthetic_prefix(tmp_path, 1000)
+    app = DashboardApp(str(tmp_path))
+    graph = json.loads(app.handle("/api/experiment/graph", {"file": file}).body)
+    assert graph["grouped"] and graph["group_by"] == "name"
+    sizes = {node["label"]: node["size"] for node in graph["nodes"]}
+    assert sizes == {
+        "download/*": 248,
+        "dedup/*": 248,
+        "filter/*": 248,
+        "tokenize/*": 248,
+        "mix/*": 1,
+        "train/*": 4,
+        "eval/*": 3,
+    }
+    edges = {
+        (graph["nodes"][edge["source"]]["label"], graph["nodes"][edge["target"]]["label"]) for edge in graph["edges"]
+    }
+    assert ("tokenize/*", "mix/*") in edges and ("mix/*", "train/*") in edges
+    page = json.loads(app.handle("/api/experiment/steps", {"file": file, "prefix": "dedup/", "offset": "200"}).body)
+    assert page["matched"] == 248 and len(page["rows"]) == 48 and page["rows"][0]["name"].startswith("dedup/")
+    summary = json.loads(app.handle("/api/experiment", {"file": file}).body)
+    assert summary["running_shards"]["steps"] == summary["counts"]["RUNNING"] == 30

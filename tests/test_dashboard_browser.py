@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_dashboard_api import write_synthetic_prefix
 from test_dashboard_dag import GATES, build_prefix, gated_step
 
 from executor import Executor
@@ -164,3 +165,20 @@ def test_running_step_updates_without_reload(page, base_url: str, prefix: Path, 
     expect(page.locator("[data-testid=history] tbody tr")).to_have_count(3, timeout=DEADLINE_MS)
     assert page.evaluate("window.__notReloaded") is True
     screenshot(page, "step-finished-live")
+
+
+def test_big_experiment_draws_groups(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    expect = playwright_sync.expect
+    file = write_synthetic_prefix(tmp_path, 1000)
+    server = make_server(str(tmp_path), port=0)
+    serve_in_thread(server)
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/experiment/{file}")
+        expect(page.locator("[data-testid=dag] g.node")).to_have_count(7, timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=pager]")).to_contain_text("of 1,000")
+        page.locator('g.node[data-node="dedup/*"]').click()
+        expect(page.locator("[data-testid=pager]")).to_contain_text("of 248", timeout=DEADLINE_MS)
+        screenshot(page, "experiment-1000-steps-grouped")
+    finally:
+        server.shutdown()
+        server.server_close()

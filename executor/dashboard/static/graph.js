@@ -38,7 +38,10 @@ class DagView {
     graph.setGraph({ rankdir: "LR", nodesep: 18, ranksep: 70, marginx: 20, marginy: 20 });
     graph.setDefaultEdgeLabel(() => ({}));
     for (const node of data.nodes) {
-      const width = Math.min(280, Math.max(120, 7.2 * node.label.length + 30));
+      // Wide enough for the label (and, for a group, its counts line), so text never spills onto edges.
+      const counts = node.counts ? Object.keys(node.counts).length : 0;
+      const text = Math.max(7.2 * node.label.length, counts ? 60 + 80 * counts : 0);
+      const width = Math.min(data.grouped ? 520 : 280, Math.max(120, text + 30));
       graph.setNode(String(node.id), { width, height: data.grouped ? 48 : 38 });
     }
     for (const edge of data.edges) graph.setEdge(String(edge.source), String(edge.target), { blocking: edge.blocking });

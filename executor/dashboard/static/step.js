@@ -117,7 +117,9 @@ async function stepPage(main, path) {
     statusBox.replaceChildren(badge(live.status));
     if (live.events.length !== lastEvents) { historyBox.replaceChildren(historyTable(live.events)); lastEvents = live.events.length; }
     progressBox.replaceChildren(live.progress ? h("div", { class: "toolbar" }, progressBar(live.progress),
-      h("span", { class: "muted" }, `${fmtNum(live.progress.rows || 0)} rows · ${fmtBytes(live.progress.bytes || 0)} · updated ${fmtTime(live.progress.updated)}`)) : "");
+      h("span", { class: "muted" }, `${fmtNum(live.progress.shards_done || 0)} / ${fmtNum(live.progress.shards_total)} shards · `
+        + `${fmtNum(live.progress.rows || 0)} rows · ${fmtBytes(live.progress.bytes || 0)}`
+        + (live.progress.updated ? ` · updated ${fmtTime(live.progress.updated)}` : ""))) : "");
     const busy = live.status === "RUNNING" || live.status === "WAITING";
     setLive(busy, busy ? "live" : "idle");
   };
