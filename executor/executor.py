@@ -27,7 +27,7 @@ from executor.explain import ExplainReport, explain
 from executor.lease import Lease, LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
 from executor.records import experiment_file_name, experiment_record, info_path, step_info
-from executor.retry import RetryPolicy
+from executor.retry import DEFAULT_RETRY
 from executor.scheduler import schedule
 from executor.status import (
     LOG_FILE,
@@ -244,7 +244,7 @@ class Executor:
             planned_at=planned_at,
             worker_id=self.worker_id,
             lease_settings=self.lease_settings,
-            retry=planned.step.retry or RetryPolicy(),
+            retry=planned.step.retry or DEFAULT_RETRY,
         )
 
     def _schedule(

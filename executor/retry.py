@@ -107,6 +107,11 @@ class RetryPolicy:
         return is_transient(error) or (bool(self.retry_on) and isinstance(error, self.retry_on))
 
 
+DEFAULT_RETRY = RetryPolicy(retry_on=(OSError,))
+"""For steps and shards that set no policy. Steps and shards must be idempotent anyway (a failed
+step is rerun into the same path), so I/O errors are worth another try: object stores report
+some transient faults oddly (a resumable upload whose answer was lost comes back as a 404)."""
+
 STORAGE_RETRY = RetryPolicy(max_attempts=6, initial_backoff_s=0.2, max_backoff_s=10.0)
 """For the executor's own metadata I/O; the fsspec clients retry inside each call as well."""
 

@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from executor.backends import Backend
 from executor.plan import PlannedStep
-from executor.retry import RetryPolicy, is_transient
+from executor.retry import DEFAULT_RETRY, is_transient
 from executor.step_runner import Outcome, StepResult, StepTask
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def schedule(
             try:
                 result = future.result()
             except Exception as error:
-                policy = planned.step.retry or RetryPolicy()
+                policy = planned.step.retry or DEFAULT_RETRY
                 if is_transient(error) and submissions[planned] < policy.max_attempts:
                     wait_s = policy.backoff_s(submissions[planned])
                     logger.warning("%s: lost its worker (%s: %s); submitting again in %.1fs",

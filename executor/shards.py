@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from executor import storage
 from executor.errors import ExecutorError
-from executor.retry import RetryPolicy
+from executor.retry import DEFAULT_RETRY, RetryPolicy
 from executor.status import PROGRESS_FILE, now_iso
 
 logger = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def run_sharded(
         raise ValueError(f"{output_path}: shard ids must be letters, digits, '_', '-', '.'; got {bad[:5]}")
     if len(set(ids)) != len(ids):
         raise ValueError(f"{output_path}: shard ids must be unique")
-    retry = retry or RetryPolicy()
+    retry = retry or DEFAULT_RETRY
     storage.delete(storage.join(output_path, TEMP_DIR), recursive=True)  # leftovers of a killed attempt
     markers = read_shard_markers(output_path)
     pending = [shard for shard in shards if shard.shard_id not in markers]

@@ -61,7 +61,8 @@ class ExecutorStep[ConfigT]:
     code_version: str | None = None
     """Bump this string to force new outputs after a code change (code is not hashed)."""
     retry: RetryPolicy | None = None
-    """How failures are retried; default: transient ones (lost node, storage 5xx) up to 3 attempts."""
+    """How failures are retried; default (`retry.DEFAULT_RETRY`): transient ones (lost node, storage 5xx)
+    and I/O errors, up to 3 attempts. Other exceptions fail the step unless listed in `retry_on`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _STEP_NAME.match(self.name):

@@ -108,8 +108,9 @@ def build_dag(shards: int = 12, counter_dir: str = "", parallelism: str = "threa
         ExecutorStep(
             name=f"parts_{label}",
             fn=make_parts,
-            config=PartsConfig(THIS_OUTPUT_PATH, versioned(shards), versioned(rounds + offset), counter_dir,
-                               parallelism, sleep_s),
+            config=PartsConfig(
+                THIS_OUTPUT_PATH, versioned(shards), versioned(rounds + offset), counter_dir, parallelism, sleep_s
+            ),
         )  # fmt: skip
         for label, offset in (("a", 0), ("b", 1))
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -11,7 +12,17 @@ from pathlib import Path
 import pytest
 from conftest import CALLS, WriteConfig, make_step, write_text
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, output_path_of, read_status, storage
+from executor import (
+    THIS_OUTPUT_PATH,
+    Executor,
+    ExecutorStep,
+    StepFailedError,
+    output_path_of,
+    read_status,
+    storage,
+    versioned,
+)
+from executor.retry import DEFAULT_RETRY, RetryPolicy
 from executor.status import read_events
 
 
@@ -119,7 +130,7 @@ class FlakyConfig:
 def flaky(config: FlakyConfig) -> None:
     CALLS.record("flaky")
     if not os.path.exists(config.fixed_marker):
-        raise OSError("disk on fire")
+        raise RuntimeError("not fixed yet")
     os.makedirs(config.output_path, exist_ok=True)
     Path(config.output_path, "out.txt").write_text("ok")
 
@@ -209,3 +220,56 @@ def test_unknown_backend_is_a_clear_error(tmp_path):
         Executor(str(tmp_path), backend="slurm")
     with pytest.raises(ValueError, match="Ray workers cannot see"):
         Executor("memory://x", backend="ray")
+
+
+@dataclass(frozen=True)
+class FlakyTimesConfig:
+    output_path: str
+    failures: int
+    error: str
+
+
+FAILURES_SEEN: dict[str, int] = {}
+
+
+def fails_n_times(config: FlakyTimesConfig) -> None:
+    seen = FAILURES_SEEN.get(config.output_path, 0)
+    CALLS.record("fails_n_times")
+    if seen < config.failures:
+        FAILURES_SEEN[config.output_path] = seen + 1
+        raise {"os": OSError, "conn": ConnectionResetError, "value": ValueError}[config.error](f"failure {seen + 1}")
+    Path(config.output_path).mkdir(parents=True, exist_ok=True)
+    Path(config.output_path, "out.txt").write_text("ok")
+
+
+def flaky_step(failures: int, error: str, retry: RetryPolicy | None = None) -> ExecutorStep:
+    config = FlakyTimesConfig(THIS_OUTPUT_PATH, versioned(failures), versioned(error))
+    return ExecutorStep(f"flaky_{error}", fails_n_times, config, retry=retry)
+
+
+FAST = dataclasses.replace(DEFAULT_RETRY, initial_backoff_s=0.01)  # the default policy, without the waits
+
+
+def test_transient_and_io_failures_are_retried_with_the_attempts_in_the_history(tmp_path, calls):
+    step = flaky_step(2, "conn", FAST)
+    executor = run(tmp_path, [step])
+    history = [(event.status, event.attempt) for event in read_events(executor.output_paths[step])]
+    assert history == [
+        ("WAITING", 0), ("RUNNING", 1), ("WAITING", 1), ("RUNNING", 2), ("WAITING", 2), ("RUNNING", 3),
+        ("SUCCESS", 3),
+    ]  # fmt: skip
+    retried = read_events(executor.output_paths[step])[2]
+    assert "attempt 1 failed (transient): ConnectionResetError: failure 1; retrying in" in retried.message
+    with pytest.raises(StepFailedError, match="OSError: failure 3"):
+        run(tmp_path, [flaky_step(5, "os", FAST)])  # three attempts, then FAILED
+    assert calls.counts == {"fails_n_times": 6}
+
+
+def test_application_errors_are_retried_only_when_the_step_opts_in(tmp_path, calls):
+    with pytest.raises(StepFailedError, match="ValueError: failure 1"):
+        run(tmp_path, [flaky_step(1, "value", FAST)])
+    assert calls.counts == {"fails_n_times": 1}
+    opted_in = flaky_step(1, "value", RetryPolicy(initial_backoff_s=0.01, retry_on=(ValueError,)))
+    executor = run(tmp_path / "opted", [opted_in])
+    assert read_status(executor.output_paths[opted_in]) == "SUCCESS"
+    assert calls.counts == {"fails_n_times": 3}
