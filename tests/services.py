@@ -183,6 +183,22 @@ class FaultProxy:
                 if self.command != "HEAD":
                     self.wfile.write(payload)
 
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _relay
+            def do_GET(self) -> None:
+                self._relay()
+
+            def do_HEAD(self) -> None:
+                self._relay()
+
+            def do_POST(self) -> None:
+                self._relay()
+
+            def do_PUT(self) -> None:
+                self._relay()
+
+            def do_PATCH(self) -> None:
+                self._relay()
+
+            def do_DELETE(self) -> None:
+                self._relay()
 
         return Handler

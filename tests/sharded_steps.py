@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
-from executor import storage
+from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, storage, versioned
 from executor.shards import Shard, ShardWriter, marker_path, run_sharded
 
 
@@ -111,7 +110,7 @@ def build_dag(shards: int = 12, counter_dir: str = "", parallelism: str = "threa
             config=PartsConfig(
                 THIS_OUTPUT_PATH, versioned(shards), versioned(rounds + offset), counter_dir, parallelism, sleep_s
             ),
-        )  # fmt: skip
+        )
         for label, offset in (("a", 0), ("b", 1))
     ]
     totals = [

@@ -9,7 +9,7 @@ import uuid
 import pytest
 import sharded_steps
 from conftest import make_step
-from services import FaultProxy, gcs_emulator, s3_server, use_gcs_endpoint  # noqa: F401 - fixtures
+from services import FaultProxy, use_gcs_endpoint
 
 from executor import Executor, read_status, storage
 from executor.cli import main as cli_main
