@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import fsspec
 import pytest
 
-pytest_plugins = ["services"]  # the gcs_emulator and s3_server fixtures
-
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
+
+pytest_plugins = ["services"]  # the gcs_emulator and s3_server fixtures
 
 
 class CallLog:
