@@ -10,7 +10,18 @@ from __future__ import annotations
 import platform
 from collections.abc import Sequence
 
-from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
+from executor import THIS_OUTPUT_PATH, ExecutorStep, InputName, output_path_of, versioned
+from steps.dedup_exact import ExactDedupConfig, exact_dedup
+from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
+from steps.download import DownloadConfig, download
+from steps.fasttext_quality import (
+    FasttextFilterConfig,
+    TrainClassifierConfig,
+    fasttext_filter,
+    train_quality_classifier,
+)
+from steps.quality_heuristics import FILTERS, QualityHeuristicsConfig, quality_heuristics
+from steps.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.train_tokenizer import TrainTokenizerConfig, train_tokenizer
 
@@ -51,3 +62,97 @@ def default_tokenizer(
             output_path=THIS_OUTPUT_PATH,
         ),
     )
+
+
+# Data steps (issue 4): download -> exact dedup -> fuzzy dedup -> quality. Each takes the upstream step and
+# reads its `docs/` (or, for download, `files/`); every knob that changes which documents survive is versioned.
+
+
+def default_real_corpus(docs_per_domain: int = 300, near_copies: int = 10) -> ExecutorStep[RealCorpusConfig]:
+    """The offline multi-domain corpus (KJV prose, stdlib code, pydoc reference) with planted duplicates."""
+    return ExecutorStep(
+        name="raw/real_corpus",
+        fn=build_real_corpus,
+        description=f"{docs_per_domain} docs per domain with planted exact and near duplicates",
+        config=RealCorpusConfig(
+            output_path=THIS_OUTPUT_PATH,
+            docs_per_domain=versioned(docs_per_domain),
+            near_copies=versioned(near_copies),
+            # The stdlib's text is an input the executor cannot see; its version stands in for it.
+            seed=versioned(0),
+        ),
+        code_version=platform.python_version(),
+    )
+
+
+def default_download(name: str, source: str | InputName, include: Sequence[str] = ("*",)) -> ExecutorStep[DownloadConfig]:
+    """Fetch the files under `source` (a URL, or another step's output) matching `include`."""
+    return ExecutorStep(
+        name=f"download/{name}",
+        fn=download,
+        description=f"Download {include} from {source}",
+        config=DownloadConfig(source=versioned(source) if isinstance(source, str) else source,
+                              include=versioned(list(include)), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+    )
+
+
+def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True) -> ExecutorStep[ExactDedupConfig]:
+    """Exact document- and paragraph-level dedup over `inputs` (downloads or document steps), first wins."""
+    return ExecutorStep(
+        name="dedup/exact",
+        fn=exact_dedup,
+        description="Exact dedup of documents" + (" and paragraphs" if paragraphs else ""),
+        config=ExactDedupConfig(input_paths=[_docs_of(step) for step in inputs], paragraphs=versioned(paragraphs),
+                                min_paragraph_chars=versioned(64), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+    )
+
+
+def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6) -> ExecutorStep[FuzzyDedupConfig]:
+    """MinHash + LSH near-duplicate removal, one document kept per cluster."""
+    return ExecutorStep(
+        name="dedup/fuzzy",
+        fn=fuzzy_dedup,
+        description=f"MinHash LSH, 5-grams, {bands} bands x {rows} rows",
+        config=FuzzyDedupConfig(input_paths=[_docs_of(input_step)], n_grams=versioned(5), bands=versioned(bands),
+                                rows=versioned(rows), seed=versioned(1), raw_input=False,
+                                output_path=THIS_OUTPUT_PATH),  # fmt: skip
+    )
+
+
+def default_quality_heuristics(input_step: ExecutorStep, skip_sources: Sequence[str] = ("code_*",)) -> ExecutorStep:
+    """datatrove's Gopher / C4 / FineWeb heuristics, with code sources passed through."""
+    return ExecutorStep(
+        name="quality/heuristics",
+        fn=quality_heuristics,
+        description=f"Gopher, C4 and FineWeb heuristics (sources {list(skip_sources)} pass through)",
+        config=QualityHeuristicsConfig(input_paths=[_docs_of(input_step)], filters=versioned(list(FILTERS)),
+                                       skip_sources=versioned(list(skip_sources)), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+    )
+
+
+def default_quality_classifier(positive: str | InputName, negative: str | InputName) -> ExecutorStep:
+    """A fastText classifier of `positive` vs `negative` documents (paths or globs inside step outputs)."""
+    return ExecutorStep(
+        name="quality/fasttext_model",
+        fn=train_quality_classifier,
+        description="fastText quality classifier",
+        config=TrainClassifierConfig(positive_paths=[positive], negative_paths=[negative],
+                                     epochs=versioned(5), dim=versioned(32), bucket=versioned(100_000),
+                                     output_path=THIS_OUTPUT_PATH),  # fmt: skip
+    )
+
+
+def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_fraction: float = 0.8) -> ExecutorStep:
+    """Keep the top `keep_fraction` of documents by the classifier's positive score."""
+    return ExecutorStep(
+        name="quality/fasttext_filter",
+        fn=fasttext_filter,
+        description=f"Keep the top {keep_fraction:.0%} by fastText score",
+        config=FasttextFilterConfig(input_paths=[_docs_of(input_step)], model_path=output_path_of(model),
+                                    keep_fraction=versioned(keep_fraction), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+    )
+
+
+def _docs_of(step: ExecutorStep) -> InputName:
+    """Where a step keeps its documents: `files/` for downloads, `docs/` for every document step."""
+    return output_path_of(step, "files" if step.fn is download else "docs")

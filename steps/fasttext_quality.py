@@ -1,0 +1,246 @@
+"""fastText quality classification: train a classifier, then score and filter documents with it.
+
+`train_quality_classifier` learns `__label__positive` vs `__label__negative` from two document
+sets (say, reference text against random web text), holding out `heldout_fraction` of each class
+(chosen by a hash of the document id, so the split is stable) to report held-out accuracy.
+Training uses one thread: fastText's parallel SGD is not deterministic, and a step's output should
+be a function of its config.
+
+`fasttext_filter` scores every document with P(positive) and keeps it if the score is at least
+`threshold`, or, with `keep_fraction`, if it is in the top fraction of all scores. The quantile
+needs every shard's scores, so filtering then runs in two passes: each shard scores and commits
+a 1,000-bin histogram (never the scores of other shards), the threshold is read off the merged
+histogram, and a second pass writes the kept documents. Scoring calls fastText's batched
+`predict` on a whole shard at once.
+
+Outputs: `model.bin` + `stats.json` (train); `docs/`, `scores/shard-*.parquet` (id, score) and
+`stats.json` (filter).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from executor import storage
+from executor.shards import Shard, ShardWriter, run_sharded
+from steps.connected_components import load_arrays, save_arrays
+from steps.documents import (
+    ReadReport,
+    flow_stats,
+    list_input_files,
+    merge_stats,
+    read_documents,
+    shard_file,
+    text_bytes,
+    to_table,
+    write_stats,
+    write_table,
+)
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.bin"
+POSITIVE = "__label__positive"
+NEGATIVE = "__label__negative"
+HISTOGRAM_BINS = 1000
+
+
+def fasttext_line(text: str) -> str:
+    """One line of input for fastText: it reads up to a newline, so newlines become spaces."""
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class TrainClassifierConfig:
+    positive_paths: list[str]
+    """Documents of the class to keep (files, folders or globs). Versioned via the DAG."""
+    negative_paths: list[str]
+    """Documents of the class to drop."""
+    output_path: str
+    """Where model.bin and stats.json go (THIS_OUTPUT_PATH in a DAG)."""
+    max_docs_per_class: int = 20000
+    """At most this many documents of each class (the first ones). Versioned."""
+    heldout_fraction: float = 0.1
+    """Share of each class kept out of training to measure accuracy. Versioned."""
+    epochs: int = 5
+    """fastText `epoch`. Versioned."""
+    learning_rate: float = 0.5
+    """fastText `lr`. Versioned."""
+    word_ngrams: int = 2
+    """fastText `wordNgrams`. Versioned."""
+    dim: int = 64
+    """fastText `dim`. Versioned."""
+    bucket: int = 200_000
+    """fastText hash buckets for n-grams; the model file is about bucket * dim * 4 bytes. Versioned."""
+    seed: int = 0
+    """fastText `seed`. Versioned."""
+
+
+def _split(paths: list[str], limit: int, heldout_fraction: float, label: str) -> tuple[list[str], list[str]]:
+    train, heldout = [], []
+    report = ReadReport()
+    for path in list_input_files(paths):
+        for document in read_documents(path, report, raw=False):
+            if len(train) + len(heldout) >= limit:
+                return train, heldout
+            line = f"{label} {fasttext_line(document['text'])}"
+            in_heldout = xxhash.xxh64_intdigest(document["id"]) % 10_000 < heldout_fraction * 10_000
+            (heldout if in_heldout else train).append(line)
+    return train, heldout
+
+
+def train_quality_classifier(config: TrainClassifierConfig) -> None:
+    import fasttext
+
+    if not 0 < config.heldout_fraction < 1:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {config.heldout_fraction}")
+    positive_train, positive_heldout = _split(config.positive_paths, config.max_docs_per_class,
+                                              config.heldout_fraction, POSITIVE)  # fmt: skip
+    negative_train, negative_heldout = _split(config.negative_paths, config.max_docs_per_class,
+                                              config.heldout_fraction, NEGATIVE)  # fmt: skip
+    if not positive_train or not negative_train:
+        raise ValueError(f"{config.output_path}: both classes need training documents "
+                         f"(positive {len(positive_train)}, negative {len(negative_train)})")  # fmt: skip
+    train_lines = sorted(positive_train + negative_train, key=lambda line: xxhash.xxh64_intdigest(line))
+    heldout_lines = positive_heldout + negative_heldout
+    with tempfile.TemporaryDirectory() as folder:
+        train_file = os.path.join(folder, "train.txt")
+        with open(train_file, "w", encoding="utf-8") as handle:
+            handle.writelines(line + "\n" for line in train_lines)
+        model = fasttext.train_supervised(input=train_file, epoch=config.epochs, lr=config.learning_rate,
+                                          wordNgrams=config.word_ngrams, dim=config.dim, bucket=config.bucket,
+                                          seed=config.seed, thread=1, verbose=0)  # fmt: skip
+        model_file = os.path.join(folder, MODEL_FILE)
+        model.save_model(model_file)
+        storage.upload_file(model_file, storage.join(config.output_path, MODEL_FILE))
+    correct = 0
+    if heldout_lines:
+        labels, _ = model.predict([line.split(" ", 1)[1] for line in heldout_lines])
+        correct = sum(predicted[0] == line.split(" ", 1)[0] for predicted, line in zip(labels, heldout_lines))
+    stats = {"train_docs": len(train_lines), "heldout_docs": len(heldout_lines),
+             "heldout_accuracy": correct / len(heldout_lines) if heldout_lines else None,
+             "positive_docs": len(positive_train) + len(positive_heldout),
+             "negative_docs": len(negative_train) + len(negative_heldout)}  # fmt: skip
+    storage.write_json_atomic(storage.join(config.output_path, "stats.json"), stats)
+    logger.info("trained on %d docs; held-out accuracy %s", stats["train_docs"], stats["heldout_accuracy"])
+
+
+@dataclass(frozen=True)
+class FasttextFilterConfig:
+    input_paths: list[str]
+    """Document files, folders or globs to score."""
+    model_path: str
+    """A train_quality_classifier output (holding model.bin)."""
+    output_path: str
+    """Where docs/, scores/ and stats.json go (THIS_OUTPUT_PATH in a DAG)."""
+    threshold: float | None = None
+    """Keep documents with P(positive) >= threshold. Exactly one of this and keep_fraction. Versioned."""
+    keep_fraction: float | None = None
+    """Keep this top fraction of documents by score (a global quantile). Versioned."""
+    label: str = POSITIVE
+    """The label whose probability is the score."""
+    raw_input: bool = False
+    """Whether an input file with no usable document is an error (True for raw downloads)."""
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def load_model(model_path: str) -> Any:
+    """The model under `model_path`, loaded once per process (fastText reads only local files)."""
+    import fasttext
+
+    if model_path not in _MODELS:
+        path = storage.join(model_path, MODEL_FILE)
+        data = storage.read_bytes(path)
+        if data is None:
+            raise FileNotFoundError(f"no {MODEL_FILE} at {path}; point model_path at a train_quality_classifier output")
+        with tempfile.NamedTemporaryFile(suffix=".bin") as handle:
+            handle.write(data)
+            handle.flush()
+            _MODELS[model_path] = fasttext.load_model(handle.name)
+    return _MODELS[model_path]
+
+
+def score_texts(model: Any, texts: list[str], label: str = POSITIVE) -> np.ndarray:
+    """P(label) for every text, with one batched fastText call."""
+    if not texts:
+        return np.zeros(0, dtype=np.float32)
+    labels, probabilities = model.predict([fasttext_line(text) for text in texts], k=-1)
+    return np.array(
+        [next((p for name, p in zip(names, probs) if name == label), 0.0) for names, probs in zip(labels, probabilities)],
+        dtype=np.float32,
+    )
+
+
+@dataclass(frozen=True)
+class _FilePayload:
+    config: FasttextFilterConfig
+    shard_index: int
+    path: str
+    threshold: float | None
+    """None in the scoring pass of keep_fraction mode."""
+
+
+def _score_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
+    report = ReadReport()
+    texts = [document["text"] for document in read_documents(payload.path, report, payload.config.raw_input)]
+    scores = score_texts(load_model(payload.config.model_path), texts, payload.config.label)
+    save_arrays(writer, f"scores-{payload.shard_index:05d}.npz", score=scores)
+    histogram = np.histogram(scores, bins=HISTOGRAM_BINS, range=(0.0, 1.0))[0]
+    return {"rows": len(scores), "histogram": histogram.tolist()}
+
+
+def _keep_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
+    config = payload.config
+    report = ReadReport()
+    documents = list(read_documents(payload.path, report, config.raw_input))
+    scored = storage.join(config.output_path, "work", "scores", f"scores-{payload.shard_index:05d}.npz")
+    if config.keep_fraction is not None and storage.exists(scored):
+        scores = load_arrays(scored)["score"]
+    else:
+        scores = score_texts(load_model(config.model_path), [document["text"] for document in documents], config.label)
+    threshold = payload.threshold if payload.threshold is not None else 0.0
+    kept = [document for document, score in zip(documents, scores, strict=True) if score >= threshold]
+    write_table(writer, shard_file(payload.shard_index), to_table(kept))
+    score_table = pa.table({"id": [document["id"] for document in documents], "score": scores})
+    write_table(writer, f"scores/shard-{payload.shard_index:05d}.parquet", score_table)
+    stats = flow_stats(report, len(kept), text_bytes(document["text"] for document in kept))
+    stats["dropped"] = {"fasttext_below_threshold": len(documents) - len(kept)}
+    return stats
+
+
+def quantile_threshold(histogram: np.ndarray, keep_fraction: float) -> float:
+    """The lowest bin edge such that at most about `keep_fraction` of scores lie at or above it."""
+    total = histogram.sum()
+    at_or_above = np.cumsum(histogram[::-1])[::-1]
+    edges = np.linspace(0.0, 1.0, HISTOGRAM_BINS + 1)[:-1]
+    allowed = np.flatnonzero(at_or_above <= keep_fraction * total)
+    return float(edges[allowed[0]]) if len(allowed) else 1.0
+
+
+def fasttext_filter(config: FasttextFilterConfig) -> None:
+    if (config.threshold is None) == (config.keep_fraction is None):
+        raise ValueError("give exactly one of threshold and keep_fraction")
+    files = list_input_files(config.input_paths)
+    threshold = config.threshold
+    if config.keep_fraction is not None:
+        score_shards = [Shard(f"{i:05d}", _FilePayload(config, i, path, None)) for i, path in enumerate(files)]
+        scored = run_sharded(storage.join(config.output_path, "work", "scores"), score_shards, _score_shard,
+                             description="fasttext scores")  # fmt: skip
+        histogram = np.sum([marker["stats"]["histogram"] for marker in scored.markers.values()], axis=0)
+        threshold = quantile_threshold(np.asarray(histogram), config.keep_fraction)
+    shards = [Shard(f"{i:05d}", _FilePayload(config, i, path, threshold)) for i, path in enumerate(files)]
+    report = run_sharded(config.output_path, shards, _keep_shard, description="fasttext filter")
+    stats = merge_stats(report)
+    stats["threshold"] = threshold
+    stats["keep_fraction"] = config.keep_fraction
+    write_stats(config.output_path, stats)

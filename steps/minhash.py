@@ -1,0 +1,168 @@
+"""MinHash signatures and LSH band keys for many documents at once, in numpy.
+
+Why it is fast: datatrove tokenizes each document with spaCy, joins every n-gram into a Python
+string and hashes it with one Python call per shingle, then permutes one document at a time.
+Here a whole batch of documents is normalized with C-level string methods (`lower`, a regex,
+`translate`), joined into one byte buffer, and everything after that is array arithmetic:
+
+1. word hashes: a polynomial rolling hash over the bytes, `H[i] = sum_{k<i} (b_k + 1) * B^k`
+   (mod 2^64, i.e. plain uint64 wrap-around), so a word spanning bytes [s, e) hashes to
+   `(H[e] - H[s]) * B^-s` (B is odd, so it has an inverse mod 2^64), then a splitmix64 finalizer;
+2. shingles: the hash of words i..i+n-1 is `mix(sum_j word[i+j] * C_j)` with an odd random
+   constant per position (so word order matters); n-grams that would cross a document boundary
+   are dropped, and documents with fewer than n words get no shingle (as in datatrove);
+3. permutations: `h_p(s) = (a_p * s + b_p) mod 2^64 >> 32` with odd `a_p` (multiply-add-shift,
+   a 2-universal family that needs no 128-bit product, unlike `mod (2^61 - 1)`); the per-document
+   minimum is one `np.minimum.reduceat` over the batch for each permutation;
+4. band keys: each band's rows are folded into one 64-bit key; documents that share a key in
+   any band are LSH candidates.
+
+Normalization follows datatrove's `simplify_text`: lower case, digit runs to "0", punctuation
+and symbols removed, whitespace collapsed. (Diacritics are kept; NFKD per document is costly.)
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+_NUMBERS = re.compile(r"\d+(?:[.,]\d+)*")
+_BASE = np.uint64(0x100000001B3)
+_MASK64 = (1 << 64) - 1
+_SEED_CONSTANTS = 0x5EED
+
+
+@functools.cache
+def _translate_table() -> dict[int, int | None]:
+    """Punctuation and symbols deleted, every kind of whitespace (and separators) to a space."""
+    table: dict[int, int | None] = {}
+    for code in range(sys.maxunicode + 1):
+        category = unicodedata.category(chr(code))
+        if category[0] in "PS":
+            table[code] = None
+        elif category[0] == "Z" or chr(code).isspace():
+            table[code] = 0x20
+    return table
+
+
+def normalize(text: str) -> str:
+    """Lower case, digits to 0, no punctuation, all whitespace as spaces (no newlines left)."""
+    return _NUMBERS.sub("0", text.lower()).translate(_translate_table())
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: spreads every input bit over the whole 64-bit word."""
+    values = values ^ (values >> np.uint64(30))
+    values = values * np.uint64(0xBF58476D1CE4E5B9)
+    values = values ^ (values >> np.uint64(27))
+    values = values * np.uint64(0x94D049BB133111EB)
+    return values ^ (values >> np.uint64(31))
+
+
+@functools.cache
+def _position_constants(n_grams: int) -> np.ndarray:
+    generator = np.random.default_rng(_SEED_CONSTANTS + n_grams)
+    return generator.integers(0, 2**63, size=n_grams, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+
+def _powers(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """B^k and B^-k (mod 2^64) for k in [0, length]."""
+    inverse = np.uint64(pow(int(_BASE), -1, 1 << 64))
+    one = np.ones(1, dtype=np.uint64)
+    forward = np.concatenate([one, np.cumprod(np.full(length, _BASE, dtype=np.uint64))])
+    backward = np.concatenate([one, np.cumprod(np.full(length, inverse, dtype=np.uint64))])
+    return forward, backward
+
+
+def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(hash of every normalized word, index of its document), for all texts in order."""
+    joined = ("\n".join(normalize(text) for text in texts) + "\n").encode("utf-8")
+    buffer = np.frombuffer(joined, dtype=np.uint8)
+    solid = (buffer != 0x20) & (buffer != 0x0A)
+    edges = np.diff(solid.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)
+    forward, backward = _powers(len(buffer))
+    prefix = np.zeros(len(buffer) + 1, dtype=np.uint64)
+    np.cumsum((buffer.astype(np.uint64) + np.uint64(1)) * forward[:-1], out=prefix[1:])
+    hashes = _mix((prefix[ends] - prefix[starts]) * backward[starts])
+    documents = np.cumsum(buffer == 0x0A)[starts]
+    return hashes, documents
+
+
+def shingles(texts: Sequence[str], n_grams: int) -> tuple[np.ndarray, np.ndarray]:
+    """(shingle hashes, offsets): document d's shingles are `hashes[offsets[d]:offsets[d + 1]]`."""
+    words, documents = word_hashes(texts)
+    count = len(words) - n_grams + 1
+    if count <= 0:
+        return np.zeros(0, dtype=np.uint64), np.zeros(len(texts) + 1, dtype=np.int64)
+    constants = _position_constants(n_grams)
+    combined = np.zeros(count, dtype=np.uint64)
+    for position in range(n_grams):
+        combined += words[position : position + count] * constants[position]
+    same_document = documents[:count] == documents[n_grams - 1 :]
+    hashes = _mix(combined[same_document])
+    owners = documents[:count][same_document]
+    offsets = np.searchsorted(owners, np.arange(len(texts) + 1), side="left").astype(np.int64)
+    return hashes, offsets
+
+
+@dataclass(frozen=True)
+class MinHasher:
+    """Permutations for `bands * rows` MinHash values, fixed by `seed` so every worker agrees."""
+
+    n_grams: int = 5
+    bands: int = 14
+    rows: int = 8
+    seed: int = 1
+
+    @functools.cached_property
+    def _parameters(self) -> tuple[np.ndarray, np.ndarray]:
+        generator = np.random.default_rng(self.seed)
+        size = self.bands * self.rows
+        multipliers = generator.integers(0, 2**63, size=size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        return multipliers, generator.integers(0, 2**64 - 1, size=size, dtype=np.uint64)
+
+    def signatures(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(uint32 signatures of shape (docs, bands * rows), bool mask of docs that have one)."""
+        hashes, offsets = shingles(texts, self.n_grams)
+        has_shingles = offsets[1:] > offsets[:-1]
+        starts = offsets[:-1][has_shingles]
+        multipliers, increments = self._parameters
+        signatures = np.full((len(texts), len(multipliers)), np.iinfo(np.uint32).max, dtype=np.uint32)
+        if len(starts):
+            for index in range(len(multipliers)):
+                permuted = ((hashes * multipliers[index] + increments[index]) >> np.uint64(32)).astype(np.uint32)
+                signatures[has_shingles, index] = np.minimum.reduceat(permuted, starts)
+        return signatures, has_shingles
+
+    def band_keys(self, signatures: np.ndarray) -> np.ndarray:
+        """uint64 keys of shape (docs, bands): one per band, folding that band's rows."""
+        keys = np.zeros((signatures.shape[0], self.bands), dtype=np.uint64)
+        for band in range(self.bands):
+            key = np.full(signatures.shape[0], band + 1, dtype=np.uint64)
+            for row in range(self.rows):
+                key = _mix(key ^ signatures[:, band * self.rows + row].astype(np.uint64) + np.uint64(row))
+            keys[:, band] = key
+        return keys
+
+
+def jaccard(first: str, second: str, n_grams: int = 5) -> float:
+    """Exact Jaccard similarity of the two texts' shingle sets (ground truth for tests)."""
+    hashes, offsets = shingles([first, second], n_grams)
+    left = set(hashes[offsets[0] : offsets[1]].tolist())
+    right = set(hashes[offsets[1] : offsets[2]].tolist())
+    if not left and not right:
+        return 1.0 if normalize(first).split() == normalize(second).split() else 0.0
+    return len(left & right) / len(left | right)
+
+
+def node_partition(keys: np.ndarray, partitions: int) -> np.ndarray:
+    """A stable partition for each int64 document key (used to spread graph nodes)."""
+    return (_mix(keys.astype(np.uint64)) % np.uint64(partitions)).astype(np.int64)

@@ -1,0 +1,121 @@
+"""Exact and fuzzy dedup on the real offline corpus with planted duplicates, plus their building blocks."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from executor.shards import read_shard_markers
+from steps.connected_components import large_star, small_star
+from steps.dedup_eval import evaluate_fuzzy_dedup
+from steps.dedup_exact import ExactDedupConfig, _cut, exact_dedup, paragraph_spans
+from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
+from steps.documents import list_input_files, read_shard_table
+from steps.minhash import MinHasher, jaccard, shingles
+from steps.real_corpus import RealCorpusConfig, build_real_corpus, read_ground_truth
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("corpus"))
+    build_real_corpus(RealCorpusConfig(output_path=path, docs_per_domain=80, near_copies=6,
+                                       near_levels=[0.5, 0.8, 0.9]))  # fmt: skip
+    return path
+
+
+def ids_in(folder: str) -> set[str]:
+    return {row for path in list_input_files(folder) for row in read_shard_table(path).column("id").to_pylist()}
+
+
+def test_shingles_match_a_plain_python_reference():
+    texts = ["The quick brown fox, jumps over 12 lazy dogs!", "one two", "", "a b c d e f"]
+    hashes, offsets = shingles(texts, 3)
+    assert offsets.tolist() == [0, 7, 7, 7, 11]
+    assert len(set(hashes[:7].tolist())) == 7
+    assert jaccard("a b c d e f g", "A b, c d e f g") == 1.0
+    assert jaccard("a b c d e f g h", "a b c d e f g x") == pytest.approx(3 / 5)
+
+
+def test_minhash_estimates_jaccard():
+    rng = random.Random(0)
+    words = [f"w{rng.randrange(5000)}" for _ in range(600)]
+    changed = [word if rng.random() > 0.05 else "zz" for word in words]
+    first, second = " ".join(words), " ".join(changed)
+    signatures, has = MinHasher(bands=32, rows=8).signatures([first, second])
+    assert has.all()
+    estimate = float(np.mean(signatures[0] == signatures[1]))
+    assert abs(estimate - jaccard(first, second)) < 0.08
+
+
+def components_by_union_find(edges: list[tuple[int, int]]) -> dict[int, int]:
+    parent: dict[int, int] = {}
+
+    def find(node: int) -> int:
+        parent.setdefault(node, node)
+        while parent[node] != node:
+            node = parent[node]
+        return node
+
+    for first, second in edges:
+        low, high = sorted((find(first), find(second)))
+        parent[high] = low
+    return {node: find(node) for node in parent}
+
+
+def test_star_rounds_find_the_same_components_as_union_find():
+    rng = random.Random(1)
+    edges = [(rng.randrange(300), rng.randrange(300)) for _ in range(250)]
+    edges = [(a, b) for a, b in edges if a != b]
+    source = np.array([a for a, b in edges] + [b for a, b in edges], dtype=np.int64)
+    target = np.array([b for a, b in edges] + [a for a, b in edges], dtype=np.int64)
+    for _round in range(40):
+        pairs = np.unique(np.stack([source, target], 1), axis=0)
+        first, second = large_star(pairs[:, 0], pairs[:, 1])
+        pairs = np.unique(np.stack([np.concatenate([first, second]), np.concatenate([second, first])], 1), axis=0)
+        first, second = small_star(pairs[:, 0], pairs[:, 1])
+        source, target = np.concatenate([first, second]), np.concatenate([second, first])
+    found = {int(node): int(min(node, root)) for node, root in zip(source, target, strict=True) if root < node}
+    expected = components_by_union_find(edges)
+    assert found == {node: root for node, root in expected.items() if node != root}
+
+
+def test_exact_dedup_drops_planted_copies_and_repeated_paragraphs(corpus, tmp_path):
+    output = str(tmp_path / "exact")
+    exact_dedup(ExactDedupConfig(input_paths=[f"{corpus}/raw"], output_path=output))
+    truth = read_ground_truth(corpus)
+    planted_exact = {record["id"] for record in truth if record["kind"] == "exact"}
+    kept = ids_in(f"{output}/docs")
+    assert not planted_exact & kept
+    assert {record["of"] for record in truth if record["kind"] == "exact"} <= kept
+    stats = json.loads(open(f"{output}/stats.json").read())
+    assert stats["dropped"]["exact_duplicate"] >= len(planted_exact)
+    assert stats["docs_in"] - stats["docs_out"] == sum(stats["dropped"].values())
+
+
+def test_paragraph_cuts_record_spans_of_the_original():
+    text = "First paragraph here.\n\nSecond one, repeated.\n  \nThird.\n"
+    spans = paragraph_spans(text)
+    assert [text[start:end] for start, end in spans] == ["First paragraph here.", "Second one, repeated.", "Third."]
+    cut, cuts = _cut(text, {1})
+    assert cut == "First paragraph here.\n\nThird.\n"
+    assert cuts == [[23, 48]]
+
+
+def test_fuzzy_dedup_finds_planted_near_copies_and_resumes(corpus, tmp_path):
+    output = str(tmp_path / "fuzzy")
+    config = FuzzyDedupConfig(input_paths=[f"{corpus}/raw"], output_path=output)
+    fuzzy_dedup(config)
+    figures = evaluate_fuzzy_dedup(corpus, output)
+    assert figures["recall"]["exact"] == 1.0
+    assert figures["recall"]["0.90"] == 1.0
+    assert figures["recall"]["0.80"] >= 0.8
+    assert figures["recall"]["0.50"] <= 0.7
+    assert evaluate_fuzzy_dedup(corpus, output, min_jaccard=0.3)["precision"] == 1.0
+    clusters = [row for path in list_input_files(f"{output}/clusters") for row in read_shard_table(path).to_pylist()]
+    assert all(sum(r["kept"] for r in clusters if r["cluster_id"] == c["cluster_id"]) == 1 for c in clusters)
+    before = read_shard_markers(output)
+    fuzzy_dedup(config)
+    assert read_shard_markers(output) == before

@@ -1,0 +1,93 @@
+"""Quality heuristics, the fastText classifier and filter, and decontamination, on real offline text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from steps.decontaminate import DecontaminateConfig, decontaminate
+from steps.documents import list_input_files, read_shard_table
+from steps.fasttext_quality import (
+    FasttextFilterConfig,
+    TrainClassifierConfig,
+    fasttext_filter,
+    quantile_threshold,
+    train_quality_classifier,
+)
+from steps.quality_heuristics import QualityHeuristicsConfig, quality_heuristics
+from steps.real_corpus import RealCorpusConfig, build_real_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("corpus"))
+    build_real_corpus(RealCorpusConfig(output_path=path, docs_per_domain=60, exact_copies=0, near_copies=0,
+                                       near_levels=[]))  # fmt: skip
+    return f"{path}/raw"
+
+
+def rows(folder: str) -> list[dict]:
+    return [row for path in list_input_files(folder) for row in read_shard_table(path).to_pylist()]
+
+
+def stats_of(output: str) -> dict:
+    return json.loads(open(f"{output}/stats.json").read())
+
+
+def test_heuristics_count_drops_by_filter_and_pass_code_through(corpus, tmp_path):
+    output = str(tmp_path / "heuristics")
+    quality_heuristics(QualityHeuristicsConfig(input_paths=[corpus], output_path=output, skip_sources=["code_*"],
+                                               raw_input=True))  # fmt: skip
+    stats = stats_of(output)
+    assert stats["docs_in"] == 180
+    assert stats["docs_in"] - stats["docs_out"] == sum(stats["dropped"].values())
+    assert all(reason.split(":")[0] in {"gopher_quality", "gopher_repetition", "c4", "fineweb"}
+               for reason in stats["dropped"])  # fmt: skip
+    assert stats["skipped_source_docs"] == 60
+    assert sum(1 for row in rows(f"{output}/docs") if row["source"] == "code_stdlib") == 60
+
+
+def test_fasttext_trains_and_filters_by_threshold_and_by_quantile(corpus, tmp_path):
+    model = str(tmp_path / "model")
+    train_quality_classifier(TrainClassifierConfig(positive_paths=[f"{corpus}/reference_pydoc.parquet"],
+                                                   negative_paths=[f"{corpus}/prose_kjv.jsonl.gz"],
+                                                   output_path=model, dim=16, bucket=20_000, epochs=50,
+                                                   heldout_fraction=0.2))  # fmt: skip
+    trained = stats_of(model)
+    assert trained["heldout_docs"] > 0 and trained["heldout_accuracy"] >= 0.75
+    by_threshold = str(tmp_path / "threshold")
+    fasttext_filter(FasttextFilterConfig(input_paths=[corpus], model_path=model, output_path=by_threshold,
+                                         threshold=0.5))  # fmt: skip
+    kept = rows(f"{by_threshold}/docs")
+    assert sum(row["source"] == "reference_pydoc" for row in kept) >= 50
+    assert sum(row["source"] == "prose_kjv" for row in kept) <= 5
+    by_fraction = str(tmp_path / "fraction")
+    fasttext_filter(FasttextFilterConfig(input_paths=[corpus], model_path=model, output_path=by_fraction,
+                                         keep_fraction=0.5))  # fmt: skip
+    stats = stats_of(by_fraction)
+    assert abs(stats["docs_out"] - 90) <= 12
+    assert len(rows(f"{by_fraction}/scores")) == 180
+
+
+def test_quantile_threshold_keeps_the_top_fraction():
+    import numpy as np
+
+    histogram = np.zeros(1000, dtype=np.int64)
+    histogram[[100, 500, 900, 950]] = [10, 10, 10, 10]
+    assert 0.5 < quantile_threshold(histogram, 0.5) <= 0.9
+
+
+def test_decontamination_drops_documents_sharing_eval_ngrams(corpus, tmp_path):
+    eval_dir = tmp_path / "eval"
+    eval_dir.mkdir()
+    docs = read_shard_table(f"{corpus}/reference_pydoc.parquet").to_pylist()
+    leaked = docs[:3]
+    (eval_dir / "eval.jsonl").write_text("".join(json.dumps({"id": f"eval-{i}", "text": d["text"][:2000]}) + "\n"
+                                                 for i, d in enumerate(leaked)))  # fmt: skip
+    output = str(tmp_path / "clean")
+    decontaminate(DecontaminateConfig(input_paths=[corpus], eval_paths=[str(eval_dir)], output_path=output,
+                                      raw_input=True))  # fmt: skip
+    contaminated = {row["id"] for row in rows(f"{output}/contaminated")}
+    assert {doc["id"] for doc in leaked} <= contaminated
+    assert stats_of(output)["dropped"]["contaminated"] == len(contaminated) < 10
