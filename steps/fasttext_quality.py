@@ -54,8 +54,9 @@ HISTOGRAM_BINS = 1000
 
 
 def fasttext_line(text: str) -> str:
-    """One line of input for fastText: it reads up to a newline, so newlines become spaces."""
-    return " ".join(text.split())
+    """One line of input for fastText: it reads up to a newline, so newlines become spaces (it splits
+    words on any whitespace itself, so nothing else needs normalizing)."""
+    return text.replace("\n", " ")
 
 
 @dataclass(frozen=True)
@@ -171,14 +172,19 @@ def load_model(model_path: str) -> Any:
 
 
 def score_texts(model: Any, texts: list[str], label: str = POSITIVE) -> np.ndarray:
-    """P(label) for every text, with one batched fastText call."""
+    """P(label) for every text, with one batched fastText call.
+
+    Only the top label is asked for (k=1, the cheapest call); with two classes the other's
+    probability is its complement, and with more, a text whose top label is another scores 0.
+    """
     if not texts:
         return np.zeros(0, dtype=np.float32)
-    labels, probabilities = model.predict([fasttext_line(text) for text in texts], k=-1)
-    return np.array(
-        [next((p for name, p in zip(names, probs) if name == label), 0.0) for names, probs in zip(labels, probabilities)],
-        dtype=np.float32,
-    )
+    labels, probabilities = model.predict([fasttext_line(text) for text in texts], k=1)
+    top = np.array([names[0] == label for names in labels])
+    best = np.array([probs[0] for probs in probabilities], dtype=np.float32)
+    if len(model.get_labels()) == 2:
+        return np.where(top, best, 1.0 - best).astype(np.float32)
+    return np.where(top, best, 0.0).astype(np.float32)
 
 
 @dataclass(frozen=True)
