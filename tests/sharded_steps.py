@@ -49,13 +49,16 @@ def record_execution(counter_dir: str, kind: str, name: str, already_done: bool)
         return
     os.makedirs(counter_dir, exist_ok=True)
     record = {"kind": kind, "name": name, "already_done": already_done, "pid": os.getpid(), "time": time.time()}
-    with open(os.path.join(counter_dir, f"{kind}-{name.replace('/', '_')}-{uuid.uuid4().hex}.json"), "w") as handle:
+    file_name = f"{kind}-{name.replace('/', '_').replace(':', '_')}-{uuid.uuid4().hex}.json"
+    temp = os.path.join(counter_dir, f".{file_name}.tmp")
+    with open(temp, "w") as handle:
         json.dump(record, handle)
+    os.replace(temp, os.path.join(counter_dir, file_name))  # a reader (or a kill) never sees half a record
 
 
 def make_part(job: ShardJob, out: ShardWriter) -> dict:
     already = storage.exists(marker_path(job.output_path, job.shard_id))
-    record_execution(job.counter_dir, "shard", job.shard_id, already)
+    record_execution(job.counter_dir, "shard", f"{storage.basename(job.output_path)}:{job.shard_id}", already)
     digest = job.shard_id.encode()
     lines = []
     for index in range(job.rounds):
@@ -70,7 +73,7 @@ def make_part(job: ShardJob, out: ShardWriter) -> dict:
 
 
 def make_parts(config: PartsConfig) -> None:
-    record_execution(config.counter_dir, "step", "make_parts", False)
+    record_execution(config.counter_dir, "step", storage.basename(config.output_path), False)
     shards = [
         Shard(f"{index:04d}", ShardJob(config.output_path, f"{index:04d}", config.rounds, config.counter_dir,
                                        config.shard_sleep_s))
@@ -87,7 +90,7 @@ class SumConfig:
 
 
 def sum_parts(config: SumConfig) -> None:
-    record_execution(config.counter_dir, "step", "sum_parts", False)
+    record_execution(config.counter_dir, "step", storage.basename(config.output_path), False)
     fs, root = fsspec.core.url_to_fs(config.input_path)
     names = sorted(fs.ls(root + "/parts", detail=False))
     total = hashlib.sha256()
@@ -125,6 +128,8 @@ def executions(counter_dir: str) -> list[dict]:
         return []
     records = []
     for name in os.listdir(counter_dir):
+        if name.startswith("."):
+            continue
         with open(os.path.join(counter_dir, name)) as handle:
             records.append(json.load(handle))
     return records
