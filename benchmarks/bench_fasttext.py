@@ -42,7 +42,8 @@ def main() -> None:
     kept = int(np.sum(scores >= 0.5))
     ours = time.perf_counter() - start
     print(json.dumps({"benchmark": "fasttext_filter", "docs": len(texts), "kept": kept,
-                      "raw_predict_docs_per_s": round(len(texts) / raw, 1), "ours_docs_per_s": round(len(texts) / ours, 1),
+                      "raw_predict_docs_per_s": round(len(texts) / raw, 1),
+                      "ours_docs_per_s": round(len(texts) / ours, 1),
                       "ratio": round(raw / ours, 3)}))  # fmt: skip
 
 

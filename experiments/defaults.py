@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
+from typing import Any
 
-from executor import THIS_OUTPUT_PATH, ExecutorStep, InputName, output_path_of, versioned
+from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
 from steps.dedup_exact import ExactDedupConfig, exact_dedup
 from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 from steps.download import DownloadConfig, download
@@ -85,14 +86,16 @@ def default_real_corpus(docs_per_domain: int = 300, near_copies: int = 10) -> Ex
     )
 
 
-def default_download(name: str, source: str | InputName, include: Sequence[str] = ("*",)) -> ExecutorStep[DownloadConfig]:
+def default_download(
+    name: str, source: Any, include: Sequence[str] = ("*",)
+) -> ExecutorStep[DownloadConfig]:
     """Fetch the files under `source` (a URL, or another step's output) matching `include`."""
     return ExecutorStep(
         name=f"download/{name}",
         fn=download,
         description=f"Download {include} from {source}",
         config=DownloadConfig(source=versioned(source) if isinstance(source, str) else source,
-                              include=versioned(list(include)), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+                              include=versioned(list(include)), output_path=THIS_OUTPUT_PATH),
     )
 
 
@@ -103,7 +106,7 @@ def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True) -> Ex
         fn=exact_dedup,
         description="Exact dedup of documents" + (" and paragraphs" if paragraphs else ""),
         config=ExactDedupConfig(input_paths=[_docs_of(step) for step in inputs], paragraphs=versioned(paragraphs),
-                                min_paragraph_chars=versioned(64), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+                                min_paragraph_chars=versioned(64), output_path=THIS_OUTPUT_PATH),
     )
 
 
@@ -115,7 +118,7 @@ def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6
         description=f"MinHash LSH, 5-grams, {bands} bands x {rows} rows",
         config=FuzzyDedupConfig(input_paths=[_docs_of(input_step)], n_grams=versioned(5), bands=versioned(bands),
                                 rows=versioned(rows), seed=versioned(1), raw_input=False,
-                                output_path=THIS_OUTPUT_PATH),  # fmt: skip
+                                output_path=THIS_OUTPUT_PATH),
     )
 
 
@@ -126,11 +129,12 @@ def default_quality_heuristics(input_step: ExecutorStep, skip_sources: Sequence[
         fn=quality_heuristics,
         description=f"Gopher, C4 and FineWeb heuristics (sources {list(skip_sources)} pass through)",
         config=QualityHeuristicsConfig(input_paths=[_docs_of(input_step)], filters=versioned(list(FILTERS)),
-                                       skip_sources=versioned(list(skip_sources)), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+                                       skip_sources=versioned(list(skip_sources)),
+                                       output_path=THIS_OUTPUT_PATH),
     )
 
 
-def default_quality_classifier(positive: str | InputName, negative: str | InputName) -> ExecutorStep:
+def default_quality_classifier(positive: Any, negative: Any) -> ExecutorStep:
     """A fastText classifier of `positive` vs `negative` documents (paths or globs inside step outputs)."""
     return ExecutorStep(
         name="quality/fasttext_model",
@@ -138,7 +142,7 @@ def default_quality_classifier(positive: str | InputName, negative: str | InputN
         description="fastText quality classifier",
         config=TrainClassifierConfig(positive_paths=[positive], negative_paths=[negative],
                                      epochs=versioned(5), dim=versioned(32), bucket=versioned(100_000),
-                                     output_path=THIS_OUTPUT_PATH),  # fmt: skip
+                                     output_path=THIS_OUTPUT_PATH),
     )
 
 
@@ -149,10 +153,10 @@ def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_
         fn=fasttext_filter,
         description=f"Keep the top {keep_fraction:.0%} by fastText score",
         config=FasttextFilterConfig(input_paths=[_docs_of(input_step)], model_path=output_path_of(model),
-                                    keep_fraction=versioned(keep_fraction), output_path=THIS_OUTPUT_PATH),  # fmt: skip
+                                    keep_fraction=versioned(keep_fraction), output_path=THIS_OUTPUT_PATH),
     )
 
 
-def _docs_of(step: ExecutorStep) -> InputName:
+def _docs_of(step: ExecutorStep) -> Any:
     """Where a step keeps its documents: `files/` for downloads, `docs/` for every document step."""
     return output_path_of(step, "files" if step.fn is download else "docs")

@@ -5,10 +5,10 @@ Nodes are int64 document keys; an undirected edge {u, v} is stored twice, as (u,
 partition of u and as (v, u) in the partition of v (`node_partition`), so each partition holds
 every neighbour of its own nodes and a round is one parallel pass over partitions:
 
-- large-star: at each node u with smallest neighbourhood member m = min({u} ∪ N(u)), replace every
+- large-star: at each node u with smallest neighbourhood member m = min({u} | N(u)), replace every
   edge to a *larger* neighbour v by (v, m);
-- small-star: at each u, with N'(u) its smaller neighbours and m = min(N'(u) ∪ {u}), replace the
-  edges to N'(u) by edges from N'(u) ∪ {u} to m.
+- small-star: at each u, with N'(u) its smaller neighbours and m = min(N'(u) | {u}), replace the
+  edges to N'(u) by edges from N'(u) | {u} to m.
 
 Each pass writes, per partition, one edge file for every destination partition, under its own
 `round-NNN/` folder committed shard by shard with `run_sharded`, so a restarted step resumes at
@@ -40,7 +40,7 @@ class ComponentsDidNotConvergeError(RuntimeError):
 
 def save_arrays(writer: ShardWriter, relative: str, **arrays: np.ndarray) -> None:
     sink = io.BytesIO()
-    np.savez(sink, **arrays)
+    np.savez(sink, **arrays)  # type: ignore[arg-type]
     with writer.open(relative) as handle:
         handle.write(sink.getvalue())
 
@@ -159,6 +159,6 @@ def star_assignments(source: np.ndarray, target: np.ndarray) -> tuple[np.ndarray
     """In a converged star forest: (node, root) for every node of the partition, roots included."""
     if not len(source):
         return source, target
-    starts, run = _group_starts(source)
+    starts, _run = _group_starts(source)
     smallest = np.minimum(source[starts], np.minimum.reduceat(target, starts))
     return source[starts], smallest

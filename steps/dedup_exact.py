@@ -184,7 +184,8 @@ def _rewrite_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, obje
         kept.append(document)
     write_table(writer, shard_file(payload.shard_index), to_table(kept))
     schema = pa.schema([("id", pa.string()), ("spans", pa.list_(pa.list_(pa.int64())))])
-    write_table(writer, f"removed/shard-{payload.shard_index:05d}.parquet", pa.Table.from_pylist(removed, schema=schema))
+    removed_table = pa.Table.from_pylist(removed, schema=schema)
+    write_table(writer, f"removed/shard-{payload.shard_index:05d}.parquet", removed_table)
     stats = flow_stats(report, len(kept), text_bytes(document["text"] for document in kept))
     stats["dropped"] = dropped
     stats["paragraphs_removed"] = paragraphs_removed

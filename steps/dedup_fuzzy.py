@@ -6,7 +6,7 @@ unfinished shards of the first unfinished stage), none of which needs all data o
 1. signatures (one shard per input file): MinHash each document (`steps/minhash.py`), fold each
    band into a 64-bit key and write, for every band and hash range, that partition's
    (key, document) pairs: `work/buckets/from-SSSSS/bBBB-hHHH.npz`.
-2. buckets (one shard per band × hash range): sort the partition's pairs by key; documents that
+2. buckets (one shard per band x hash range): sort the partition's pairs by key; documents that
    share a key are candidates, linked as a star from the bucket's smallest document. Edges are
    written both ways into node partitions (`steps/connected_components.py`).
 3. components: large-star / small-star rounds over node partitions until every component is a

@@ -17,6 +17,7 @@ order into one int64, so "keep the first occurrence" means "keep the smallest ke
 
 from __future__ import annotations
 
+import builtins
 import gzip
 import io
 import json
@@ -63,7 +64,7 @@ class ReadReport:
     bad: Counter[str] = field(default_factory=Counter)
     samples: list[dict[str, Any]] = field(default_factory=list)
 
-    def reject(self, path: str, line: int, reason: str, raw: bytes | str) -> None:
+    def reject(self, path: str, line: int, reason: str, raw: builtins.bytes | str) -> None:
         self.bad[reason] += 1
         if len(self.samples) < MAX_SAMPLES:
             excerpt = raw[:160] if isinstance(raw, str) else raw[:160].decode("utf-8", "backslashreplace")

@@ -241,6 +241,7 @@ def download(config: DownloadConfig) -> None:
     storage.write_json_atomic(storage.join(config.output_path, "manifest.json"), manifest)
     stats = {"source": config.source, "files": len(files), "bytes": sum(entry["size"] for entry in files),
              "files_verified_against_source": sum(1 for entry in files if entry["verified"]),
-             "files_resumed": sum(1 for entry in files if entry["resumed_from"]), "files_this_run": report.ran}  # fmt: skip
+             "files_resumed": sum(1 for entry in files if entry["resumed_from"]),
+             "files_this_run": report.ran}  # fmt: skip
     storage.write_json_atomic(storage.join(config.output_path, "stats.json"), stats)
     logger.info("downloaded %d file(s), %d bytes from %s", stats["files"], stats["bytes"], config.source)

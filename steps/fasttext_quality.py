@@ -86,7 +86,8 @@ class TrainClassifierConfig:
 
 
 def _split(paths: list[str], limit: int, heldout_fraction: float, label: str) -> tuple[list[str], list[str]]:
-    train, heldout = [], []
+    train: list[str] = []
+    heldout: list[str] = []
     report = ReadReport()
     for path in list_input_files(paths):
         for document in read_documents(path, report, raw=False):
@@ -125,7 +126,8 @@ def train_quality_classifier(config: TrainClassifierConfig) -> None:
     correct = 0
     if heldout_lines:
         labels, _ = model.predict([line.split(" ", 1)[1] for line in heldout_lines])
-        correct = sum(predicted[0] == line.split(" ", 1)[0] for predicted, line in zip(labels, heldout_lines))
+        pairs = zip(labels, heldout_lines, strict=True)
+        correct = sum(predicted[0] == line.split(" ", 1)[0] for predicted, line in pairs)
     stats = {"train_docs": len(train_lines), "heldout_docs": len(heldout_lines),
              "heldout_accuracy": correct / len(heldout_lines) if heldout_lines else None,
              "positive_docs": len(positive_train) + len(positive_heldout),

@@ -92,7 +92,7 @@ def _filter_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
     config = payload.config
     filters = build_filters(config.filters)
     report = ReadReport()
-    kept, dropped, samples = [], Counter[str](), []
+    kept, dropped, samples = [], Counter[str](), list[dict[str, str]]()
     for document in read_documents(payload.path, report, config.raw_input):
         source = document.get("source") or ""
         if any(fnmatch.fnmatch(source, pattern) for pattern in config.skip_sources):

@@ -34,7 +34,8 @@ def test_every_format_reads_the_same_documents(tmp_path):
 
 
 def test_bad_lines_are_counted_with_samples(tmp_path):
-    lines = [json.dumps(GOOD[0]).encode(), b"{not json", b'{"id": "x", "text": "caf\xe9"}', json.dumps({"id": "e", "text": "  "}).encode(),
+    lines = [json.dumps(GOOD[0]).encode(), b"{not json", b'{"id": "x", "text": "caf\xe9"}',
+             json.dumps({"id": "e", "text": "  "}).encode(),
              json.dumps({"id": "m"}).encode(), b"[1, 2]", json.dumps(GOOD[1]).encode()]  # fmt: skip
     path = tmp_path / "mixed.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
@@ -48,19 +49,19 @@ def test_bad_lines_are_counted_with_samples(tmp_path):
 def test_a_file_of_only_bad_lines_or_no_lines_is_an_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"{oops\n\xff\xfe\n")
-    with pytest.raises(BadInputError, match="bad.jsonl.*all 2 of its lines are bad"):
+    with pytest.raises(BadInputError, match=r"bad.jsonl.*all 2 of its lines are bad"):
         list(read_documents(str(bad), ReadReport()))
     empty = tmp_path / "empty.jsonl.gz"
     empty.write_bytes(gzip.compress(b""))
-    with pytest.raises(BadInputError, match="empty.jsonl.gz.*it is empty"):
+    with pytest.raises(BadInputError, match=r"empty.jsonl.gz.*it is empty"):
         list(read_documents(str(empty), ReadReport()))
 
 
 def test_a_missing_input_path_names_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nowhere.*does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"nowhere.*does not exist"):
         list_input_files(str(tmp_path / "nowhere"))
     (tmp_path / "notes.txt").write_text("no documents here")
-    with pytest.raises(FileNotFoundError, match="no document files"):
+    with pytest.raises(FileNotFoundError, match=r"no document files"):
         list_input_files(str(tmp_path))
 
 
@@ -75,5 +76,5 @@ def test_a_step_reports_bad_input_in_its_stats_and_fails_on_an_all_bad_shard(tmp
     assert stats["bad_input"] == {"malformed_json": 1, "invalid_utf8": 1}
     assert {sample["reason"] for sample in stats["bad_samples"]} == {"malformed_json", "invalid_utf8"}
     (inputs / "b.jsonl").write_bytes(b"{broken\n")
-    with pytest.raises(ShardFailedError, match="b.jsonl"):
+    with pytest.raises(ShardFailedError, match=r"b.jsonl"):
         exact_dedup(ExactDedupConfig(input_paths=[str(inputs)], output_path=str(tmp_path / "out2")))

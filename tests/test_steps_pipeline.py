@@ -15,7 +15,8 @@ from steps.real_corpus import RealCorpusConfig, build_real_corpus
 
 
 def kept_ids(output: str) -> set[str]:
-    return {row for path in list_input_files(f"{output}/docs") for row in read_shard_table(path).column("id").to_pylist()}
+    paths = list_input_files(f"{output}/docs")
+    return {row for path in paths for row in read_shard_table(path).column("id").to_pylist()}
 
 
 @pytest.mark.slow
