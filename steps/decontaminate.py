@@ -104,5 +104,5 @@ def decontaminate(config: DecontaminateConfig) -> None:
     shards = [Shard(f"{index:05d}", _FilePayload(config, index, path)) for index, path in enumerate(files)]
     report = run_sharded(config.output_path, shards, _decontaminate_shard, description="decontaminate")
     stats = merge_stats(report)
-    stats["eval_ngrams"] = int(len(eval_ngrams(tuple(config.eval_paths), config.n_grams)))
+    stats["eval_ngrams"] = len(eval_ngrams(tuple(config.eval_paths), config.n_grams))
     write_stats(config.output_path, stats)

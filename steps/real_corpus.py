@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import io
 import json
 import logging
 import random
