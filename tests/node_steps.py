@@ -1,0 +1,32 @@
+"""A step for the node-loss test: it records which Ray node runs it, then waits for a gate file."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    output_path: str
+    gate_file: str
+    """The step finishes once this file exists (plain)."""
+    record_dir: str
+    """One record per attempt, with the Ray node id (plain)."""
+
+
+def wait_for_gate(config: GateConfig) -> None:
+    import ray
+
+    os.makedirs(config.record_dir, exist_ok=True)
+    record = {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+    with open(os.path.join(config.record_dir, uuid.uuid4().hex), "w") as handle:
+        json.dump(record, handle)
+    while not os.path.exists(config.gate_file):
+        time.sleep(0.05)
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "done.txt"), "w") as handle:
+        handle.write(record["node"])

@@ -1,0 +1,74 @@
+"""Kill the Ray node that runs a step, mid-step: Ray retries the task elsewhere and the step completes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+from node_steps import GateConfig, wait_for_gate
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, read_status
+from executor.status import read_events
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture
+def two_node_cluster(monkeypatch):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def wait_until(predicate, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_losing_the_node_mid_step_is_survived_by_retry(tmp_path, two_node_cluster, monkeypatch):
+    monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.2")
+    monkeypatch.setenv("EXECUTOR_LEASE_STALE_S", "1.0")
+    first_node = two_node_cluster.add_node(num_cpus=1, resources={"step_node": 1})
+    gate, records = tmp_path / "gate", tmp_path / "records"
+    step = ExecutorStep(
+        "on_a_doomed_node", wait_for_gate, GateConfig(THIS_OUTPUT_PATH, str(gate), str(records)),
+        resources=ResourceConfig(cpus=1, custom={"step_node": 1}),
+    )  # fmt: skip
+    executor = Executor(str(tmp_path / "out"), backend="ray")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            executor.run([step])
+        except BaseException as error:  # asserted below
+            errors.append(error)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    wait_until(lambda: records.exists() and len(os.listdir(records)) == 1, "the step to start on the first node")
+    two_node_cluster.add_node(num_cpus=1, resources={"step_node": 1})
+    two_node_cluster.remove_node(first_node)  # its raylet and workers die: the step's task is lost
+    gate.write_text("")
+    runner.join(timeout=300)
+    assert not runner.is_alive() and errors == []
+    output = executor.output_paths[step]
+    assert read_status(output) == "SUCCESS"
+    nodes = [json.loads((records / name).read_text())["node"] for name in sorted(os.listdir(records))]
+    assert len(set(nodes)) == 2, nodes  # the second attempt ran on the new node
+    history = [(event.status, event.attempt) for event in read_events(output)]
+    assert ("RUNNING", 1) in history and ("RUNNING", 2) in history and history[-1] == ("SUCCESS", 2)
