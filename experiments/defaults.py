@@ -110,14 +110,16 @@ def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True) -> Ex
     )
 
 
-def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6) -> ExecutorStep[FuzzyDedupConfig]:
-    """MinHash + LSH near-duplicate removal, one document kept per cluster."""
+def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6,
+                        jaccard_threshold: float = 0.65) -> ExecutorStep[FuzzyDedupConfig]:  # fmt: skip
+    """MinHash + LSH near-duplicate removal with verified pairs, one document kept per cluster."""
     return ExecutorStep(
         name="dedup/fuzzy",
         fn=fuzzy_dedup,
-        description=f"MinHash LSH, 5-grams, {bands} bands x {rows} rows",
+        description=f"MinHash LSH, 5-grams, {bands} bands x {rows} rows, pairs verified at Jaccard {jaccard_threshold}",
         config=FuzzyDedupConfig(input_paths=[_docs_of(input_step)], n_grams=versioned(5), bands=versioned(bands),
-                                rows=versioned(rows), seed=versioned(1), raw_input=False,
+                                rows=versioned(rows), seed=versioned(1), jaccard_threshold=versioned(jaccard_threshold),
+                                all_pairs_bucket_size=versioned(32), raw_input=False,
                                 output_path=THIS_OUTPUT_PATH),
     )
 
@@ -143,6 +145,8 @@ def default_quality_classifier(positive: Any, negative: Any) -> ExecutorStep:
         config=TrainClassifierConfig(positive_paths=[positive], negative_paths=[negative],
                                      epochs=versioned(5), dim=versioned(32), bucket=versioned(100_000),
                                      output_path=THIS_OUTPUT_PATH),
+        # 2: trained in a fresh process, no longer from fastText's uninitialized embedding rows.
+        code_version="2",
     )
 
 

@@ -6,6 +6,18 @@ sets (say, reference text against random web text), holding out `heldout_fractio
 Training uses one thread: fastText's parallel SGD is not deterministic, and a step's output should
 be a function of its config.
 
+Training runs in a fresh (spawned) process, because of a fastText bug: `DenseMatrix::uniform`
+cuts the input embedding matrix into 10 blocks and fills one block per training thread, so with
+`thread=1` only the first tenth is initialized and the rest is whatever memory the allocator hands
+back. In a process that has already freed large buffers (a second training, a test session, a
+long-lived worker) that is stale data: values like 4.7e34 that make training stop with
+"Encountered NaN." or leave n-gram buckets unseen in training with random weights, so held-out
+accuracy wanders from run to run with the same seed. The child process asks glibc to serve every
+large allocation from fresh, zero-filled pages (`M_MMAP_THRESHOLD`), so the rest of the matrix
+starts at exactly zero and training is reproducible. The weights are checked after training; a
+run that still diverges is retried once at a quarter of the learning rate (logged), and a second
+failure is an error naming the step's output and its data size, never a silently bad model.
+
 `fasttext_filter` scores every document with P(positive) and keeps it if the score is at least
 `threshold`, or, with `keep_fraction`, if it is in the top fraction of all scores. The quantile
 needs every shard's scores, so filtering then runs in two passes: each shard scores and commits
@@ -19,10 +31,14 @@ Outputs: `model.bin` + `stats.json` (train); `docs/`, `scores/shard-*.parquet` (
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -51,6 +67,17 @@ MODEL_FILE = "model.bin"
 POSITIVE = "__label__positive"
 NEGATIVE = "__label__negative"
 HISTOGRAM_BINS = 1000
+RETRY_LR_FACTOR = 0.25
+"""On divergence, training is retried once at this fraction of the learning rate."""
+MAX_ABS_WEIGHT = 1e4
+"""Trained weights start within 1/dim of zero and move by bounded SGD steps; far larger ones mean
+divergence or uninitialized memory, and the model is rejected."""
+_GLIBC_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+class ClassifierTrainingError(RuntimeError):
+    """fastText training diverged (NaN or runaway weights) even at the lowered learning rate."""
 
 
 def fasttext_line(text: str) -> str:
@@ -99,9 +126,57 @@ def _split(paths: list[str], limit: int, heldout_fraction: float, label: str) ->
     return train, heldout
 
 
-def train_quality_classifier(config: TrainClassifierConfig) -> None:
+def _zero_filled_large_allocations() -> None:
+    """Serve allocations of 128 KiB and more from mmap, whose pages the kernel zero-fills (glibc only;
+    elsewhere a fresh process is all there is, and the weight check below still guards)."""
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(_GLIBC_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+
+
+def _train_in_this_process(train_file: str, model_file: str, params: dict[str, Any]) -> str | None:
+    """Train and save the model; returns why the model is unusable, or None. Runs in a fresh process."""
+    _zero_filled_large_allocations()
     import fasttext
 
+    try:
+        model = fasttext.train_supervised(input=train_file, thread=1, verbose=0, **params)
+    except RuntimeError as error:
+        if "NaN" not in str(error):
+            raise
+        return str(error)
+    for name, weights in (("input", model.get_input_matrix()), ("output", model.get_output_matrix())):
+        largest = float(np.max(np.abs(weights))) if weights.size else 0.0
+        if not np.isfinite(largest) or largest > MAX_ABS_WEIGHT:
+            return f"{name} weights reach {largest:.3g}"
+    model.save_model(model_file)
+    return None
+
+
+def _train_model(config: TrainClassifierConfig, train_file: str, model_file: str, tokens: int) -> float:
+    """Train into `model_file`, retrying once at a lower learning rate; returns the rate that worked."""
+    learning_rate = config.learning_rate
+    failure: str | None = None
+    params = {"epoch": config.epochs, "wordNgrams": config.word_ngrams, "dim": config.dim,
+              "bucket": config.bucket, "seed": config.seed}  # fmt: skip
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        for attempt in (1, 2):
+            settings = {**params, "lr": learning_rate}
+            failure = pool.submit(_train_in_this_process, train_file, model_file, settings).result()
+            if failure is None:
+                return learning_rate
+            if attempt == 1:
+                logger.warning("%s: fastText training diverged at lr=%g (%s); retrying once at lr=%g",
+                               config.output_path, learning_rate, failure, learning_rate * RETRY_LR_FACTOR)  # fmt: skip
+                learning_rate *= RETRY_LR_FACTOR
+    raise ClassifierTrainingError(
+        f"train_quality_classifier at {config.output_path}: fastText diverged ({failure}) at lr="
+        f"{config.learning_rate:g} and again at lr={learning_rate:g}, on {tokens} training tokens; "
+        "lower learning_rate or epochs, or give it more documents")
+
+
+def train_quality_classifier(config: TrainClassifierConfig) -> None:
     if not 0 < config.heldout_fraction < 1:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {config.heldout_fraction}")
     positive_train, positive_heldout = _split(config.positive_paths, config.max_docs_per_class,
@@ -113,25 +188,27 @@ def train_quality_classifier(config: TrainClassifierConfig) -> None:
                          f"(positive {len(positive_train)}, negative {len(negative_train)})")  # fmt: skip
     train_lines = sorted(positive_train + negative_train, key=lambda line: xxhash.xxh64_intdigest(line))
     heldout_lines = positive_heldout + negative_heldout
+    tokens = sum(len(line.split()) - 1 for line in train_lines)
     with tempfile.TemporaryDirectory() as folder:
         train_file = os.path.join(folder, "train.txt")
         with open(train_file, "w", encoding="utf-8") as handle:
             handle.writelines(line + "\n" for line in train_lines)
-        model = fasttext.train_supervised(input=train_file, epoch=config.epochs, lr=config.learning_rate,
-                                          wordNgrams=config.word_ngrams, dim=config.dim, bucket=config.bucket,
-                                          seed=config.seed, thread=1, verbose=0)  # fmt: skip
         model_file = os.path.join(folder, MODEL_FILE)
-        model.save_model(model_file)
+        learning_rate = _train_model(config, train_file, model_file, tokens)
         storage.upload_file(model_file, storage.join(config.output_path, MODEL_FILE))
+        import fasttext
+
+        model = fasttext.load_model(model_file)
     correct = 0
     if heldout_lines:
         labels, _ = model.predict([line.split(" ", 1)[1] for line in heldout_lines])
         pairs = zip(labels, heldout_lines, strict=True)
         correct = sum(predicted[0] == line.split(" ", 1)[0] for predicted, line in pairs)
-    stats = {"train_docs": len(train_lines), "heldout_docs": len(heldout_lines),
+    stats = {"train_docs": len(train_lines), "train_tokens": tokens, "heldout_docs": len(heldout_lines),
              "heldout_accuracy": correct / len(heldout_lines) if heldout_lines else None,
              "positive_docs": len(positive_train) + len(positive_heldout),
-             "negative_docs": len(negative_train) + len(negative_heldout)}  # fmt: skip
+             "negative_docs": len(negative_train) + len(negative_heldout),
+             "learning_rate": learning_rate}  # fmt: skip
     storage.write_json_atomic(storage.join(config.output_path, "stats.json"), stats)
     logger.info("trained on %d docs; held-out accuracy %s", stats["train_docs"], stats["heldout_accuracy"])
 
@@ -178,15 +255,16 @@ def score_texts(model: Any, texts: list[str], label: str = POSITIVE) -> np.ndarr
 
     Only the top label is asked for (k=1, the cheapest call); with two classes the other's
     probability is its complement, and with more, a text whose top label is another scores 0.
+    fastText reports probabilities plus 1e-5 (up to 1.00001): scores are clipped to [0, 1] so that
+    none falls outside the quantile histogram's range.
     """
     if not texts:
         return np.zeros(0, dtype=np.float32)
     labels, probabilities = model.predict([fasttext_line(text) for text in texts], k=1)
     top = np.array([names[0] == label for names in labels])
     best = np.array([probs[0] for probs in probabilities], dtype=np.float32)
-    if len(model.get_labels()) == 2:
-        return np.where(top, best, 1.0 - best).astype(np.float32)
-    return np.where(top, best, 0.0).astype(np.float32)
+    other = 1.0 - best if len(model.get_labels()) == 2 else 0.0
+    return np.clip(np.where(top, best, other), 0.0, 1.0).astype(np.float32)
 
 
 @dataclass(frozen=True)
