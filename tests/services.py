@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import random
@@ -65,9 +66,9 @@ def use_gcs_endpoint(url: str) -> None:
     gcsfs.GCSFileSystem.clear_instance_cache()
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator() -> Iterator[str]:
-    """A bucket on a GCS emulator; yields `gs://<bucket>`."""
+@contextlib.contextmanager
+def running_gcs_emulator() -> Iterator[str]:
+    """Start a GCS emulator with one bucket and point gcsfs at it; yields `gs://<bucket>`."""
     port = free_port()
     process = subprocess.Popen(
         [_executable("gcp-storage-emulator"), "start", "--host", "127.0.0.1", "--port", str(port),
@@ -82,6 +83,13 @@ def gcs_emulator() -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[str]:
+    """A bucket on a GCS emulator; yields `gs://<bucket>`."""
+    with running_gcs_emulator() as bucket:
+        yield bucket
 
 
 @pytest.fixture(scope="session")
@@ -109,17 +117,27 @@ def s3_server() -> Iterator[str]:
         process.wait(timeout=30)
 
 
-class FaultProxy:
-    """Forward HTTP to `upstream`, failing a fraction `fail_rate` of requests in assorted ways."""
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # clients open many connections at once
 
-    def __init__(self, upstream_port: int, fail_rate: float, seed: int = 0):
+
+class FaultProxy:
+    """Forward HTTP to `upstream`, failing a fraction `fail_rate` of requests in assorted ways,
+    and optionally delaying each by `latency_s` (an object store's round trip)."""
+
+    def __init__(self, upstream_port: int, fail_rate: float, seed: int = 0, latency_s: float = 0.0):
         self.upstream_port = upstream_port
         self.fail_rate = fail_rate
+        self.latency_s = latency_s
+        """Added to every request, to stand in for a real store's round trip."""
+        # The emulator serves one connection at a time with a listen backlog of 5: concurrent
+        # connections overflow it and stall for a TCP retransmit. Forward one request at a time.
+        self.upstream_lock = threading.Lock()
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.faults: Counter[str] = Counter()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
+        self.server = _ProxyServer(("127.0.0.1", 0), self._handler())
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -154,6 +172,8 @@ class FaultProxy:
             def _relay(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                if proxy.latency_s:
+                    time.sleep(proxy.latency_s)
                 fault = proxy.pick_fault()
                 if fault in ("503", "429"):
                     self.send_response(int(fault))
@@ -164,12 +184,13 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
-                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-                upstream.request(self.command, self.path, body=body, headers=headers)
-                response = upstream.getresponse()
-                payload = response.read()
-                upstream.close()
+                with proxy.upstream_lock:
+                    upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    response = upstream.getresponse()
+                    payload = response.read()
+                    upstream.close()
                 if fault == "drop_after":
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
