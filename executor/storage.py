@@ -140,8 +140,13 @@ def makedirs(path: str) -> None:
     call_with_retry(lambda: fs.makedirs(fs_path, exist_ok=True), f"makedirs {path}")
 
 
-def _local_temp_name(fs_path: str) -> str:
-    return f"{fs_path}.tmp-{uuid.uuid4().hex}"
+def _local_temp_file(fs_path: str, payload: bytes) -> str:
+    """Write `payload` to a fresh temp file beside `fs_path` (same folder: rename and link stay atomic)."""
+    os.makedirs(os.path.dirname(fs_path), exist_ok=True)
+    temp = f"{fs_path}.tmp-{uuid.uuid4().hex}"
+    with open(temp, "wb") as handle:
+        handle.write(payload)
+    return temp
 
 
 def write_atomic(path: str, data: bytes | str) -> None:
@@ -149,11 +154,7 @@ def write_atomic(path: str, data: bytes | str) -> None:
     payload = data.encode() if isinstance(data, str) else data
     fs, fs_path = filesystem(path)
     if isinstance(fs, LocalFileSystem):
-        os.makedirs(os.path.dirname(fs_path), exist_ok=True)
-        temp = _local_temp_name(fs_path)
-        with open(temp, "wb") as handle:
-            handle.write(payload)
-        os.replace(temp, fs_path)
+        os.replace(_local_temp_file(fs_path, payload), fs_path)
     else:
         call_with_retry(lambda: fs.pipe_file(fs_path, payload), f"write {path}")
 
@@ -167,10 +168,7 @@ def create_exclusive(path: str, data: bytes | str) -> bool:
     payload = data.encode() if isinstance(data, str) else data
     fs, fs_path = filesystem(path)
     if isinstance(fs, LocalFileSystem):
-        os.makedirs(os.path.dirname(fs_path), exist_ok=True)
-        temp = _local_temp_name(fs_path)
-        with open(temp, "wb") as handle:
-            handle.write(payload)
+        temp = _local_temp_file(fs_path, payload)
         try:
             os.link(temp, fs_path)  # atomic, fails if the name exists; readers never see it half-written
             return True

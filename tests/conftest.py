@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import fsspec
@@ -76,3 +77,21 @@ def calls() -> CallLog:
 def fast_leases(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.1")
     monkeypatch.setenv("EXECUTOR_LEASE_STALE_S", "1.0")
+
+
+def race(count: int, attempt: Callable[[int], bool]) -> list[int]:
+    """Run `attempt(i)` for i < count in threads released at the same instant; the indexes that won."""
+    start = threading.Barrier(count)
+    winners: list[int] = []
+
+    def contend(index: int) -> None:
+        start.wait()
+        if attempt(index):
+            winners.append(index)
+
+    threads = [threading.Thread(target=contend, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return winners

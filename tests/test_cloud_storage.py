@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 
 import pytest
 import sharded_steps
-from conftest import make_step
+from conftest import make_step, race
 from services import FaultProxy, use_gcs_endpoint
 
 from executor import Executor, read_status, storage
@@ -74,38 +73,13 @@ def test_a_dag_survives_a_faulty_gcs_connection(gcs_emulator, tmp_path):
 @pytest.mark.s3
 def test_exclusive_create_and_leases_have_one_winner_on_s3(s3_server):
     path = unique(s3_server) + "/lease.json"
-    start = threading.Barrier(12)
-    wins: list[int] = []
-
-    def contend(index: int) -> None:
-        start.wait()
-        if storage.create_exclusive(path, str(index)):
-            wins.append(index)
-
-    threads = [threading.Thread(target=contend, args=(i,)) for i in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    wins = race(12, lambda index: storage.create_exclusive(path, str(index)))
     assert len(wins) == 1 and storage.read_text(path) == str(wins[0])
 
     output = unique(s3_server)
-    holders: list[str] = []
-    start = threading.Barrier(8)
-
-    def acquire(index: int) -> None:
-        lease = Lease(output, f"worker-{index}", LeaseSettings())
-        start.wait()
-        if lease.try_acquire():
-            holders.append(lease.worker_id)
-
-    threads = [threading.Thread(target=acquire, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    holders = race(8, lambda index: Lease(output, f"worker-{index}", LeaseSettings()).try_acquire())
     assert len(holders) == 1
-    assert Lease(output, "observer", LeaseSettings()).current()["worker"] == holders[0]
+    assert Lease(output, "observer", LeaseSettings()).current()["worker"] == f"worker-{holders[0]}"
 
 
 @pytest.mark.s3

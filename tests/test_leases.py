@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import CALLS, make_step
+from conftest import CALLS, make_step, race
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, read_status, storage
 from executor.lease import Heartbeat, Lease, LeaseSettings
@@ -59,19 +59,7 @@ def gated_step(name: str) -> ExecutorStep:
 @pytest.mark.parametrize("kind", ["local", "memory"])
 def test_exclusive_create_has_exactly_one_winner(tmp_path, kind):
     path = str(tmp_path / "lease.json") if kind == "local" else "memory://race-test/lease.json"
-    start = threading.Barrier(20)
-    wins = []
-
-    def contend(index: int) -> None:
-        start.wait()
-        if storage.create_exclusive(path, f"{index}"):
-            wins.append(index)
-
-    threads = [threading.Thread(target=contend, args=(i,)) for i in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    wins = race(20, lambda index: storage.create_exclusive(path, f"{index}"))
     assert len(wins) == 1
     assert storage.read_text(path) == str(wins[0])
     storage.delete(path)
