@@ -62,6 +62,9 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
         status = row.status or "never ran"
         style = STATUS_STYLES.get(status, "dim")
         note = row.message or row.worker or ""
+        if row.progress:
+            done, total = row.progress.get("shards_done", 0), row.progress.get("shards_total", 0)
+            note = f"shards {done}/{total}, {row.progress.get('rows', 0)} rows; {note}"
         if row.drift:
             note = f"code drift! {note}"
         table.add_row(row.label, f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path)

@@ -7,12 +7,21 @@ dashboard both read through this module.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from executor import storage
-from executor.status import INFO_FILE, STATUS_FILE, StatusEvent, StepStatus, attempts_so_far, parse_events
+from executor.status import (
+    INFO_FILE,
+    PROGRESS_FILE,
+    STATUS_FILE,
+    StatusEvent,
+    StepStatus,
+    attempts_so_far,
+    parse_events,
+)
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,8 @@ class StepRow:
     worker: str | None
     message: str | None
     drift: bool
+    progress: dict[str, Any] | None = None
+    """Shard progress of a RUNNING sharded step (`.executor_progress`)."""
 
 
 def step_row(name: str, output_path: str, events: list[StatusEvent], current_fingerprint: str | None = None) -> StepRow:
@@ -54,15 +65,27 @@ def load_experiment(path: str) -> dict[str, Any]:
     return record
 
 
+def with_progress(rows: list[StepRow]) -> list[StepRow]:
+    """Attach shard progress to the RUNNING rows (one batched read)."""
+    running = [index for index, row in enumerate(rows) if row.status == StepStatus.RUNNING]
+    blobs = storage.read_many(storage.join(rows[index].output_path, PROGRESS_FILE) for index in running)
+    rows = list(rows)
+    for index, blob in zip(running, blobs, strict=True):
+        if blob is not None:
+            rows[index] = dataclasses.replace(rows[index], progress=json.loads(blob))
+    return rows
+
+
 def experiment_rows(record: dict[str, Any]) -> list[StepRow]:
     steps = record["steps"]
     blobs = storage.read_many(step["status_path"] for step in steps)
-    return [
+    rows = [
         step_row(
             step["name"], step["output_path"], parse_events(blob, step["output_path"]), step.get("code_fingerprint")
         )
         for step, blob in zip(steps, blobs, strict=True)
     ]
+    return with_progress(rows)
 
 
 def find_step_outputs(prefix: str, max_depth: int = 3) -> list[str]:
@@ -86,7 +109,7 @@ def prefix_rows(prefix: str) -> list[StepRow]:
     for path, info_blob, status_blob in zip(outputs, infos, statuses, strict=True):
         name = json.loads(info_blob).get("name") if info_blob else storage.basename(path)
         rows.append(step_row(name, path, parse_events(status_blob, path)))
-    return rows
+    return with_progress(rows)
 
 
 def latest_experiment(prefix: str) -> str | None:

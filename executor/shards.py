@@ -238,6 +238,9 @@ def run_sharded(
     progress = _Progress(output_path, report, description)
     try:
         for marker in _execute(output_path, pending, fn, retry, _choose_parallelism(parallelism), max_workers):
+            if marker is None:
+                progress.update()
+                continue
             report.ran += 1
             report.rows += marker["rows"]
             report.bytes += marker["bytes"]
@@ -250,7 +253,8 @@ def run_sharded(
 
 def _execute(
     output_path: str, pending: list[Shard], fn: ShardFn, retry: RetryPolicy, parallelism: str, max_workers: int | None
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[dict[str, Any] | None]:
+    """Markers of shards as they commit, and None now and then while none does."""
     if not pending:
         return
     if parallelism == "ray":
@@ -269,7 +273,9 @@ def _execute(
         while queue or running:
             while queue and failure is None and len(running) < 2 * workers:
                 running.add(pool.submit(run_one_shard, output_path, queue.pop(), fn, retry))
-            done, running = wait(running, return_when=FIRST_COMPLETED)
+            done, running = wait(running, timeout=PROGRESS_INTERVAL_S, return_when=FIRST_COMPLETED)
+            if not done:
+                yield None  # a tick: let the caller flush progress while shards run long
             for future in done:
                 error = future.exception()
                 if error is None:
@@ -282,7 +288,7 @@ def _execute(
 
 def _execute_ray(
     output_path: str, pending: list[Shard], fn: ShardFn, retry: RetryPolicy, max_workers: int | None
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[dict[str, Any] | None]:
     import ray
 
     remote = ray.remote(run_one_shard).options(num_cpus=1, max_retries=retry.max_attempts, retry_exceptions=False)
@@ -293,7 +299,9 @@ def _execute_ray(
     while queue or running:
         while queue and failure is None and len(running) < limit:
             running.append(remote.remote(output_path, queue.pop(), fn, retry))
-        done, running = ray.wait(running, num_returns=1)
+        done, running = ray.wait(running, num_returns=1, timeout=PROGRESS_INTERVAL_S)
+        if not done:
+            yield None
         for ref in done:
             try:
                 yield ray.get(ref)
@@ -313,19 +321,21 @@ class _Progress:
         self.report = report
         self.bar = tqdm(total=report.total, initial=report.skipped, desc=description or "shards", unit="shard",
                         disable=None, leave=False)  # fmt: skip
-        self._written = 0.0
+        self._written_at = 0.0
+        self._written_done = -1
         self.update(force=True)
 
     def update(self, force: bool = False) -> None:
-        self.bar.n = self.report.skipped + self.report.ran
+        """Write the progress file if it changed and the last write is old enough (or `force`)."""
+        done = self.report.skipped + self.report.ran
+        self.bar.n = done
         self.bar.refresh()
         now = time.monotonic()
-        if force or now - self._written >= PROGRESS_INTERVAL_S:
-            self._written = now
+        if force or (done != self._written_done and now - self._written_at >= PROGRESS_INTERVAL_S):
+            self._written_at, self._written_done = now, done
             storage.write_json_atomic(self.path, {
-                "shards_total": self.report.total, "shards_done": self.report.skipped + self.report.ran,
-                "shards_skipped": self.report.skipped, "rows": self.report.rows, "bytes": self.report.bytes,
-                "updated": now_iso(),
+                "shards_total": self.report.total, "shards_done": done, "shards_skipped": self.report.skipped,
+                "rows": self.report.rows, "bytes": self.report.bytes, "updated": now_iso(),
             })  # fmt: skip
 
     def close(self) -> None:

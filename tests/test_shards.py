@@ -1,0 +1,144 @@
+"""The shard library: atomic commits with markers, resume of unfinished shards, progress, retries."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage
+from executor.cli import main as cli_main
+from executor.records import verify_manifest, write_manifest
+from executor.retry import RetryPolicy
+from executor.shards import SHARD_DIR, TEMP_DIR, Shard, ShardFailedError, read_shard_markers, run_sharded
+
+RUNS: list[str] = []
+
+
+def write_shard(payload: dict, out) -> dict:
+    RUNS.append(payload["id"])
+    if payload.get("fail"):
+        raise ValueError(f"shard {payload['id']} is bad")
+    with out.open(f"data/{payload['id']}.txt") as handle:
+        handle.write(payload["text"].encode())
+    with open(out.path(f"side/{payload['id']}.bin"), "wb") as handle:  # a library writing by path
+        handle.write(b"\0" * len(payload["text"]))
+    return {"rows": len(payload["text"].split())}
+
+
+def shards_of(texts: list[str], failing: set[int] = frozenset()) -> list[Shard]:
+    return [Shard(f"{i:03d}", {"id": f"{i:03d}", "text": text, "fail": i in failing}) for i, text in enumerate(texts)]
+
+
+TEXTS = ["one two", "three four five", "six", "seven eight", "nine ten eleven twelve"]
+
+
+def test_shards_commit_with_markers_and_the_manifest_reuses_their_checksums(tmp_path):
+    RUNS.clear()
+    output = str(tmp_path / "step")
+    report = run_sharded(output, shards_of(TEXTS), write_shard, parallelism="thread")
+    assert (report.total, report.skipped, report.ran) == (5, 0, 5)
+    assert report.rows == 12 and report.bytes == 2 * sum(len(text) for text in TEXTS)
+    assert Path(output, "data", "001.txt").read_text() == "three four five"
+    assert not Path(output, TEMP_DIR).exists() or not any(Path(output, TEMP_DIR).iterdir())
+    markers = read_shard_markers(output)
+    assert sorted(markers) == ["000", "001", "002", "003", "004"]
+    assert {entry["path"] for entry in markers["001"]["files"]} == {"data/001.txt", "side/001.bin"}
+    progress = storage.read_json(storage.join(output, ".executor_progress"))
+    assert progress["shards_done"] == progress["shards_total"] == 5 and progress["rows"] == 12
+    # Same size, other bytes, after the commit: the manifest takes the marker's checksum (it does
+    # not read the file again), and verify catches the change.
+    Path(output, "data", "000.txt").write_text("ONE TWO")
+    manifest = write_manifest(output)
+    by_path = {entry["path"]: entry["sha256"] for entry in manifest["files"]}
+    assert len(by_path) == 10
+    assert by_path["data/000.txt"] == next(e["sha256"] for e in markers["000"]["files"] if e["path"] == "data/000.txt")
+    assert [problem.split(":")[0] for problem in verify_manifest(output)] == ["corrupt"]
+
+
+def test_a_rerun_redoes_only_the_shards_without_a_marker(tmp_path):
+    RUNS.clear()
+    output = str(tmp_path / "step")
+    with pytest.raises(ShardFailedError, match=r"shard 002 of .* failed: ValueError\('shard 002 is bad'\)"):
+        run_sharded(output, shards_of(TEXTS, failing={2}), write_shard, parallelism="thread", max_workers=1)
+    committed = set(read_shard_markers(output))
+    assert "002" not in committed and committed  # the good shards before it stay committed
+    first_runs = list(RUNS)
+    RUNS.clear()
+    report = run_sharded(output, shards_of(TEXTS), write_shard, parallelism="thread")
+    assert sorted(RUNS) == sorted({"000", "001", "002", "003", "004"} - committed)
+    assert report.skipped == len(committed) and report.ran == 5 - len(committed)
+    assert first_runs.count("002") == 1  # an application error is not retried
+
+
+def test_transient_shard_failures_are_retried(tmp_path):
+    seen: list[str] = []
+
+    def flaky(payload: str, out) -> dict:
+        seen.append(payload)
+        if seen.count(payload) == 1:
+            raise ConnectionResetError("connection reset by peer")
+        with out.open(f"{payload}.txt") as handle:
+            handle.write(b"ok")
+        return {"rows": 1}
+
+    report = run_sharded(
+        str(tmp_path), [Shard("a", "a"), Shard("b", "b")], flaky, parallelism="thread",
+        retry=RetryPolicy(initial_backoff_s=0.01),
+    )  # fmt: skip
+    assert report.ran == 2 and sorted(seen) == ["a", "a", "b", "b"]
+    assert read_shard_markers(str(tmp_path))["a"]["attempts"] == 2
+
+
+def test_bad_shard_lists_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="must be unique"):
+        run_sharded(str(tmp_path), [Shard("x"), Shard("x")], write_shard)
+    with pytest.raises(ValueError, match="shard ids must be"):
+        run_sharded(str(tmp_path), [Shard("../escape")], write_shard)
+
+
+GATE = threading.Event()
+
+
+@dataclass(frozen=True)
+class GatedShardsConfig:
+    output_path: str
+
+
+def gated_shard(payload: int, out) -> dict:
+    if payload >= 2:
+        GATE.wait(60)
+    with out.open(f"part-{payload}.txt") as handle:
+        handle.write(b"x")
+    return {"rows": 10}
+
+
+def gated_step(config: GatedShardsConfig) -> None:
+    run_sharded(config.output_path, [Shard(f"{i}", i) for i in range(5)], gated_shard, parallelism="thread",
+                max_workers=1)  # fmt: skip
+
+
+def test_progress_of_a_running_sharded_step_shows_in_status(tmp_path, capsys):
+    GATE.clear()
+    step = ExecutorStep("sharded", gated_step, GatedShardsConfig(THIS_OUTPUT_PATH))
+    executor = Executor(str(tmp_path))
+    runner = threading.Thread(target=executor.run, args=([step],))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            cli_main(["status", str(tmp_path)])
+            out = capsys.readouterr().out
+            if "shards 2/5, 20 rows" in out:
+                break
+            assert time.monotonic() < deadline, out
+            time.sleep(0.05)
+        assert "RUNNING" in out
+    finally:
+        GATE.set()
+        runner.join()
+    assert len(read_shard_markers(executor.output_paths[step])) == 5
+    assert sorted(p.name for p in Path(executor.output_paths[step], SHARD_DIR).iterdir())[0] == "0.json"
