@@ -170,6 +170,22 @@ def test_memory_prefix_through_fsspec() -> None:
     assert metrics["rows"] == 60
 
 
+@pytest.mark.gcs
+def test_gcs_prefix_through_gcsfs(gcs_emulator: str) -> None:
+    prefix = f"{gcs_emulator}/dashboard-{os.getpid()}"
+    steps = dag_steps(lr=0.1)
+    Executor(prefix).run([steps["eval"]], caller="experiments/gcs.py")
+    app = DashboardApp(prefix)
+    [summary] = json.loads(app.handle("/api/experiments", {}).body)["experiments"]
+    assert summary["counts"] == {"SUCCESS": 4} and summary["script"] == "gcs.py"
+    page = json.loads(app.handle("/api/experiment/steps", {"file": summary["file"], "name": "train"}).body)
+    [train] = page["rows"]
+    assert train["status"] == "SUCCESS"
+    metrics = json.loads(app.handle("/api/step/metrics", {"path": train["path"]}).body)
+    assert metrics["rows"] == 60
+    assert app.handle("/api/step", {"path": "gs://another-bucket/x"}).status == 400
+
+
 # --- security --------------------------------------------------------------------------------
 
 TRAVERSALS = [
