@@ -26,7 +26,7 @@ lint: install
 	$(VENV)/bin/mypy executor steps experiments
 
 bench: install
-	$(PY) benchmarks/bench_plan.py
+	@for bench in benchmarks/bench_*.py; do echo "== $$bench"; $(PY) $$bench || exit 1; done
 
 status: install
 	$(PY) -m executor status $${EXECUTOR_PREFIX:-outputs}

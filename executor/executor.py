@@ -254,6 +254,8 @@ class Executor:
         limit = max_concurrent or max(4, os.cpu_count() or 1)
         if limit < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        if not decision_of:
+            return {}  # all done: no backend to start (a local Ray takes seconds)
         backend = make_backend(self.backend, limit)
         try:
             return schedule(
