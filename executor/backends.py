@@ -60,13 +60,15 @@ def ensure_ray() -> None:
 
     if ray.is_initialized():
         return
-    # Workers import step functions by module name: give them the driver's import path.
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}}
     address = os.environ.get("RAY_ADDRESS")
     if address:
+        # The cluster (or the `ray job submit` that started us) provides the environment; a
+        # runtime_env here would replace the job's working_dir.
         logger.info("joining the Ray cluster at %s", address)
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True)
     else:
+        # Local workers import step functions by module name: give them the driver's import path.
+        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}}
         num_cpus = os.cpu_count() or 1
         logger.info("starting a local Ray with %d CPUs (temp dir %s)", num_cpus, ray_temp_dir())
         ray.init(
@@ -78,8 +80,9 @@ def ensure_ray() -> None:
 def ray_options(resources: ResourceConfig | None, max_attempts: int) -> dict[str, Any]:
     """Ray task options for a step's resources; retries cover lost workers and nodes only."""
     resources = resources or ResourceConfig()
+    accelerated = bool(resources.gpus or resources.accelerator_type)
     options: dict[str, Any] = {
-        "num_cpus": resources.cpus,
+        "num_cpus": resources.cpus if resources.cpus is not None else (0 if accelerated else 1),
         "num_gpus": resources.gpus,
         "max_retries": max_attempts - 1,
         "retry_exceptions": False,

@@ -41,8 +41,15 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+GIT_COMMIT_ENV = "EXECUTOR_GIT_COMMIT"
+
+
 @functools.cache
 def git_commit() -> str | None:
+    """The commit of the code being run: $EXECUTOR_GIT_COMMIT (set it when submitting to a cluster,
+    where the working dir has no .git), else `git rev-parse HEAD`."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
     try:
         result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):

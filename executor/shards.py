@@ -292,11 +292,12 @@ def _execute_ray(
     import ray
 
     remote = ray.remote(run_one_shard).options(num_cpus=1, max_retries=retry.max_attempts, retry_exceptions=False)
-    limit = max_workers or max(1, int(ray.available_resources().get("CPU", 1)) * 2)
     queue = list(reversed(pending))
     running: list[Any] = []
     failure: BaseException | None = None
     while queue or running:
+        # Recomputed as the autoscaler adds nodes: keep every CPU of the cluster busy, plus a queue.
+        limit = max_workers or max(2, int(ray.cluster_resources().get("CPU", 1)) * 2)
         while queue and failure is None and len(running) < limit:
             running.append(remote.remote(output_path, queue.pop(), fn, retry))
         done, running = ray.wait(running, num_returns=1, timeout=PROGRESS_INTERVAL_S)

@@ -25,8 +25,9 @@ _STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\
 class ResourceConfig:
     """What a step asks of the machine that runs it. Never part of the step's identity."""
 
-    cpus: float = 1
-    """CPU cores for the step's own process or task."""
+    cpus: float | None = None
+    """CPU cores for the step's own process or task. Default: 1, or 0 for accelerator steps, so that
+    accelerator nodes (which declare no CPUs to keep CPU work off them) can take them."""
     memory_gb: float | None = None
     """Memory in GiB; None leaves it to the backend."""
     gpus: float = 0

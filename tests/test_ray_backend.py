@@ -67,6 +67,8 @@ def test_a_step_can_ask_for_ray_resources(tmp_path, local_ray):
         "num_cpus": 2, "num_gpus": 1, "max_retries": 2, "retry_exceptions": False,
         "memory": int(1.5 * 2**30), "accelerator_type": "H100", "resources": {"x": 1},
     }  # fmt: skip
+    assert ray_options(ResourceConfig(gpus=8), 3)["num_cpus"] == 0  # accelerator nodes declare no CPUs
+    assert ray_options(None, 1) == {"num_cpus": 1, "num_gpus": 0, "max_retries": 0, "retry_exceptions": False}
     step = make_step("small")
     step = type(step)(step.name, step.fn, step.config, resources=ResourceConfig(cpus=0.5))
     executor = Executor(str(tmp_path), backend="ray")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 
@@ -23,6 +24,8 @@ def two_node_cluster(monkeypatch):
 
     if ray.is_initialized():
         ray.shutdown()
+    # The nodes' workers import the test's step module; they inherit this process's environment.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in sys.path if path))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     try:
