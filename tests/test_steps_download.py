@@ -9,7 +9,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import fsspec
 import pytest
-from services import gcs_emulator  # noqa: F401 - fixture
 
 from executor.shards import ShardFailedError
 from steps.download import DownloadConfig, download
@@ -103,7 +102,7 @@ def test_a_missing_source_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.gcs
-def test_download_from_gcs_checks_the_published_md5(gcs_emulator, tmp_path):  # noqa: F811
+def test_download_from_gcs_checks_the_published_md5(gcs_emulator, tmp_path):
     source = f"{gcs_emulator}/download-source"
     fs = fsspec.filesystem("gs")
     for name, body in FILES.items():
@@ -115,3 +114,18 @@ def test_download_from_gcs_checks_the_published_md5(gcs_emulator, tmp_path):  # 
     assert sorted(entries) == ["files/a.jsonl", "files/sub/b.jsonl"]
     assert (tmp_path / "out/files/a.jsonl").read_bytes() == FILES["a.jsonl"]
     assert all("md5" in entry["published"] for entry in entries.values())
+
+
+@pytest.mark.s3
+def test_download_from_s3_checks_the_published_etag(s3_server, tmp_path):
+    source = f"{s3_server}/download-source"
+    fs = fsspec.filesystem("s3")
+    for name, body in FILES.items():
+        with fs.open(f"{source}/{name}", "wb") as handle:
+            handle.write(body)
+    output = str(tmp_path / "out")
+    download(DownloadConfig(source=source, include=["*.jsonl", "sub/*"], output_path=output))
+    entries = manifest(output)
+    assert sorted(entries) == ["files/a.jsonl", "files/sub/b.jsonl"]
+    assert (tmp_path / "out/files/sub/b.jsonl").read_bytes() == FILES["sub/b.jsonl"]
+    assert all(entry["published"] for entry in entries.values())
