@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from executor.errors import ConfigError
-from executor.step_runner import StepResult, StepTask, run_step
+from executor.step_runner import StepResult, StepTask, StopSignal, run_step
 from executor.step_spec import ResourceConfig
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,9 @@ class Backend(Protocol):
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]: ...
 
+    def interrupt(self) -> None:
+        """The user interrupted the run: stop running steps (recorded FAILED) and start no more."""
+
     def close(self) -> None: ...
 
 
@@ -41,12 +44,17 @@ class LocalBackend:
 
     def __init__(self, max_concurrent: int):
         self._pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="executor-step")
+        self._stop = StopSignal()
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
-        return self._pool.submit(run_step, task)
+        return self._pool.submit(run_step, task, self._stop)
+
+    def interrupt(self) -> None:
+        self._stop.set()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        # After an interrupt, do not wait on a step stuck in native code; its lease goes stale.
+        self._pool.shutdown(wait=not self._stop.is_set(), cancel_futures=True)
 
 
 def ray_temp_dir() -> str:
@@ -110,11 +118,20 @@ class RayBackend:
         import ray
 
         ensure_ray()
+        self._ray = ray
         self._remote = ray.remote(_run_step_in_ray)
+        self._refs: list[Any] = []
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
         options = ray_options(resources, task.retry.max_attempts)
-        return self._remote.options(**options).remote(task).future()
+        ref = self._remote.options(**options).remote(task)
+        self._refs.append(ref)
+        return ref.future()
+
+    def interrupt(self) -> None:
+        """Cancel the step tasks: each gets a KeyboardInterrupt, records FAILED and frees its lease."""
+        for ref in self._refs:
+            self._ray.cancel(ref)
 
     def close(self) -> None:
         """Ray stays up for the rest of the process; it shuts itself down at exit."""

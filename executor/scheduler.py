@@ -24,6 +24,9 @@ from executor.step_runner import Outcome, StepResult, StepTask
 
 logger = logging.getLogger(__name__)
 
+INTERRUPT_GRACE_S = 30.0
+"""After Ctrl-C, how long to wait for interrupted steps to record FAILED and free their leases."""
+
 
 def schedule(
     steps: list[PlannedStep],
@@ -33,48 +36,74 @@ def schedule(
     limit: int,
 ) -> dict[PlannedStep, StepResult]:
     """Run `steps` (each with its blocking dependencies among them first); return each one's result."""
-    selected = set(steps)
-    waiting_on = {planned: {dep for dep in planned.blocking if dep in selected} for planned in steps}
-    ready = deque(planned for planned in steps if not waiting_on[planned])
-    delayed: list[tuple[float, int, PlannedStep]] = []  # (when, tie-breaker, step): resubmissions
-    order = itertools.count()
-    submissions: dict[PlannedStep, int] = {}
-    results: dict[PlannedStep, StepResult] = {}
-    running: dict[Future[StepResult], PlannedStep] = {}
-    while ready or running or delayed:
-        while delayed and delayed[0][0] <= time.monotonic():
-            ready.append(heapq.heappop(delayed)[2])
-        while ready and len(running) < limit:
-            planned = ready.popleft()
-            submissions[planned] = submissions.get(planned, 0) + 1
-            running[backend.submit(make_task(planned), planned.step.resources)] = planned
-        timeout = max(0.0, delayed[0][0] - time.monotonic()) if delayed else None
-        if not running:
-            time.sleep(timeout or 0)
-            continue
-        finished, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-        for future in finished:
-            planned = running.pop(future)
-            try:
-                result = future.result()
-            except Exception as error:
-                policy = planned.step.retry or DEFAULT_RETRY
-                if is_transient(error) and submissions[planned] < policy.max_attempts:
-                    wait_s = policy.backoff_s(submissions[planned])
-                    logger.warning("%s: lost its worker (%s: %s); submitting again in %.1fs",
-                                   planned.label, type(error).__name__, error, wait_s)  # fmt: skip
-                    heapq.heappush(delayed, (time.monotonic() + wait_s, next(order), planned))
-                    continue
-                logger.error("%s: the executor failed around the step: %r", planned.label, error)
-                result = StepResult(Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
-            results[planned] = result
-            if result.ok:
-                for child in planned.dependents:
-                    deps = waiting_on.get(child)
-                    if deps is not None and planned in deps:
-                        deps.discard(planned)
-                        if not deps and child not in results:
-                            ready.append(child)
-            else:
-                on_failure(planned, results)
-    return results
+    run = _Run(steps, backend, make_task, on_failure)
+    try:
+        while run.ready or run.running or run.delayed:
+            run.submit_ready(limit)
+            timeout = max(0.0, run.delayed[0][0] - time.monotonic()) if run.delayed else None
+            if not run.running:
+                time.sleep(timeout or 0)
+                continue
+            finished, _ = wait(run.running, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in finished:
+                run.finish(future)
+    except KeyboardInterrupt:
+        logger.warning("interrupted: stopping %d running step(s); they are recorded FAILED", len(run.running))
+        backend.interrupt()
+        wait(run.running, timeout=INTERRUPT_GRACE_S)
+        raise
+    return run.results
+
+
+class _Run:
+    """The state of one scheduling loop."""
+
+    def __init__(
+        self,
+        steps: list[PlannedStep],
+        backend: Backend,
+        make_task: Callable[[PlannedStep], StepTask],
+        on_failure: Callable[[PlannedStep, dict[PlannedStep, StepResult]], None],
+    ):
+        self.backend, self.make_task, self.on_failure = backend, make_task, on_failure
+        selected = set(steps)
+        self.waiting_on = {planned: {dep for dep in planned.blocking if dep in selected} for planned in steps}
+        self.ready = deque(planned for planned in steps if not self.waiting_on[planned])
+        self.delayed: list[tuple[float, int, PlannedStep]] = []  # (when, tie-breaker, step): resubmissions
+        self.order = itertools.count()
+        self.submissions: dict[PlannedStep, int] = {}
+        self.results: dict[PlannedStep, StepResult] = {}
+        self.running: dict[Future[StepResult], PlannedStep] = {}
+
+    def submit_ready(self, limit: int) -> None:
+        while self.delayed and self.delayed[0][0] <= time.monotonic():
+            self.ready.append(heapq.heappop(self.delayed)[2])
+        while self.ready and len(self.running) < limit:
+            planned = self.ready.popleft()
+            self.submissions[planned] = self.submissions.get(planned, 0) + 1
+            self.running[self.backend.submit(self.make_task(planned), planned.step.resources)] = planned
+
+    def finish(self, future: Future[StepResult]) -> None:
+        planned = self.running.pop(future)
+        try:
+            result = future.result()
+        except Exception as error:
+            policy = planned.step.retry or DEFAULT_RETRY
+            if is_transient(error) and self.submissions[planned] < policy.max_attempts:
+                wait_s = policy.backoff_s(self.submissions[planned])
+                logger.warning("%s: lost its worker (%s: %s); submitting again in %.1fs",
+                               planned.label, type(error).__name__, error, wait_s)  # fmt: skip
+                heapq.heappush(self.delayed, (time.monotonic() + wait_s, next(self.order), planned))
+                return
+            logger.error("%s: the executor failed around the step: %r", planned.label, error)
+            result = StepResult(Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
+        self.results[planned] = result
+        if not result.ok:
+            self.on_failure(planned, self.results)
+            return
+        for child in planned.dependents:
+            deps = self.waiting_on.get(child)
+            if deps is not None and planned in deps:
+                deps.discard(planned)
+                if not deps and child not in self.results:
+                    self.ready.append(child)

@@ -18,7 +18,6 @@ import logging
 import os
 import tempfile
 import threading
-import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -46,6 +45,45 @@ logger = logging.getLogger(__name__)
 
 class StepAborted(BaseException):
     """Raised inside a step's thread when its lease is lost."""
+
+
+class StepInterrupted(BaseException):
+    """Raised inside a step's thread when the user interrupts the executor (Ctrl-C)."""
+
+
+class StopSignal:
+    """Set when the user interrupts a run: running steps are interrupted, waiting ones give up.
+
+    Each backend owns one; `run_step` registers the step it is running with it.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._running: set[_Interrupter] = set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            for interrupter in self._running:
+                interrupter.interrupt(StepInterrupted)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, waking early if the signal is set."""
+        self._event.wait(seconds)
+
+    def register(self, interrupter: _Interrupter) -> None:
+        with self._lock:
+            self._running.add(interrupter)
+            if self._event.is_set():
+                interrupter.interrupt(StepInterrupted)
+
+    def unregister(self, interrupter: _Interrupter) -> None:
+        with self._lock:
+            self._running.discard(interrupter)
 
 
 class Outcome(StrEnum):
@@ -90,16 +128,17 @@ class StepTask:
     retry: RetryPolicy
 
 
-def run_step(task: StepTask) -> StepResult:
+def run_step(task: StepTask, stop: StopSignal | None = None) -> StepResult:
     # One worker id per call: a retried Ray task must not mistake its dead predecessor's lease for its own.
     worker_id = f"{task.worker_id}/{uuid.uuid4().hex[:6]}"
     lease = Lease(task.output_path, worker_id, task.lease_settings)
+    stop = stop or StopSignal()
     while True:
-        done = _wait_for_lease(task, lease)
+        done = _wait_for_lease(task, lease, stop)
         if done is not None:
             return done
         try:
-            result = _run_holding_lease(task, lease)
+            result = _run_holding_lease(task, lease, stop)
         except LeaseLostError as error:
             logger.warning("%s: %s; waiting for the new holder", task.label, error)
             continue
@@ -107,7 +146,7 @@ def run_step(task: StepTask) -> StepResult:
             lease.release()
         if isinstance(result, StepResult):
             return result
-        time.sleep(result.wait_s)  # a transient failure: back off, then compete for the lease again
+        stop.sleep(result.wait_s)  # a transient failure: back off, then compete for the lease again
 
 
 def _newer_than_plan(event: StatusEvent, task: StepTask) -> bool:
@@ -127,10 +166,12 @@ def _finished(task: StepTask, waited: bool) -> StepResult | None:
     return None
 
 
-def _wait_for_lease(task: StepTask, lease: Lease) -> StepResult | None:
+def _wait_for_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepResult | None:
     """None once this worker holds the lease; a result if the step was settled by someone else."""
     waited = False
     while True:
+        if stop.is_set():
+            return StepResult(Outcome.FAILED, "interrupted before it started")
         done = _finished(task, waited)
         if done is not None:
             return done
@@ -148,7 +189,7 @@ def _wait_for_lease(task: StepTask, lease: Lease) -> StepResult | None:
                 holder.get("heartbeat"),
             )
             waited = True
-        time.sleep(task.lease_settings.poll_s)
+        stop.sleep(task.lease_settings.poll_s)
 
 
 @dataclass(frozen=True)
@@ -156,7 +197,7 @@ class _Retry:
     wait_s: float
 
 
-def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult | _Retry:
+def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepResult | _Retry:
     worker = lease.worker_id
     attempt = attempts_so_far(read_events(task.output_path)) + 1
     started = StatusEvent(StepStatus.RUNNING, attempt=attempt, worker=worker)
@@ -165,18 +206,35 @@ def _run_holding_lease(task: StepTask, lease: Lease) -> StepResult | _Retry:
     logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt, task.output_path)
     with _StepLog(task.output_path) as step_log:
         interrupter = _Interrupter()
-        with Heartbeat(lease, on_lost=interrupter.interrupt, on_tick=step_log.upload) as heartbeat:
+
+        def on_lost(_error: LeaseLostError) -> None:
+            interrupter.interrupt(StepAborted)
+
+        with Heartbeat(lease, on_lost=on_lost, on_tick=step_log.upload) as heartbeat:
             try:
                 with interrupter:
-                    task.fn(task.config)
+                    stop.register(interrupter)
+                    try:
+                        task.fn(task.config)
+                    finally:
+                        stop.unregister(interrupter)
                 if heartbeat.lost is not None:
                     raise heartbeat.lost
                 lease.check()
                 write_manifest(task.output_path)
             except StepAborted as aborted:
                 raise heartbeat.lost or LeaseLostError(f"{task.label}: aborted") from aborted
-            except (LeaseLostError, KeyboardInterrupt):
+            except LeaseLostError:
                 raise
+            except (StepInterrupted, KeyboardInterrupt) as interrupted:
+                # Say so and free the lease at once: the next run reruns the step without waiting.
+                step_log.write_exception(interrupted)
+                _append_if_holding(task, lease, StatusEvent(
+                    StepStatus.FAILED, attempt=attempt, worker=worker, message="interrupted by the user",
+                ))  # fmt: skip
+                if isinstance(interrupted, KeyboardInterrupt):
+                    raise
+                return StepResult(Outcome.FAILED, "interrupted by the user")
             except BaseException as error:
                 step_log.write_exception(error)
                 return _record_failure(task, lease, attempt, error)
@@ -212,8 +270,16 @@ def _record_failure(task: StepTask, lease: Lease, attempt: int, error: BaseExcep
     return StepResult(Outcome.FAILED, message)
 
 
+def _append_if_holding(task: StepTask, lease: Lease, event: StatusEvent) -> None:
+    try:
+        lease.check()
+    except LeaseLostError:
+        return
+    append_event(task.output_path, event)
+
+
 class _Interrupter:
-    """Raises StepAborted inside the step's thread, but only while the step function runs."""
+    """Raises an exception inside the step's thread, but only while the step function runs."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -230,12 +296,10 @@ class _Interrupter:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
             self._thread_id = None
 
-    def interrupt(self, _error: LeaseLostError) -> None:
+    def interrupt(self, exception: type[BaseException]) -> None:
         with self._lock:
             if self._thread_id is not None:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self._thread_id), ctypes.py_object(StepAborted)
-                )
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(exception))
 
 
 class _StepLog:

@@ -1,4 +1,4 @@
-"""A step for the node-loss test: it records which Ray node runs it, then waits for a gate file."""
+"""A step for the node-loss and interrupt tests: it records where it runs, then waits for a gate file."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def wait_for_gate(config: GateConfig) -> None:
     import ray
 
     os.makedirs(config.record_dir, exist_ok=True)
-    record = {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    record = {"node": node, "pid": os.getpid()}
     with open(os.path.join(config.record_dir, uuid.uuid4().hex), "w") as handle:
         json.dump(record, handle)
     while not os.path.exists(config.gate_file):

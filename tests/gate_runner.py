@@ -1,0 +1,24 @@
+"""Run a one-step DAG whose step waits for a gate file: `python tests/gate_runner.py PREFIX GATE [BACKEND]`.
+
+The interrupt test sends this process SIGINT (Ctrl-C) while the step runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from node_steps import GateConfig, wait_for_gate
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
+
+
+def gate_step(gate: str, records: str) -> ExecutorStep:
+    return ExecutorStep("gated", wait_for_gate, GateConfig(THIS_OUTPUT_PATH, gate, records))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    prefix, gate = sys.argv[1], sys.argv[2]
+    backend = sys.argv[3] if len(sys.argv) > 3 else "local"
+    Executor(prefix, backend=backend).run([gate_step(gate, prefix + "-records")])

@@ -1,0 +1,57 @@
+"""Ctrl-C: running steps are recorded FAILED, their leases freed, and the next run starts at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gate_runner import gate_step
+
+from executor import Executor, read_status
+from executor.lease import Lease, LeaseSettings
+from executor.status import read_events
+
+RUNNER = str(Path(__file__).with_name("gate_runner.py"))
+
+
+def wait_until(predicate, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
+def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend):
+    prefix, gate = tmp_path / "out", tmp_path / "gate"
+    step = gate_step(str(gate), str(prefix) + "-records")
+    planner = Executor(str(prefix))
+    planner.run([step], dry_run=True)
+    output = planner.output_paths[step]
+    log = open(tmp_path / "run.log", "wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, RUNNER, str(prefix), str(gate), backend], stdout=log,
+                               stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    try:
+        wait_until(lambda: read_status(output) == "RUNNING", "the step to run")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) != 0
+    finally:
+        process.kill()
+        log.close()
+    history = read_events(output)
+    assert history[-1].status == "FAILED" and history[-1].message == "interrupted by the user", history
+    current = Lease(output, "observer", LeaseSettings()).current()
+    assert current is not None and current["released"] is True
+    assert "KeyboardInterrupt" in (tmp_path / "run.log").read_text()
+    gate.write_text("")
+    rerun = Executor(str(prefix))
+    rerun.run([step])  # default lease timings: it would wait 90 s for a lease that was not freed
+    assert read_status(output) == "SUCCESS"
+    assert [event.status for event in read_events(output)][-2:] == ["RUNNING", "SUCCESS"]
