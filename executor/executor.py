@@ -54,6 +54,8 @@ class Decision:
     reason: str
     force: bool = False
     drift: bool = False
+    fresh: bool = False
+    """The step has no status history yet (it never ran under this prefix)."""
 
 
 class Executor:
@@ -128,9 +130,9 @@ class Executor:
         for planned, events in zip(selected, histories, strict=True):
             last = events[-1] if events else None
             if planned in forced:
-                decisions.append(Decision(planned, "run", "force_run matched", force=True))
+                decisions.append(Decision(planned, "run", "force_run matched", force=True, fresh=last is None))
             elif last is None:
-                decisions.append(Decision(planned, "run", "no output yet"))
+                decisions.append(Decision(planned, "run", "no output yet", fresh=True))
             elif last.status == StepStatus.SUCCESS:
                 recorded = last.details.get("code_fingerprint")
                 drift = bool(recorded and planned.fingerprint and recorded != planned.fingerprint)
@@ -220,16 +222,20 @@ class Executor:
             print(f"        {'':<{width}}  {decision.planned.output_path}")
 
     def _prepare(self, to_run: list[Decision]) -> None:
-        """Write `.executor_info` and a first WAITING event for steps that have none (exclusive creates)."""
+        """Write `.executor_info` and a first WAITING event for steps that never ran (exclusive creates).
+
+        Steps with a history are left alone: it is rewritten only by a lease holder.
+        """
 
         def prepare(decision: Decision) -> None:
             planned = decision.planned
             storage.create_exclusive(info_path(planned.output_path), storage.json_bytes(step_info(planned)))
             create_initial_status(planned.output_path, StatusEvent(StepStatus.WAITING, worker=self.worker_id))
 
-        if to_run:
-            with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, len(to_run))) as pool:
-                list(pool.map(prepare, to_run))
+        fresh = [decision for decision in to_run if decision.fresh]
+        if fresh:
+            with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, len(fresh))) as pool:
+                list(pool.map(prepare, fresh))
 
     def _task(self, decision: Decision, planned_at: str) -> StepTask:
         planned = decision.planned
