@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,3 +96,14 @@ def race(count: int, attempt: Callable[[int], bool]) -> list[int]:
     for thread in threads:
         thread.join()
     return winners
+
+
+def plant_crashed_holder(output_path: str, worker: str = "crashed-worker") -> None:
+    """Leave what a worker killed mid-step leaves: its lease (heartbeat long ago) and a RUNNING event."""
+    from executor import storage
+    from executor.status import StatusEvent, StepStatus, append_event
+
+    long_ago = "2026-01-01T00:00:00+00:00"
+    record = {"worker": worker, "number": 0, "acquired": long_ago, "heartbeat": long_ago}
+    storage.write_atomic(f"{output_path}/.executor_lease/0000000000.json", json.dumps(record))
+    append_event(output_path, StatusEvent(StepStatus.RUNNING, time=long_ago, attempt=1, worker=worker))

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 
 import pytest
-from conftest import make_step
+from conftest import make_step, plant_crashed_holder
 
 from executor import Executor, StepFailedError, read_status, storage
 from executor.explain import explain_output
 from executor.lease import Lease, LeaseSettings
 from executor.records import verify_manifest
-from executor.status import StatusEvent, StepStatus, append_event, read_events
+from executor.status import read_events
 
 
 @pytest.fixture(params=["local", "memory", pytest.param("gcs", marks=pytest.mark.gcs),
@@ -87,10 +86,7 @@ def test_a_stale_lease_is_taken_over_and_explain_diffs_versions(prefix, calls, f
     probe = Executor(prefix)
     probe.run([new], dry_run=True)
     output = probe.output_paths[new]
-    crashed = "2026-01-01T00:00:00+00:00"
-    storage.write_atomic(output + "/.executor_lease/0000000000.json",
-                         json.dumps({"worker": "crashed", "number": 0, "acquired": crashed, "heartbeat": crashed}))  # fmt: skip
-    append_event(output, StatusEvent(StepStatus.RUNNING, time=crashed, attempt=1, worker="crashed"))
+    plant_crashed_holder(output)
     Executor(prefix).run([new])
     assert [(e.status, e.attempt) for e in read_events(output)] == [("RUNNING", 1), ("RUNNING", 2), ("SUCCESS", 2)]
     assert Lease(output, "observer", LeaseSettings()).current()["number"] == 1

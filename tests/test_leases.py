@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import CALLS, make_step, race
+from conftest import CALLS, make_step, plant_crashed_holder, race
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, read_status, storage
 from executor.lease import Heartbeat, Lease, LeaseSettings
@@ -117,12 +117,7 @@ def test_a_stale_lease_is_taken_over(tmp_path, calls, fast_leases, caplog):
     probe = Executor(str(tmp_path))
     probe.run([step], dry_run=True)
     output = probe.output_paths[step]
-    crashed_at = "2026-01-01T00:00:00+00:00"
-    storage.write_atomic(
-        f"{output}/.executor_lease/0000000000.json",
-        json.dumps({"worker": "crashed-worker", "number": 0, "acquired": crashed_at, "heartbeat": crashed_at}),
-    )
-    append_event(output, StatusEvent(StepStatus.RUNNING, time=crashed_at, attempt=1, worker="crashed-worker"))
+    plant_crashed_holder(output)
     with caplog.at_level(logging.WARNING):
         executor = Executor(str(tmp_path))
         executor.run([step])
