@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
+from steps.decontaminate import DecontaminateConfig, decontaminate
 from steps.dedup_exact import ExactDedupConfig, exact_dedup
 from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 from steps.download import DownloadConfig, download
@@ -69,8 +70,11 @@ def default_tokenizer(
 # reads its `docs/` (or, for download, `files/`); every knob that changes which documents survive is versioned.
 
 
-def default_real_corpus(docs_per_domain: int = 300, near_copies: int = 10) -> ExecutorStep[RealCorpusConfig]:
-    """The offline multi-domain corpus (KJV prose, stdlib code, pydoc reference) with planted duplicates."""
+def default_real_corpus(
+    docs_per_domain: int = 300, near_copies: int = 10, eval_docs: int = 0
+) -> ExecutorStep[RealCorpusConfig]:
+    """The offline multi-domain corpus (KJV prose, stdlib code, pydoc reference) with planted duplicates,
+    and with `eval_docs` > 0 an eval set per domain that quotes training documents (for decontamination)."""
     return ExecutorStep(
         name="raw/real_corpus",
         fn=build_real_corpus,
@@ -79,6 +83,7 @@ def default_real_corpus(docs_per_domain: int = 300, near_copies: int = 10) -> Ex
             output_path=THIS_OUTPUT_PATH,
             docs_per_domain=versioned(docs_per_domain),
             near_copies=versioned(near_copies),
+            eval_docs=versioned(eval_docs),
             # The stdlib's text is an input the executor cannot see; its version stands in for it.
             seed=versioned(0),
         ),
@@ -121,6 +126,19 @@ def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6
                                 rows=versioned(rows), seed=versioned(1), jaccard_threshold=versioned(jaccard_threshold),
                                 all_pairs_bucket_size=versioned(32), raw_input=False,
                                 output_path=THIS_OUTPUT_PATH),
+    )
+
+
+def default_decontaminate(input_step: ExecutorStep, eval_sets: Sequence[Any], n_grams: int = 13,
+                          threshold: float = 0.0) -> ExecutorStep:  # fmt: skip
+    """Drop documents sharing `n_grams`-word n-grams with the eval sets (paths inside step outputs)."""
+    return ExecutorStep(
+        name="dedup/decontaminate",
+        fn=decontaminate,
+        description=f"drop documents sharing {n_grams}-grams with the eval sets (threshold {threshold})",
+        config=DecontaminateConfig(input_paths=[_docs_of(input_step)], eval_paths=list(eval_sets),
+                                   n_grams=versioned(n_grams), threshold=versioned(threshold),
+                                   output_path=THIS_OUTPUT_PATH),
     )
 
 

@@ -61,6 +61,9 @@ class RealCorpusConfig:
     """Originals shorter than this (in words) are skipped: too short for near copies to mean much."""
     seed: int = 0
     """Seed for which documents are copied and which words replaced. Versioned."""
+    eval_docs: int = 0
+    """Per domain, the last this-many originals also go, as 60-word excerpts, into eval/<domain>.jsonl:
+    a benchmark that leaked into the training data, for decontamination to find. Versioned."""
 
 
 def domains() -> list[str]:
@@ -82,11 +85,27 @@ def build_real_corpus(config: RealCorpusConfig) -> None:
         storage.write_atomic(storage.join(config.output_path, "raw", f"{domain}.{extension}"),
                              _encode(documents, extension))  # fmt: skip
         stats["domains"][domain] = {"originals": len(originals), "planted": len(planted), "docs": len(documents)}
+        if config.eval_docs:
+            leaked = _eval_excerpts(originals[-config.eval_docs :], domain)
+            storage.write_atomic(storage.join(config.output_path, "eval", f"{domain}.jsonl"),
+                                 "".join(json.dumps(record) + "\n" for record in leaked))  # fmt: skip
+            stats["domains"][domain]["leaked_into_eval"] = [record["metadata"]["excerpt_of"] for record in leaked]
         logger.info("%s: %d originals, %d planted copies", domain, len(originals), len(planted))
     stats["docs"] = sum(entry["docs"] for entry in stats["domains"].values())
     stats["planted"] = len(truth)
     storage.write_json_atomic(storage.join(config.output_path, "ground_truth.json"), truth)
     storage.write_json_atomic(storage.join(config.output_path, "stats.json"), stats)
+
+
+def _eval_excerpts(originals: list[dict[str, Any]], domain: str) -> list[dict[str, Any]]:
+    """The middle 60 words of each document, as an eval item that quotes the training data."""
+    excerpts = []
+    for number, original in enumerate(originals):
+        words = original["text"].split()
+        start = max(0, len(words) // 2 - 30)
+        excerpts.append({"id": f"eval/{domain}/{number}", "text": " ".join(words[start : start + 60]),
+                         "source": f"eval_{domain}", "metadata": {"excerpt_of": original["id"]}})  # fmt: skip
+    return excerpts
 
 
 def _interleave(originals: list[dict[str, Any]], copies: list[dict[str, Any]], rng: random.Random) -> list[dict]:

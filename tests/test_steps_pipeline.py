@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import tempfile
 
+import pyarrow.parquet as pq
 import pytest
 
 from executor import Executor, read_status
@@ -20,17 +22,40 @@ def kept_ids(output: str) -> set[str]:
 
 
 @pytest.mark.slow
-def test_the_data_demo_runs_and_a_rerun_skips_everything(tmp_path):
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
+def test_the_data_demo_runs_and_a_rerun_skips_everything(tmp_path, backend, request):
+    if backend == "ray":
+        import ray
+
+        request.addfinalizer(ray.shutdown)  # later tests must not find a Ray to fan shards out to
     steps = data_demo.build_steps(docs_per_domain=40, near_copies=3)
-    executor = Executor(str(tmp_path))
+    executor = Executor(str(tmp_path), backend=backend)
     executor.run(steps)
     assert all(read_status(executor.output_paths[step]) == "SUCCESS" for step in steps)
     final = json.loads(open(f"{executor.output_paths[steps[-1]]}/stats.json").read())
     assert 0 < final["docs_out"] < final["docs_in"]
-    again = Executor(str(tmp_path))
+    # Five documents per domain were quoted into the eval sets. Most reach decontamination and are
+    # dropped there; afterwards no surviving document shares a 13-word n-gram with any eval item.
+    by_name = {step.name: executor.output_paths[step] for step in steps}
+    corpus_stats = json.loads(open(f"{by_name['raw/real_corpus']}/stats.json").read())
+    leaked = {doc_id for domain in corpus_stats["domains"].values() for doc_id in domain["leaked_into_eval"]}
+    dropped = {doc_id for path in glob.glob(f"{by_name['dedup/decontaminate']}/contaminated/*")
+               for doc_id in pq.read_table(path).column("id").to_pylist()}  # fmt: skip
+    assert len(leaked) == 15 and len(leaked & dropped) >= 10
+    eval_grams = {gram for path in glob.glob(f"{by_name['raw/real_corpus']}/eval/*.jsonl")
+                  for line in open(path) for gram in ngrams(json.loads(line)["text"], 13)}  # fmt: skip
+    for path in glob.glob(f"{by_name['dedup/decontaminate']}/docs/*.parquet"):
+        for text in pq.read_table(path, columns=["text"]).column("text").to_pylist():
+            assert not ngrams(text, 13) & eval_grams
+    again = Executor(str(tmp_path), backend=backend)
     rebuilt = data_demo.build_steps(docs_per_domain=40, near_copies=3)
     again.run(rebuilt)
     assert [again.decision_for(step).action for step in rebuilt] == ["skip"] * len(rebuilt)
+
+
+def ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = text.split()
+    return {tuple(words[index : index + n]) for index in range(len(words) - n + 1)}
 
 
 @pytest.mark.ray
