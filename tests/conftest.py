@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,3 +108,30 @@ def plant_crashed_holder(output_path: str, worker: str = "crashed-worker") -> No
     record = {"worker": worker, "number": 0, "acquired": long_ago, "heartbeat": long_ago}
     storage.write_atomic(f"{output_path}/.executor_lease/0000000000.json", json.dumps(record))
     append_event(output_path, StatusEvent(StepStatus.RUNNING, time=long_ago, attempt=1, worker=worker))
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 120) -> None:
+    """Poll until `predicate()` is true; a generous bound for slow machines, never a speed assertion."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def run_in_threads(count: int, work: Callable[[], object]) -> list[BaseException]:
+    """Run `work` in `count` threads at once; the exceptions they raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as error:  # returned to the test, which asserts on it
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
-from conftest import make_step, plant_crashed_holder
+from conftest import make_step, plant_crashed_holder, run_in_threads
 
 from executor import Executor, StepFailedError, read_status, storage
 from executor.explain import explain_output
@@ -64,19 +63,7 @@ def test_concurrent_executors_run_each_step_once(prefix, calls, fast_leases):
     if prefix.startswith("gs://"):
         pytest.skip("the GCS emulator ignores ifGenerationMatch=0, so exclusive create is not exclusive there")
     d = make_step("d", make_step("c", make_step("b", make_step("a"))))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            Executor(prefix).run([d])
-        except Exception as error:  # asserted below
-            errors.append(error)
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = run_in_threads(4, lambda: Executor(prefix).run([d]))
     assert errors == [] and calls.counts == {"a": 1, "b": 1, "c": 1, "d": 1}
 
 

@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 from gate_runner import gate_step
 
 from executor import Executor, read_status
@@ -17,14 +17,6 @@ from executor.lease import Lease, LeaseSettings
 from executor.status import read_events
 
 RUNNER = str(Path(__file__).with_name("gate_runner.py"))
-
-
-def wait_until(predicate, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import CALLS, make_step, plant_crashed_holder, race
+from conftest import CALLS, make_step, plant_crashed_holder, race, run_in_threads, wait_until
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, read_status, storage
 from executor.lease import Heartbeat, Lease, LeaseSettings
@@ -18,14 +18,6 @@ from executor.status import StatusEvent, StepStatus, append_event, now_iso, read
 from executor.step_runner import Outcome
 
 DEADLINE_S = 60  # generous bound for polling loops; never an assertion on speed
-
-
-def wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @dataclass(frozen=True)
@@ -71,19 +63,7 @@ def test_ten_executors_on_one_dag_run_each_step_once(tmp_path, calls, fast_lease
     c = make_step("c", b1, b2, b3)
     d = make_step("d", c)
     e = make_step("e")  # an independent branch
-    errors = []
-
-    def run_one() -> None:
-        try:
-            Executor(str(tmp_path)).run([d, e], max_concurrent=3)
-        except Exception as error:  # collected and asserted below
-            errors.append(error)
-
-    threads = [threading.Thread(target=run_one) for _ in range(10)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = run_in_threads(10, lambda: Executor(str(tmp_path)).run([d, e], max_concurrent=3))
     assert errors == []
     assert calls.counts == {"a": 1, "b0": 1, "b1": 1, "b2": 1, "c": 1, "d": 1, "e": 1}
     planned = Executor(str(tmp_path))

@@ -6,9 +6,9 @@ import json
 import os
 import sys
 import threading
-import time
 
 import pytest
+from conftest import wait_until
 from node_steps import GateConfig, wait_for_gate
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, read_status
@@ -33,14 +33,6 @@ def two_node_cluster(monkeypatch):
     finally:
         ray.shutdown()
         cluster.shutdown()
-
-
-def wait_until(predicate, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_losing_the_node_mid_step_is_survived_by_retry(tmp_path, two_node_cluster, monkeypatch):
