@@ -17,8 +17,6 @@ from executor.lease import Heartbeat, Lease, LeaseSettings
 from executor.status import StatusEvent, StepStatus, append_event, now_iso, read_events
 from executor.step_runner import Outcome
 
-DEADLINE_S = 60  # generous bound for polling loops; never an assertion on speed
-
 
 @dataclass(frozen=True)
 class GateConfig:
