@@ -56,6 +56,7 @@ from executor.errors import (
 )
 from executor.executor import Executor
 from executor.main import ExecutorMainConfig, executor_main
+from executor.retry import RetryPolicy, TransientError
 from executor.status import StepStatus, read_status
 from executor.step_spec import (
     THIS_OUTPUT_PATH,
@@ -81,9 +82,11 @@ __all__ = [
     "LeaseLostError",
     "OutputName",
     "ResourceConfig",
+    "RetryPolicy",
     "StepFailedError",
     "StepStatus",
     "StorageError",
+    "TransientError",
     "UnversionableValueError",
     "VersionedValue",
     "executor_main",
