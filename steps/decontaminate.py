@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from executor.shards import Shard, ShardWriter, run_sharded
+from executor.shards import ShardWriter, run_sharded
 from steps.documents import (
+    FileShard,
     ReadReport,
+    file_shards,
     flow_stats,
     list_input_files,
     merge_stats,
@@ -73,14 +75,7 @@ def overlaps(texts: list[str], reference: np.ndarray, n_grams: int) -> np.ndarra
     return np.where(counts > 0, hits / np.maximum(counts, 1), 0.0)
 
 
-@dataclass(frozen=True)
-class _FilePayload:
-    config: DecontaminateConfig
-    shard_index: int
-    path: str
-
-
-def _decontaminate_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, object]:
+def _decontaminate_shard(payload: FileShard[DecontaminateConfig], writer: ShardWriter) -> dict[str, object]:
     config = payload.config
     report = ReadReport()
     documents = list(read_documents(payload.path, report, config.raw_input))
@@ -101,7 +96,7 @@ def decontaminate(config: DecontaminateConfig) -> None:
     if not config.eval_paths:
         raise ValueError("eval_paths is empty; give at least one evaluation set")
     files = list_input_files(config.input_paths)
-    shards = [Shard(f"{index:05d}", _FilePayload(config, index, path)) for index, path in enumerate(files)]
+    shards = file_shards(config, files)
     report = run_sharded(config.output_path, shards, _decontaminate_shard, description="decontaminate")
     stats = merge_stats(report)
     stats["eval_ngrams"] = len(eval_ngrams(tuple(config.eval_paths), config.n_grams))

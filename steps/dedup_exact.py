@@ -32,8 +32,10 @@ from executor import storage
 from executor.shards import Shard, ShardWriter, run_sharded
 from steps.connected_components import load_arrays, save_arrays
 from steps.documents import (
+    FileShard,
     ReadReport,
     doc_key,
+    file_shards,
     flow_stats,
     list_input_files,
     merge_stats,
@@ -79,14 +81,7 @@ def _hash(text: str, seed: int) -> int:
     return xxhash.xxh3_64_intdigest(_SPACES.sub(" ", text).strip(), seed=seed)
 
 
-@dataclass(frozen=True)
-class _FilePayload:
-    config: ExactDedupConfig
-    shard_index: int
-    path: str
-
-
-def _hash_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, object]:
+def _hash_shard(payload: FileShard[ExactDedupConfig], writer: ShardWriter) -> dict[str, object]:
     config = payload.config
     hashes, keys, paragraphs = [], [], []
     report = ReadReport()
@@ -162,7 +157,7 @@ def _cut(text: str, remove: set[int]) -> tuple[str, list[list[int]]]:
     return "".join(pieces), cuts
 
 
-def _rewrite_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, object]:
+def _rewrite_shard(payload: FileShard[ExactDedupConfig], writer: ShardWriter) -> dict[str, object]:
     removals = _removals(storage.join(payload.config.output_path, "work", "removals"), payload.shard_index)
     report = ReadReport()
     kept, removed = [], []
@@ -195,12 +190,12 @@ def _rewrite_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, obje
 def exact_dedup(config: ExactDedupConfig) -> None:
     files = list_input_files(config.input_paths)
     work = storage.join(config.output_path, "work")
-    file_shards = [Shard(f"{index:05d}", _FilePayload(config, index, path)) for index, path in enumerate(files)]
+    per_file = file_shards(config, files)
     hashes_folder = storage.join(work, "hashes")
-    run_sharded(hashes_folder, file_shards, _hash_shard, description="exact dedup: hash")
+    run_sharded(hashes_folder, per_file, _hash_shard, description="exact dedup: hash")
     partition_shards = [Shard(f"{p:04d}", _PartitionPayload(hashes_folder, p)) for p in range(config.partitions)]
     run_sharded(storage.join(work, "removals"), partition_shards, _resolve_shard, description="exact dedup: resolve")
-    report = run_sharded(config.output_path, file_shards, _rewrite_shard, description="exact dedup: rewrite")
+    report = run_sharded(config.output_path, per_file, _rewrite_shard, description="exact dedup: rewrite")
     stats = merge_stats(report)
     stats["settings"] = {"paragraphs": config.paragraphs, "min_paragraph_chars": config.min_paragraph_chars}
     write_stats(config.output_path, stats)

@@ -53,8 +53,10 @@ from steps.connected_components import (
     write_partitioned_edges,
 )
 from steps.documents import (
+    FileShard,
     ReadReport,
     doc_key,
+    file_shards,
     flow_stats,
     list_input_files,
     merge_stats,
@@ -110,14 +112,7 @@ class FuzzyDedupConfig:
         return MinHasher(n_grams=self.n_grams, bands=self.bands, rows=self.rows, seed=self.seed)
 
 
-@dataclass(frozen=True)
-class _FilePayload:
-    config: FuzzyDedupConfig
-    shard_index: int
-    path: str
-
-
-def _signature_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, int]:
+def _signature_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> dict[str, int]:
     config, hasher = payload.config, payload.config.hasher()
     report = ReadReport()
     texts = [document["text"] for document in read_documents(payload.path, report, config.raw_input)]
@@ -264,7 +259,7 @@ def _cluster_id(key: int) -> str:
     return f"{shard_index:05d}:{row}"
 
 
-def _filter_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, object]:
+def _filter_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> dict[str, object]:
     assign_folder = storage.join(payload.config.output_path, "work", "assign")
     fs, fs_path = storage.filesystem(assign_folder)
     roots: dict[int, int] = {}
@@ -308,9 +303,9 @@ def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
         raise ValueError(f"jaccard_threshold must be in [0, 1], got {config.jaccard_threshold}")
     files = list_input_files(config.input_paths)
     work = storage.join(config.output_path, "work")
-    file_shards = [Shard(f"{index:05d}", _FilePayload(config, index, path)) for index, path in enumerate(files)]
+    per_file = file_shards(config, files)
     minhash_folder = storage.join(work, "minhash")
-    signature_report = run_sharded(minhash_folder, file_shards, _signature_shard, description="minhash signatures")
+    signature_report = run_sharded(minhash_folder, per_file, _signature_shard, description="minhash signatures")
     partitions = [f"b{band:03d}-h{hash_range:03d}" for band in range(config.bands)
                   for hash_range in range(config.hash_ranges)]  # fmt: skip
     buckets_folder = storage.join(minhash_folder, "buckets")
@@ -322,12 +317,16 @@ def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
     converged = connected_components(storage.join(work, "components"), edges_folder, config.node_partitions)
     assign_shards = [Shard(f"{p:04d}", _AssignPayload(converged, p)) for p in range(config.node_partitions)]
     run_sharded(storage.join(work, "assign"), assign_shards, _assign_shard, description="cluster assignment")
-    filter_report = run_sharded(config.output_path, file_shards, _filter_shard, description="fuzzy filter")
+    filter_report = run_sharded(config.output_path, per_file, _filter_shard, description="fuzzy filter")
     stats = merge_stats(filter_report)
     stats.update(pair_counts)
     stats["docs_without_signature"] = sum(
         marker["stats"]["docs_without_signature"] for marker in signature_report.markers.values()
     )
-    stats["settings"] = {"n_grams": config.n_grams, "bands": config.bands, "rows": config.rows,
-                         "jaccard_threshold": config.jaccard_threshold}
+    stats["settings"] = {
+        "n_grams": config.n_grams,
+        "bands": config.bands,
+        "rows": config.rows,
+        "jaccard_threshold": config.jaccard_threshold,
+    }
     write_stats(config.output_path, stats)

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from executor import storage
-from executor.shards import ShardReport, ShardWriter
+from executor.shards import Shard, ShardReport, ShardWriter
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,20 @@ class ReadReport:
             excerpt = raw[:160] if isinstance(raw, str) else raw[:160].decode("utf-8", "backslashreplace")
             self.samples.append({"file": path, "line": line, "reason": reason, "excerpt": excerpt})
         logger.debug("%s:%d: %s", path, line, reason)
+
+
+@dataclass(frozen=True)
+class FileShard[ConfigT]:
+    """One input file of a step that runs a shard per file: the step's config, the file's index and path."""
+
+    config: ConfigT
+    shard_index: int
+    path: str
+
+
+def file_shards[ConfigT](config: ConfigT, files: Sequence[str]) -> list[Shard]:
+    """One shard per input file, named by its position (so a restart finds the same shard ids)."""
+    return [Shard(f"{index:05d}", FileShard(config, index, path)) for index, path in enumerate(files)]
 
 
 def doc_key(shard_index: int, row: int) -> int:

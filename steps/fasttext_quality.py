@@ -173,7 +173,8 @@ def _train_model(config: TrainClassifierConfig, train_file: str, model_file: str
     raise ClassifierTrainingError(
         f"train_quality_classifier at {config.output_path}: fastText diverged ({failure}) at lr="
         f"{config.learning_rate:g} and again at lr={learning_rate:g}, on {tokens} training tokens; "
-        "lower learning_rate or epochs, or give it more documents")
+        "lower learning_rate or epochs, or give it more documents"
+    )
 
 
 def train_quality_classifier(config: TrainClassifierConfig) -> None:

@@ -23,9 +23,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.shards import Shard, ShardWriter, run_sharded
+from executor.shards import ShardWriter, run_sharded
 from steps.documents import (
+    FileShard,
     ReadReport,
+    file_shards,
     flow_stats,
     list_input_files,
     merge_stats,
@@ -79,14 +81,7 @@ def build_filters(names: list[str]) -> list[tuple[str, Any]]:
     return [(name, makers[name]()) for name in names]
 
 
-@dataclass(frozen=True)
-class _FilePayload:
-    config: QualityHeuristicsConfig
-    shard_index: int
-    path: str
-
-
-def _filter_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
+def _filter_shard(payload: FileShard[QualityHeuristicsConfig], writer: ShardWriter) -> dict[str, Any]:
     from datatrove.data import Document
 
     config = payload.config
@@ -125,7 +120,7 @@ def _filter_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
 def quality_heuristics(config: QualityHeuristicsConfig) -> None:
     build_filters(config.filters)
     files = list_input_files(config.input_paths)
-    shards = [Shard(f"{index:05d}", _FilePayload(config, index, path)) for index, path in enumerate(files)]
+    shards = file_shards(config, files)
     report = run_sharded(config.output_path, shards, _filter_shard, description="quality heuristics")
     stats = merge_stats(report)
     stats["filters"] = list(config.filters)

@@ -233,4 +233,3 @@ def read_ground_truth(corpus_path: str) -> list[dict[str, Any]]:
     if truth is None:
         raise FileNotFoundError(f"no ground_truth.json under {corpus_path}; point at a build_real_corpus output")
     return list(truth)
-
