@@ -3,16 +3,26 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell infra/find_python312.sh)
 
-.PHONY: install demo test lint bench status dashboard clean
+.PHONY: install lock demo test lint bench status dashboard clean
 
-$(VENV)/.installed: pyproject.toml
+# Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
+# dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
+EXTRAS := --extra steps --extra train --extra bench --extra test --extra lint
+UV := $(VENV)/bin/uv
+
+$(VENV)/.installed: pyproject.toml requirements.lock
 	@test -n "$(PYTHON)" || { infra/find_python312.sh; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[steps,test,lint]'
+	$(PY) -m pip install --quiet --upgrade pip uv
+	$(UV) pip sync --quiet --python $(PY) requirements.lock
+	$(UV) pip install --quiet --python $(PY) --no-deps -e .
 	@touch $@
 
 install: $(VENV)/.installed
+
+lock: $(VENV)/.installed
+	$(UV) pip compile pyproject.toml $(EXTRAS) --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+		--quiet -o requirements.lock
 
 demo: install
 	$(PY) experiments/data_demo.py --backend ray $(ARGS)
