@@ -10,18 +10,23 @@ every neighbour of its own nodes and a round is one parallel pass over partition
 - small-star: at each u, with N'(u) its smaller neighbours and m = min(N'(u) | {u}), replace the
   edges to N'(u) by edges from N'(u) | {u} to m.
 
-Each pass writes, per partition, one edge file for every destination partition, under its own
-`round-NNN/` folder committed shard by shard with `run_sharded`, so a restarted step resumes at
-the first unfinished partition of the first unfinished round. Before each large-star pass the
+Each pass writes, per partition, one edge file for every destination partition it has edges for,
+stored by destination (`round-NNN/to-QQQQ/from-PPPP.npz`, see `steps/arrays.py`), committed shard
+by shard with `run_sharded`, so a restarted step resumes at the first unfinished partition of the
+first unfinished round. Before each large-star pass the
 partitions count *violations*: nodes with two smaller neighbours, or with one smaller and any
 larger neighbour. None left means every component is a star around its smallest node, i.e. each
 non-root node's single smaller neighbour is its component id. The number of rounds is
 O(log n); no partition ever needs more than its own nodes' edges, and no stage gathers the graph.
+
+Memory: a partition holds its nodes' edges twice over (both directions, 16 bytes each) and
+`np.unique` over the stacked pairs copies them a few times more; `EDGE_BYTES_PER_DOCUMENT` budgets
+that per input document, assuming at most two verified edges per document (a duplicate has one
+edge to its cluster after verification; near-copies of near-copies add a second).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 from dataclasses import dataclass
 
@@ -29,53 +34,38 @@ import numpy as np
 
 from executor import storage
 from executor.shards import Shard, ShardWriter, run_sharded
+from steps.arrays import column, load_routed, save_routed
 from steps.minhash import node_partition
 
 logger = logging.getLogger(__name__)
+
+
+EDGE_BYTES_PER_DOCUMENT = 320
+"""Working set of a node partition per input document: 2 edges x 2 directions x 16 bytes, times ~5 for the
+concatenation, `np.unique`'s stacked copy and sort, and the star step's outputs."""
 
 
 class ComponentsDidNotConvergeError(RuntimeError):
     """More rounds than `max_rounds`; the graph is stored round by round for inspection."""
 
 
-def save_arrays(writer: ShardWriter, relative: str, **arrays: np.ndarray) -> None:
-    sink = io.BytesIO()
-    np.savez(sink, **arrays)  # type: ignore[arg-type]
-    with writer.open(relative) as handle:
-        handle.write(sink.getvalue())
+def _partition_name(partition: int) -> str:
+    return f"{partition:04d}"
 
 
-def load_arrays(path: str) -> dict[str, np.ndarray]:
-    data = storage.read_bytes(path)
-    if data is None:
-        raise FileNotFoundError(f"{path} is missing; was the step's work folder deleted while it ran?")
-    with np.load(io.BytesIO(data)) as loaded:
-        return {name: loaded[name] for name in loaded.files}
-
-
-def write_partitioned_edges(writer: ShardWriter, folder: str, first: np.ndarray, second: np.ndarray,
+def write_partitioned_edges(writer: ShardWriter, producer: str, first: np.ndarray, second: np.ndarray,
                             partitions: int) -> None:  # fmt: skip
-    """Store undirected edges both ways, one file per destination partition (empty ones too)."""
+    """Store undirected edges both ways, each in its source node's partition folder (`to-PPPP/from-<producer>`)."""
     sources = np.concatenate([first, second])
     targets = np.concatenate([second, first])
-    owners = node_partition(sources, partitions)
-    order = np.argsort(owners, kind="stable")
-    bounds = np.searchsorted(owners[order], np.arange(partitions + 1))
-    for partition in range(partitions):
-        chosen = order[bounds[partition] : bounds[partition + 1]]
-        save_arrays(writer, f"{folder}/to-{partition:04d}.npz", source=sources[chosen], target=targets[chosen])
+    save_routed(writer, producer, node_partition(sources, partitions), _partition_name, source=sources, target=targets)
 
 
 def read_partition(folder: str, partition: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every edge stored for `partition` under `folder`/from-*/, deduplicated, sorted by (source, target)."""
-    fs, fs_path = storage.filesystem(folder)
-    paths = sorted(fs.glob(f"{fs_path}/from-*/to-{partition:04d}.npz"))
-    sources, targets = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for path in paths:
-        arrays = load_arrays(fs.unstrip_protocol(path) if storage.is_url(folder) else path)
-        sources.append(arrays["source"])
-        targets.append(arrays["target"])
-    source, target = np.concatenate(sources), np.concatenate(targets)
+    """Every edge stored for `partition` under `folder`, deduplicated, sorted by (source, target)."""
+    loaded = load_routed(folder, _partition_name(partition))
+    source = column(loaded, "source", np.zeros(0, np.int64))
+    target = column(loaded, "target", np.zeros(0, np.int64))
     if not len(source):
         return source, target
     pairs = np.unique(np.stack([source, target], axis=1), axis=0)
@@ -131,27 +121,30 @@ def _round_shard(payload: _RoundPayload, writer: ShardWriter) -> dict[str, int]:
     violations = count_violations(source, target) if payload.kind == "large" else 0
     star = large_star if payload.kind == "large" else small_star
     first, second = star(source, target) if len(source) else (source, target)
-    write_partitioned_edges(writer, f"from-{payload.partition:04d}", first, second, payload.partitions)
+    write_partitioned_edges(writer, _partition_name(payload.partition), first, second, payload.partitions)
     return {"rows": len(first), "edges_in": len(source), "violations": violations}
 
 
-def _run_round(work_path: str, number: int, input_folder: str, kind: str, partitions: int) -> tuple[str, int]:
+def _run_round(work_path: str, number: int, input_folder: str, kind: str, partitions: int,
+               parallelism: str) -> tuple[str, int]:  # fmt: skip
     folder = storage.join(work_path, f"round-{number:03d}-{kind}")
-    shards = [Shard(f"{p:04d}", _RoundPayload(input_folder, p, partitions, kind)) for p in range(partitions)]
-    report = run_sharded(folder, shards, _round_shard, description=f"components round {number} ({kind} star)")
+    shards = [Shard(_partition_name(p), _RoundPayload(input_folder, p, partitions, kind)) for p in range(partitions)]
+    report = run_sharded(folder, shards, _round_shard, parallelism=parallelism,
+                         description=f"components round {number} ({kind} star)")
     violations = sum(marker["stats"].get("violations", 0) for marker in report.markers.values())
     return folder, violations
 
 
-def connected_components(work_path: str, edges_folder: str, partitions: int, max_rounds: int = 64) -> str:
+def connected_components(work_path: str, edges_folder: str, partitions: int, max_rounds: int = 64,
+                         parallelism: str = "auto") -> str:  # fmt: skip
     """Run rounds until the edges under `edges_folder` form stars; returns the converged folder."""
     folder = edges_folder
     for number in range(max_rounds):
-        output, violations = _run_round(work_path, 2 * number, folder, "large", partitions)
+        output, violations = _run_round(work_path, 2 * number, folder, "large", partitions, parallelism)
         logger.info("components round %d: %d violating node(s)", number, violations)
         if violations == 0:
             return folder
-        folder, _ = _run_round(work_path, 2 * number + 1, output, "small", partitions)
+        folder, _ = _run_round(work_path, 2 * number + 1, output, "small", partitions, parallelism)
     raise ComponentsDidNotConvergeError(f"{work_path}: no convergence in {max_rounds} rounds; see its round-* folders")
 
 

@@ -3,6 +3,8 @@
 Given a tokenizer (a `train_tokenizer` output), it also reports each corpus's tokens per byte,
 which shows how well one shared vocabulary fits text of different kinds (code against prose).
 
+Bad lines are skipped by the shared document reader and reported per input (`bad_input`, `bad_samples`).
+
 Output: `stats.json` with one entry per input under "inputs" and the totals at the top level.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from executor import storage
+from steps.documents import ReadReport
 from steps.jsonl_shards import read_records
 from steps.train_tokenizer import load_tokenizer, measure
 
@@ -72,12 +75,13 @@ def _describe(
     docs = total_bytes = whitespace_tokens = 0
     sources: Counter[str] = Counter()
     words: Counter[str] = Counter()
-    for record in read_records(input_path):
+    report = ReadReport()
+    for record in read_records(input_path, report):
         text = record["text"]
         docs += 1
         total_bytes += len(text.encode("utf-8"))
         whitespace_tokens += len(text.split())
-        sources[record.get("source", "unknown")] += 1
+        sources[record["source"] or "unknown"] += 1
         words.update(_WORD.findall(text.lower()))
     described: dict[str, Any] = {
         "input_path": input_path,
@@ -85,6 +89,8 @@ def _describe(
         "docs": docs,
         "bytes": total_bytes,
         "whitespace_tokens": whitespace_tokens,
+        "bad_input": dict(report.bad),
+        "bad_samples": report.samples,
     }
     if tokenizer is not None:
         texts = (record["text"] for record in read_records(input_path))

@@ -2,18 +2,25 @@
 
 "Exact" is after light normalization: runs of whitespace collapse to one space and the ends are
 stripped, so reflowed copies still match; case and punctuation count. A paragraph is a run of
-text between blank lines; paragraphs shorter than `min_paragraph_chars` are never removed (a lone
+text between blank lines, whether lines end in "\n", "\r\n" or "\r" (spans stay offsets into the
+original text, which is written back unchanged); paragraphs shorter than `min_paragraph_chars` are never removed (a lone
 `}` or `return None` is not content worth deduplicating).
 
 Three stages, each committed shard by shard with `run_sharded`, none holding all data at once:
 
-1. hash (one shard per input file): a 64-bit xxh3 of each document and each paragraph, written
-   into `partitions` hash-range files: (hash, document key, paragraph index; -1 for the document).
-2. resolve (one shard per hash partition): sort by (hash, document key, paragraph); every entry but
-   the first of its hash is a removal, written per input file.
+1. hash (one shard per input file S): a 64-bit xxh3 of each document and each paragraph, written
+   into `partitions` hash-range files, `work/hashes/to-PPPP/from-S.npz`: (hash, document key,
+   paragraph index; -1 for the document).
+2. resolve (one shard per hash partition P, reading only its own folder): sort by (hash, document
+   key, paragraph); every entry but the first of its hash is a removal, written per input file to
+   `work/removals/to-S/from-P.npz`.
 3. rewrite (one shard per input file): drop documents removed whole; cut removed paragraphs out
    (with the blank lines after them) and record the cut character spans of the original text in
    `removed/shard-SSSSS.parquet` (id, spans); a document left empty is dropped.
+
+`partitions` defaults to a count sized from the input: a resolve shard holds ~80 bytes per entry
+(20 stored, the sort and its sorted copies), and there are at most one entry per document plus one
+per `min_paragraph_chars` of text.
 
 Output: `docs/shard-*.parquet`, `removed/shard-*.parquet`, `stats.json` with per-reason drop counts.
 """
@@ -30,11 +37,13 @@ import xxhash
 
 from executor import storage
 from executor.shards import Shard, ShardWriter, run_sharded
-from steps.connected_components import load_arrays, save_arrays
+from steps.arrays import DEFAULT_SHARD_MEMORY_BYTES, column, load_routed, partitions_for, save_routed
 from steps.documents import (
+    MEAN_DOC_BYTES_FLOOR,
     FileShard,
     ReadReport,
     doc_key,
+    estimated_documents,
     file_shards,
     flow_stats,
     list_input_files,
@@ -49,9 +58,14 @@ from steps.documents import (
 
 logger = logging.getLogger(__name__)
 
-_PARAGRAPH = re.compile(r"\S(?:[^\n]|\n(?![ \t]*\n))*")
-"""A paragraph: from a non-space character to just before the next blank line."""
+_BREAK = r"(?>\r\n|\r|\n)"
+"""A line break of any convention (atomic: "\r\n" is one break, never "\r" then "\n", i.e. never a blank line)."""
+_PARAGRAPH = re.compile(rf"\S(?:(?!{_BREAK}[ \t]*{_BREAK})[\s\S])*")
+"""A paragraph: from a non-space character to just before the next blank line, whichever the line breaks."""
 _SPACES = re.compile(r"\s+")
+RESOLVE_BYTES_PER_ENTRY = 80
+"""Working set of a resolve shard per (hash, document, paragraph) entry: 20 bytes stored, the concatenation,
+the lexsort order and the sorted copies."""
 _DOC_SEED = 0
 _PARAGRAPH_SEED = 1
 
@@ -66,8 +80,12 @@ class ExactDedupConfig:
     """Also remove repeated paragraphs (not only whole documents). Versioned."""
     min_paragraph_chars: int = 64
     """Shorter paragraphs are never removed. Versioned."""
-    partitions: int = 4
-    """Hash partitions for stage 2. Layout only."""
+    partitions: int | None = None
+    """Hash partitions for stage 2; None sizes them from the input for `shard_memory_bytes`. Layout only."""
+    shard_memory_bytes: int = DEFAULT_SHARD_MEMORY_BYTES
+    """The working set a resolve shard is sized for (see steps/README.md). Layout only."""
+    parallelism: str = "auto"
+    """How shards run: "auto" (Ray if initialized, else processes), "process" or "thread". Layout only."""
     raw_input: bool = True
     """Whether an input file with no usable document is an error (False for our own outputs)."""
 
@@ -81,12 +99,12 @@ def _hash(text: str, seed: int) -> int:
     return xxhash.xxh3_64_intdigest(_SPACES.sub(" ", text).strip(), seed=seed)
 
 
-def _hash_shard(payload: FileShard[ExactDedupConfig], writer: ShardWriter) -> dict[str, object]:
-    config = payload.config
+def _hash_shard(payload: _HashPayload, writer: ShardWriter) -> dict[str, object]:
+    config, shard_index = payload.file.config, payload.file.shard_index
     hashes, keys, paragraphs = [], [], []
     report = ReadReport()
-    for row, document in enumerate(read_documents(payload.path, report, config.raw_input)):
-        key = doc_key(payload.shard_index, row)
+    for row, document in enumerate(read_documents(payload.file.path, report, config.raw_input)):
+        key = doc_key(shard_index, row)
         hashes.append(_hash(document["text"], _DOC_SEED))
         keys.append(key)
         paragraphs.append(-1)
@@ -97,13 +115,14 @@ def _hash_shard(payload: FileShard[ExactDedupConfig], writer: ShardWriter) -> di
                     keys.append(key)
                     paragraphs.append(index)
     hash_array = np.array(hashes, dtype=np.uint64)
-    key_array, paragraph_array = np.array(keys, dtype=np.int64), np.array(paragraphs, dtype=np.int32)
-    owners = hash_array % np.uint64(config.partitions)
-    for partition in range(config.partitions):
-        chosen = owners == partition
-        save_arrays(writer, f"from-{payload.shard_index:05d}/p{partition:04d}.npz",
-                    hash=hash_array[chosen], doc=key_array[chosen], paragraph=paragraph_array[chosen])  # fmt: skip
-    return {"rows": len(hashes), "hashed_paragraphs": int(np.sum(paragraph_array >= 0))}
+    save_routed(writer, f"{shard_index:05d}", (hash_array % np.uint64(payload.partitions)).astype(np.int64),
+                _partition_name, hash=hash_array, doc=np.array(keys, dtype=np.int64),
+                paragraph=np.array(paragraphs, dtype=np.int32))  # fmt: skip
+    return {"rows": len(hashes), "hashed_paragraphs": sum(index >= 0 for index in paragraphs)}
+
+
+def _partition_name(partition: int) -> str:
+    return f"{partition:04d}"
 
 
 @dataclass(frozen=True)
@@ -113,31 +132,21 @@ class _PartitionPayload:
 
 
 def _resolve_shard(payload: _PartitionPayload, writer: ShardWriter) -> dict[str, int]:
-    fs, fs_path = storage.filesystem(payload.hashes_folder)
-    parts: dict[str, list[np.ndarray]] = {"hash": [], "doc": [], "paragraph": []}
-    for path in sorted(fs.glob(f"{fs_path}/from-*/p{payload.partition:04d}.npz")):
-        arrays = load_arrays(fs.unstrip_protocol(path) if storage.is_url(payload.hashes_folder) else path)
-        for name, values in parts.items():
-            values.append(arrays[name])
-    hashes, docs, paragraphs = (np.concatenate(parts[name]) for name in ("hash", "doc", "paragraph"))
+    loaded = load_routed(payload.hashes_folder, _partition_name(payload.partition))
+    hashes = column(loaded, "hash", np.zeros(0, np.uint64))
+    docs, paragraphs = column(loaded, "doc", np.zeros(0, np.int64)), column(loaded, "paragraph", np.zeros(0, np.int32))
     order = np.lexsort((paragraphs, docs, hashes))
     hashes, docs, paragraphs = hashes[order], docs[order], paragraphs[order]
     repeat = np.concatenate([[False], hashes[1:] == hashes[:-1]]) if len(hashes) else np.zeros(0, bool)
-    docs, paragraphs = docs[repeat], paragraphs[repeat]
-    shards = docs >> 32
-    for shard_index in np.unique(shards):
-        chosen = shards == shard_index
-        save_arrays(writer, f"from-{payload.partition:04d}/shard-{int(shard_index):05d}.npz",
-                    doc=docs[chosen], paragraph=paragraphs[chosen])  # fmt: skip
+    save_routed(writer, _partition_name(payload.partition), docs[repeat] >> np.int64(32), lambda shard: f"{shard:05d}",
+                doc=docs[repeat], paragraph=paragraphs[repeat])  # fmt: skip
     return {"rows": int(repeat.sum())}
 
 
 def _removals(folder: str, shard_index: int) -> dict[int, set[int]]:
     """Document key -> paragraph indexes to remove (-1: the whole document)."""
-    fs, fs_path = storage.filesystem(folder)
     removals: dict[int, set[int]] = {}
-    for path in sorted(fs.glob(f"{fs_path}/from-*/shard-{shard_index:05d}.npz")):
-        arrays = load_arrays(fs.unstrip_protocol(path) if storage.is_url(folder) else path)
+    for arrays in load_routed(folder, f"{shard_index:05d}"):
         for key, paragraph in zip(arrays["doc"].tolist(), arrays["paragraph"].tolist(), strict=True):
             removals.setdefault(key, set()).add(paragraph)
     return removals
@@ -187,15 +196,37 @@ def _rewrite_shard(payload: FileShard[ExactDedupConfig], writer: ShardWriter) ->
     return stats
 
 
+@dataclass(frozen=True)
+class _HashPayload:
+    file: FileShard[ExactDedupConfig]
+    partitions: int
+
+
+def _partitions(config: ExactDedupConfig, files: list[str]) -> int:
+    if config.partitions:
+        return config.partitions
+    documents = estimated_documents(files)
+    # At most one paragraph entry per `min_paragraph_chars` of text, and MEAN_DOC_BYTES_FLOOR bytes per document.
+    paragraphs = documents * MEAN_DOC_BYTES_FLOOR // config.min_paragraph_chars if config.paragraphs else 0
+    entries = documents + paragraphs
+    return partitions_for(entries, RESOLVE_BYTES_PER_ENTRY, config.shard_memory_bytes)
+
+
 def exact_dedup(config: ExactDedupConfig) -> None:
     files = list_input_files(config.input_paths)
+    partitions = _partitions(config, files)
     work = storage.join(config.output_path, "work")
     per_file = file_shards(config, files)
     hashes_folder = storage.join(work, "hashes")
-    run_sharded(hashes_folder, per_file, _hash_shard, description="exact dedup: hash")
-    partition_shards = [Shard(f"{p:04d}", _PartitionPayload(hashes_folder, p)) for p in range(config.partitions)]
-    run_sharded(storage.join(work, "removals"), partition_shards, _resolve_shard, description="exact dedup: resolve")
-    report = run_sharded(config.output_path, per_file, _rewrite_shard, description="exact dedup: rewrite")
+    hash_shards = [Shard(shard.shard_id, _HashPayload(shard.payload, partitions)) for shard in per_file]
+    run_sharded(hashes_folder, hash_shards, _hash_shard, parallelism=config.parallelism,
+                description="exact dedup: hash")  # fmt: skip
+    partition_shards = [Shard(_partition_name(p), _PartitionPayload(hashes_folder, p)) for p in range(partitions)]
+    run_sharded(storage.join(work, "removals"), partition_shards, _resolve_shard, parallelism=config.parallelism,
+                description="exact dedup: resolve")  # fmt: skip
+    report = run_sharded(config.output_path, per_file, _rewrite_shard, parallelism=config.parallelism,
+                         description="exact dedup: rewrite")  # fmt: skip
     stats = merge_stats(report)
+    stats["layout"] = {"partitions": partitions}
     stats["settings"] = {"paragraphs": config.paragraphs, "min_paragraph_chars": config.min_paragraph_chars}
     write_stats(config.output_path, stats)

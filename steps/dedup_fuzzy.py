@@ -1,16 +1,17 @@
 """Fuzzy dedup: MinHash + LSH, verified candidate pairs, connected components, keep the first of each cluster.
 
 Stages, each a set of shards committed with `run_sharded` under `work/` (so a restart redoes only
-unfinished shards of the first unfinished stage), none of which needs all data on one node:
+unfinished shards of the first unfinished stage), none of which needs all data on one node. Every
+hand-over is stored by destination (`steps/arrays.py`): a consumer lists one folder of its own.
 
-1. signatures (one shard per input file S): MinHash each document (`steps/minhash.py`) and write
-   its signatures, `work/minhash/signatures/shard-S.npz`; fold each band into a 64-bit key and
-   write, for every band and hash range, that partition's (key, document) pairs:
-   `work/minhash/buckets/from-S/bBBB-hHHH.npz`.
+1. signatures (one shard per input file S): MinHash each document (`steps/minhash.py`), streamed in
+   batches of at most `BATCH_CHARS` characters, and write its signatures,
+   `work/minhash/signatures/shard-S.npz`; fold each band into a 64-bit key and write, for every band
+   and hash range, that partition's (key, document) pairs: `work/minhash/buckets/to-bBBB-hHHH/from-S.npz`.
 2. buckets (one shard per band x hash range): sort the partition's pairs by key; documents that
    share a key are candidate pairs (all pairs of a small bucket, a star from the first document
    of a large one). Each pair goes to the input shard of its first document:
-   `work/candidates/from-bBBB-hHHH/to-S.npz`.
+   `work/candidates/to-S/from-bBBB-hHHH.npz`.
 3. verify, first side (one shard per input file S): the distinct pairs whose first document is in
    S get that document's signature attached and move on to the second document's shard T.
 4. verify, second side (one shard per input file T): each pair's Jaccard similarity is estimated
@@ -23,19 +24,26 @@ unfinished shards of the first unfinished stage), none of which needs all data o
    no shard reads more signatures than those of its own input file.
 5. components: large-star / small-star rounds over node partitions until every component is a
    star around its smallest document key, which is the first document in input order.
-6. assign (one shard per node partition): (document, cluster root) pairs, grouped by input file.
+6. assign (one shard per node partition): (document, cluster root) pairs, routed to input files.
 7. filter (one shard per input file): keep a document unless its cluster root is another
    document; write the kept documents and `clusters/shard-SSSSS.parquet` (id, cluster_id, kept)
    for every clustered document, so anyone can see which document a dropped one matched.
 
-datatrove runs stage 5 on a single CPU over all edges (their issue #106); here it is as parallel
-as stage 2. A cluster id is "SSSSS:ROW" of its root document, which is the one kept.
+"First in input order wins" is only right after quality filtering: a cluster whose first copy a
+later filter drops would be lost whole. Pipelines therefore filter first and dedup after (as
+FineWeb does; see `experiments/data_demo.py`).
+
+The hash ranges and node partitions default to counts sized from the input (`shard_memory_bytes`);
+the per-document costs are in `steps/README.md`. datatrove runs stage 5 on a single CPU over all
+edges (their issue #106); here it is as parallel as stage 2. A cluster id is "SSSSS:ROW" of its
+root document, which is the one kept.
 
 Output: `docs/shard-*.parquet`, `clusters/shard-*.parquet`, `stats.json`, `work/` (intermediate).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -44,11 +52,19 @@ import pyarrow as pa
 
 from executor import storage
 from executor.shards import Shard, ShardWriter, run_sharded
-from steps.connected_components import (
-    connected_components,
+from steps.arrays import (
+    DEFAULT_SHARD_MEMORY_BYTES,
+    column,
     load_arrays,
-    read_partition,
+    load_routed,
+    partitions_for,
     save_arrays,
+    save_routed,
+)
+from steps.connected_components import (
+    EDGE_BYTES_PER_DOCUMENT,
+    connected_components,
+    read_partition,
     star_assignments,
     write_partitioned_edges,
 )
@@ -56,6 +72,7 @@ from steps.documents import (
     FileShard,
     ReadReport,
     doc_key,
+    estimated_documents,
     file_shards,
     flow_stats,
     list_input_files,
@@ -68,9 +85,13 @@ from steps.documents import (
     write_stats,
     write_table,
 )
-from steps.minhash import MinHasher
+from steps.minhash import BATCH_CHARS, MAX_SHINGLED_CHARS, MinHasher, text_batches
 
 logger = logging.getLogger(__name__)
+
+BUCKET_BYTES_PER_DOCUMENT = 128
+"""Working set of a bucket shard per document of its band and hash range: 16 bytes stored (key,
+document), the concatenation, the sort order and sorted copies, and `bucket_pairs`' index arrays."""
 
 
 @dataclass(frozen=True)
@@ -99,43 +120,72 @@ class FuzzyDedupConfig:
     """Buckets of up to this many documents propose every pair in them for verification; larger ones
     only each document with the bucket's first (a star), to bound the pairs. A star alone loses a copy
     whose bucket's first document is some third, dissimilar one that verification rejects. Versioned."""
-    hash_ranges: int = 2
-    """Partitions of each band's key space for stage 2; more spreads wider. Layout only."""
-    node_partitions: int = 4
-    """Partitions of the document graph for stages 3 and 4. Layout only."""
-    batch_docs: int = 2000
-    """Documents MinHashed per numpy batch; memory only."""
+    max_shingled_chars: int = MAX_SHINGLED_CHARS
+    """Only a document's first this many characters are MinHashed (bounds memory on huge documents;
+    copies that differ only past it count as equal). Versioned."""
+    hash_ranges: int | None = None
+    """Partitions of each band's key space for stage 2; None sizes them from the input so that a bucket
+    shard stays under `shard_memory_bytes`. Layout only."""
+    node_partitions: int | None = None
+    """Partitions of the document graph for stages 5 and 6; None sizes them from the input. Layout only."""
+    shard_memory_bytes: int = DEFAULT_SHARD_MEMORY_BYTES
+    """The working set partition counts are sized for (see steps/README.md). Layout only."""
+    parallelism: str = "auto"
+    """How shards run: "auto" (Ray if initialized, else processes), "process" or "thread". Layout only."""
     raw_input: bool = True
     """Whether an input file with no usable document is an error (False for our own outputs)."""
 
     def hasher(self) -> MinHasher:
-        return MinHasher(n_grams=self.n_grams, bands=self.bands, rows=self.rows, seed=self.seed)
+        return MinHasher(n_grams=self.n_grams, bands=self.bands, rows=self.rows, seed=self.seed,
+                         max_chars=self.max_shingled_chars)  # fmt: skip
+
+    def layout(self, documents: int) -> tuple[int, int]:
+        """(hash ranges, node partitions) for about `documents` input documents."""
+        budget = self.shard_memory_bytes
+        hash_ranges = self.hash_ranges or partitions_for(documents, BUCKET_BYTES_PER_DOCUMENT, budget)
+        node_partitions = self.node_partitions or partitions_for(documents, EDGE_BYTES_PER_DOCUMENT, budget)
+        return hash_ranges, node_partitions
 
 
-def _signature_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> dict[str, int]:
-    config, hasher = payload.config, payload.config.hasher()
+def _shard_name(shard_index: int) -> str:
+    return f"{shard_index:05d}"
+
+
+def _bucket_name(band: int, hash_range: int) -> str:
+    return f"b{band:03d}-h{hash_range:03d}"
+
+
+@dataclass(frozen=True)
+class _SignaturePayload:
+    file: FileShard[FuzzyDedupConfig]
+    hash_ranges: int
+
+
+def _signature_shard(payload: _SignaturePayload, writer: ShardWriter) -> dict[str, int]:
+    config, shard_index = payload.file.config, payload.file.shard_index
+    hasher = config.hasher()
     report = ReadReport()
-    texts = [document["text"] for document in read_documents(payload.path, report, config.raw_input)]
-    key_parts, band_parts, signature_parts = [], [], []
-    for start in range(0, len(texts), config.batch_docs):
-        signatures, has_signature = hasher.signatures(texts[start : start + config.batch_docs])
-        rows = np.arange(start, start + len(has_signature))[has_signature]
-        key_parts.append((np.int64(payload.shard_index) << np.int64(32)) | rows.astype(np.int64))
+    texts = (document["text"][: config.max_shingled_chars]
+             for document in read_documents(payload.file.path, report, config.raw_input))  # fmt: skip
+    key_parts, band_parts, signature_parts, documents = [], [], [], 0
+    for batch in text_batches(texts, BATCH_CHARS):
+        signatures, has_signature = hasher.signatures(batch)
+        rows = np.arange(documents, documents + len(batch))[has_signature]
+        documents += len(batch)
+        key_parts.append((np.int64(shard_index) << np.int64(32)) | rows.astype(np.int64))
         band_parts.append(hasher.band_keys(signatures[has_signature]))
         signature_parts.append(signatures[has_signature])
-    keys = np.concatenate(key_parts) if key_parts else np.zeros(0, np.int64)
-    bands = np.concatenate(band_parts) if band_parts else np.zeros((0, config.bands), np.uint64)
-    permutations = config.bands * config.rows
-    all_signatures = np.concatenate(signature_parts) if signature_parts else np.zeros((0, permutations), np.uint32)
-    save_arrays(writer, f"signatures/shard-{payload.shard_index:05d}.npz", doc=keys, signature=all_signatures)
-    ranges = (bands >> np.uint64(32)) % np.uint64(config.hash_ranges)
+    keys = np.concatenate([np.zeros(0, np.int64), *key_parts])
+    bands = np.concatenate([np.zeros((0, config.bands), np.uint64), *band_parts])
+    all_signatures = np.concatenate([np.zeros((0, config.bands * config.rows), np.uint32), *signature_parts])
+    save_arrays(writer, f"signatures/shard-{_shard_name(shard_index)}.npz", doc=keys, signature=all_signatures)
+    ranges = ((bands >> np.uint64(32)) % np.uint64(payload.hash_ranges)).astype(np.int64)
     for band in range(config.bands):
-        for hash_range in range(config.hash_ranges):
-            chosen = ranges[:, band] == hash_range
-            save_arrays(writer, f"buckets/from-{payload.shard_index:05d}/b{band:03d}-h{hash_range:03d}.npz",
-                        band_key=bands[chosen, band], doc=keys[chosen])  # fmt: skip
+        save_routed(writer, _shard_name(shard_index), ranges[:, band],
+                    lambda hash_range, band=band: _bucket_name(band, hash_range), folder="buckets",
+                    band_key=bands[:, band], doc=keys)  # fmt: skip
     stats = flow_stats(report, 0, 0)
-    stats["docs_without_signature"] = int(len(texts) - len(keys))
+    stats["docs_without_signature"] = int(documents - len(keys))
     return stats
 
 
@@ -147,14 +197,11 @@ class _BucketPayload:
 
 
 def _bucket_shard(payload: _BucketPayload, writer: ShardWriter) -> dict[str, int]:
-    band_keys, docs = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
-    for arrays in _load_matching(payload.buckets_folder, f"from-*/{payload.partition}.npz"):
-        band_keys.append(arrays["band_key"])
-        docs.append(arrays["doc"])
-    band_key, doc = np.concatenate(band_keys), np.concatenate(docs)
+    loaded = load_routed(payload.buckets_folder, payload.partition)
+    band_key, doc = column(loaded, "band_key", np.zeros(0, np.uint64)), column(loaded, "doc", np.zeros(0, np.int64))
     order = np.lexsort((doc, band_key))
     earlier, later = bucket_pairs(band_key[order], doc[order], payload.all_pairs_up_to)
-    _save_by_shard(writer, f"from-{payload.partition}", earlier, earlier, later)
+    save_routed(writer, payload.partition, earlier >> np.int64(32), _shard_name, first=earlier, second=later)
     return {"rows": len(earlier)}
 
 
@@ -174,34 +221,18 @@ def bucket_pairs(band_key: np.ndarray, doc: np.ndarray, all_pairs_up_to: int) ->
     return doc[earlier], doc[later]
 
 
-def _load_matching(folder: str, pattern: str) -> list[dict[str, np.ndarray]]:
-    """The arrays of every file under `folder` matching `pattern`, in name order."""
-    fs, fs_path = storage.filesystem(folder)
-    paths = sorted(fs.glob(f"{fs_path}/{pattern}"))
-    return [load_arrays(fs.unstrip_protocol(path) if storage.is_url(folder) else path) for path in paths]
-
-
-def _save_by_shard(writer: ShardWriter, folder: str, route_by: np.ndarray, first: np.ndarray, second: np.ndarray,
-                   **columns: np.ndarray) -> None:  # fmt: skip
-    """Write pairs to `folder/to-SSSSS.npz`, S being the input shard of `route_by` (empty files are not written)."""
-    shards = route_by >> np.int64(32)
-    for shard_index in np.unique(shards):
-        chosen = shards == shard_index
-        save_arrays(writer, f"{folder}/to-{int(shard_index):05d}.npz", first=first[chosen], second=second[chosen],
-                    **{name: values[chosen] for name, values in columns.items()})  # fmt: skip
-
-
 @dataclass(frozen=True)
 class _VerifyPayload:
     config: FuzzyDedupConfig
     shard_index: int
     pairs_folder: str
-    """Where the pairs routed to this shard are (`*/to-SSSSS.npz`)."""
+    """The stage folder whose `to-SSSSS/` holds the pairs routed to this shard."""
+    node_partitions: int
 
 
 def _signatures_of(config: FuzzyDedupConfig, shard_index: int, keys: np.ndarray) -> np.ndarray:
     """The MinHash signatures of `keys`, documents of input shard `shard_index`."""
-    path = storage.join(config.output_path, "work", "minhash", "signatures", f"shard-{shard_index:05d}.npz")
+    path = storage.join(config.output_path, "work", "minhash", "signatures", f"shard-{_shard_name(shard_index)}.npz")
     stored = load_arrays(path)
     rows = np.searchsorted(stored["doc"], keys)
     if len(keys) and not np.array_equal(stored["doc"][np.minimum(rows, len(stored["doc"]) - 1)], keys):
@@ -210,30 +241,31 @@ def _signatures_of(config: FuzzyDedupConfig, shard_index: int, keys: np.ndarray)
     return stored["signature"][rows]
 
 
+def _pairs_for(payload: _VerifyPayload) -> tuple[list[dict[str, np.ndarray]], np.ndarray, np.ndarray]:
+    loaded = load_routed(payload.pairs_folder, _shard_name(payload.shard_index))
+    empty = np.zeros(0, np.int64)
+    return loaded, column(loaded, "first", empty), column(loaded, "second", empty)
+
+
 def _verify_first_shard(payload: _VerifyPayload, writer: ShardWriter) -> dict[str, int]:
     """Distinct pairs whose first document is in this shard, with its signature, routed to the second's shard."""
-    loaded = _load_matching(payload.pairs_folder, f"*/to-{payload.shard_index:05d}.npz")
-    first = np.concatenate([np.zeros(0, np.int64)] + [arrays["first"] for arrays in loaded])
-    second = np.concatenate([np.zeros(0, np.int64)] + [arrays["second"] for arrays in loaded])
+    _loaded, first, second = _pairs_for(payload)
     pairs = np.unique(np.stack([first, second], axis=1), axis=0) if len(first) else np.zeros((0, 2), np.int64)
     signature = _signatures_of(payload.config, payload.shard_index, pairs[:, 0])
-    _save_by_shard(writer, f"from-{payload.shard_index:05d}", pairs[:, 1], pairs[:, 0], pairs[:, 1],
-                   first_signature=signature)  # fmt: skip
+    save_routed(writer, _shard_name(payload.shard_index), pairs[:, 1] >> np.int64(32), _shard_name,
+                first=pairs[:, 0], second=pairs[:, 1], first_signature=signature)  # fmt: skip
     return {"rows": len(pairs), "candidate_pairs": len(pairs)}
 
 
 def _verify_second_shard(payload: _VerifyPayload, writer: ShardWriter) -> dict[str, int]:
     """Keep the pairs whose second document is in this shard and whose MinHash similarity is high enough."""
     config = payload.config
-    loaded = _load_matching(payload.pairs_folder, f"*/to-{payload.shard_index:05d}.npz")
-    first = np.concatenate([np.zeros(0, np.int64)] + [arrays["first"] for arrays in loaded])
-    second = np.concatenate([np.zeros(0, np.int64)] + [arrays["second"] for arrays in loaded])
-    first_signature = np.concatenate([np.zeros((0, config.bands * config.rows), np.uint32)]
-                                     + [arrays["first_signature"] for arrays in loaded])  # fmt: skip
+    loaded, first, second = _pairs_for(payload)
+    first_signature = column(loaded, "first_signature", np.zeros((0, config.bands * config.rows), np.uint32))
     similarity = np.mean(first_signature == _signatures_of(config, payload.shard_index, second), axis=1)
     kept = similarity >= config.jaccard_threshold
-    write_partitioned_edges(writer, f"from-{payload.shard_index:05d}", first[kept], second[kept],
-                            config.node_partitions)  # fmt: skip
+    write_partitioned_edges(writer, _shard_name(payload.shard_index), first[kept], second[kept],
+                            payload.node_partitions)  # fmt: skip
     return {"rows": int(kept.sum()), "verified_pairs": int(kept.sum()), "rejected_pairs": int((~kept).sum())}
 
 
@@ -246,11 +278,7 @@ class _AssignPayload:
 def _assign_shard(payload: _AssignPayload, writer: ShardWriter) -> dict[str, int]:
     source, target = read_partition(payload.components_folder, payload.partition)
     nodes, roots = star_assignments(source, target)
-    shards = nodes >> 32
-    for shard_index in np.unique(shards):
-        chosen = shards == shard_index
-        save_arrays(writer, f"from-{payload.partition:04d}/shard-{int(shard_index):05d}.npz",
-                    doc=nodes[chosen], root=roots[chosen])  # fmt: skip
+    save_routed(writer, f"{payload.partition:04d}", nodes >> 32, _shard_name, doc=nodes, root=roots)
     return {"rows": len(nodes), "clustered_docs": len(nodes), "dropped": int(np.sum(nodes != roots))}
 
 
@@ -260,11 +288,9 @@ def _cluster_id(key: int) -> str:
 
 
 def _filter_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> dict[str, object]:
-    assign_folder = storage.join(payload.config.output_path, "work", "assign")
-    fs, fs_path = storage.filesystem(assign_folder)
+    loaded = load_routed(storage.join(payload.config.output_path, "work", "assign"), _shard_name(payload.shard_index))
     roots: dict[int, int] = {}
-    for path in sorted(fs.glob(f"{fs_path}/from-*/shard-{payload.shard_index:05d}.npz")):
-        arrays = load_arrays(fs.unstrip_protocol(path) if storage.is_url(assign_folder) else path)
+    for arrays in loaded:
         roots.update(zip(arrays["doc"].tolist(), arrays["root"].tolist(), strict=True))
     report = ReadReport()
     kept, clustered = [], []
@@ -277,56 +303,74 @@ def _filter_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> 
             kept.append(document)
     write_table(writer, shard_file(payload.shard_index), to_table(kept))
     cluster_schema = pa.schema([("id", pa.string()), ("cluster_id", pa.string()), ("kept", pa.bool_())])
-    write_table(writer, f"clusters/shard-{payload.shard_index:05d}.parquet",
-                pa.Table.from_pylist(clustered, schema=cluster_schema))  # fmt: skip
+    clusters = pa.Table.from_pylist(clustered, schema=cluster_schema)
+    write_table(writer, f"clusters/shard-{_shard_name(payload.shard_index)}.parquet", clusters)
     stats = flow_stats(report, len(kept), text_bytes(document["text"] for document in kept))
     stats["dropped"] = {"fuzzy_duplicate": report.docs - len(kept)}
     return stats
 
 
-def _verify(config: FuzzyDedupConfig, files: int, candidates_folder: str) -> tuple[str, dict[str, int]]:
+def _verify(config: FuzzyDedupConfig, files: int, candidates_folder: str, node_partitions: int
+            ) -> tuple[str, dict[str, int]]:  # fmt: skip
     """Stages 3 and 4; returns the folder of verified edges and the pair counts."""
     work = storage.join(config.output_path, "work")
     routed_folder, edges_folder = storage.join(work, "verify-first"), storage.join(work, "edges")
-    first_shards = [Shard(f"{i:05d}", _VerifyPayload(config, i, candidates_folder)) for i in range(files)]
-    routed = run_sharded(routed_folder, first_shards, _verify_first_shard, description="verify pairs (first side)")
-    second_shards = [Shard(f"{i:05d}", _VerifyPayload(config, i, routed_folder)) for i in range(files)]
-    verified = run_sharded(edges_folder, second_shards, _verify_second_shard, description="verify pairs (second side)")
+    first_shards = [Shard(_shard_name(i), _VerifyPayload(config, i, candidates_folder, node_partitions))
+                    for i in range(files)]  # fmt: skip
+    routed = run_sharded(routed_folder, first_shards, _verify_first_shard, parallelism=config.parallelism,
+                         description="verify pairs (first side)")  # fmt: skip
+    second_shards = [Shard(_shard_name(i), _VerifyPayload(config, i, routed_folder, node_partitions))
+                     for i in range(files)]  # fmt: skip
+    verified = run_sharded(edges_folder, second_shards, _verify_second_shard, parallelism=config.parallelism,
+                           description="verify pairs (second side)")  # fmt: skip
     counts = {"candidate_pairs": sum(marker["stats"]["candidate_pairs"] for marker in routed.markers.values())}
     for name in ("verified_pairs", "rejected_pairs"):
         counts[name] = sum(marker["stats"][name] for marker in verified.markers.values())
     return edges_folder, counts
 
 
+def _candidates(config: FuzzyDedupConfig, files: list[str], hash_ranges: int) -> tuple[str, int]:
+    """Stages 1 and 2; returns the folder of candidate pairs and how many documents had no signature."""
+    work = storage.join(config.output_path, "work")
+    minhash_folder, candidates_folder = storage.join(work, "minhash"), storage.join(work, "candidates")
+    signature_shards = [Shard(shard.shard_id, _SignaturePayload(shard.payload, hash_ranges))
+                        for shard in file_shards(config, files)]  # fmt: skip
+    signed = run_sharded(minhash_folder, signature_shards, _signature_shard, parallelism=config.parallelism,
+                         description="minhash signatures")  # fmt: skip
+    buckets_folder = storage.join(minhash_folder, "buckets")
+    partitions = itertools.starmap(_bucket_name, itertools.product(range(config.bands), range(hash_ranges)))
+    pairs_up_to = config.all_pairs_bucket_size
+    bucket_shards = [Shard(name, _BucketPayload(buckets_folder, name, pairs_up_to)) for name in partitions]
+    run_sharded(candidates_folder, bucket_shards, _bucket_shard, parallelism=config.parallelism,
+                description="lsh buckets")  # fmt: skip
+    unsigned = sum(marker["stats"]["docs_without_signature"] for marker in signed.markers.values())
+    return candidates_folder, unsigned
+
+
 def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
     if not 0 <= config.jaccard_threshold <= 1:
         raise ValueError(f"jaccard_threshold must be in [0, 1], got {config.jaccard_threshold}")
     files = list_input_files(config.input_paths)
+    hash_ranges, node_partitions = config.layout(estimated_documents(files))
     work = storage.join(config.output_path, "work")
-    per_file = file_shards(config, files)
-    minhash_folder = storage.join(work, "minhash")
-    signature_report = run_sharded(minhash_folder, per_file, _signature_shard, description="minhash signatures")
-    partitions = [f"b{band:03d}-h{hash_range:03d}" for band in range(config.bands)
-                  for hash_range in range(config.hash_ranges)]  # fmt: skip
-    buckets_folder = storage.join(minhash_folder, "buckets")
-    candidates_folder = storage.join(work, "candidates")
-    bucket_shards = [Shard(name, _BucketPayload(buckets_folder, name, config.all_pairs_bucket_size))
-                     for name in partitions]  # fmt: skip
-    run_sharded(candidates_folder, bucket_shards, _bucket_shard, description="lsh buckets")
-    edges_folder, pair_counts = _verify(config, len(files), candidates_folder)
-    converged = connected_components(storage.join(work, "components"), edges_folder, config.node_partitions)
-    assign_shards = [Shard(f"{p:04d}", _AssignPayload(converged, p)) for p in range(config.node_partitions)]
-    run_sharded(storage.join(work, "assign"), assign_shards, _assign_shard, description="cluster assignment")
-    filter_report = run_sharded(config.output_path, per_file, _filter_shard, description="fuzzy filter")
+    candidates_folder, unsigned = _candidates(config, files, hash_ranges)
+    edges_folder, pair_counts = _verify(config, len(files), candidates_folder, node_partitions)
+    converged = connected_components(storage.join(work, "components"), edges_folder, node_partitions,
+                                     parallelism=config.parallelism)  # fmt: skip
+    assign_shards = [Shard(f"{p:04d}", _AssignPayload(converged, p)) for p in range(node_partitions)]
+    run_sharded(storage.join(work, "assign"), assign_shards, _assign_shard, parallelism=config.parallelism,
+                description="cluster assignment")  # fmt: skip
+    filter_report = run_sharded(config.output_path, file_shards(config, files), _filter_shard,
+                                parallelism=config.parallelism, description="fuzzy filter")  # fmt: skip
     stats = merge_stats(filter_report)
     stats.update(pair_counts)
-    stats["docs_without_signature"] = sum(
-        marker["stats"]["docs_without_signature"] for marker in signature_report.markers.values()
-    )
+    stats["docs_without_signature"] = unsigned
+    stats["layout"] = {"hash_ranges": hash_ranges, "node_partitions": node_partitions}
     stats["settings"] = {
         "n_grams": config.n_grams,
         "bands": config.bands,
         "rows": config.rows,
         "jaccard_threshold": config.jaccard_threshold,
+        "max_shingled_chars": config.max_shingled_chars,
     }
     write_stats(config.output_path, stats)

@@ -6,10 +6,18 @@ recursively) or a glob. Each document has a string `id` and `text`, and optional
 schema `SCHEMA`; `metadata` is stored as JSON text so the schema never depends on the data.
 
 Bad input is counted, sampled and reported, never silently passed on or dropped: a line that is
-not valid UTF-8 (`invalid_utf8`), not a JSON object (`malformed_json`), without a string `text`
-(`missing_text`) or whose text is only whitespace (`empty_text`). `ReadReport` keeps the counts
-and the first few samples (file, line, reason, excerpt), which end up in the step's stats.json.
-A raw input file whose lines are all bad, or which has no line at all, is an error naming it.
+not valid UTF-8 (`invalid_utf8`), not a JSON object (`malformed_json`), nested too deeply for the
+parser (`json_too_deep`), without a string `text` (`missing_text`) or `id` (`missing_id`), whose
+text is only whitespace (`empty_text`), or whose strings hold half of a UTF-16 surrogate pair,
+which JSON can spell (`"\ud800"`) but no UTF-8 writer accepts (`lone_surrogate`). A `.gz`/`.zst`
+file that ends early (`truncated_file`) or turns to garbage (`corrupt_file`) keeps every complete
+line before that point. `ReadReport` keeps the counts and the first few samples (file, line,
+reason, excerpt), which end up in the step's stats.json. A raw input file whose lines are all bad,
+or which has no line at all, is an error naming it. Compressed files are decompressed in chunks
+and split into lines as they go, so a file's text is never whole in memory twice.
+
+This is the one reader of documents: `steps/jsonl_shards.read_records` (corpus stats, tokenizer
+training) goes through it too.
 
 Documents are ordered by (input file in sorted order, line): `doc_key(shard, row)` packs that
 order into one int64, so "keep the first occurrence" means "keep the smallest key" everywhere.
@@ -18,12 +26,12 @@ order into one int64, so "keep the first occurrence" means "keep the smallest ke
 from __future__ import annotations
 
 import builtins
-import gzip
 import io
 import json
 import logging
+import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +55,8 @@ SCHEMA = pa.schema(
 DOCS_DIR = "docs"
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".parquet")
 MAX_SAMPLES = 5
+_CHUNK = 1 << 18
+"""Compressed input is decompressed this many bytes at a time, so a file's text is never whole in memory."""
 BYTES_PER_TOKEN = 4
 """A tokens estimate for stats: about four bytes of English text per BPE token."""
 
@@ -115,6 +125,25 @@ def list_input_files(input_paths: str | Sequence[str]) -> list[str]:
     return found
 
 
+MEAN_DOC_BYTES_FLOOR = 500
+"""Partition counts are sized assuming documents average at least this much text. Web text averages
+2-4 KB and source files more, so this over-provisions partitions a few times: more, smaller files,
+never a shard over its memory budget."""
+_EXPANSION = {".gz": 4, ".zst": 4, ".parquet": 3}
+"""How much text a byte of each compressed format holds, roughly (zstd/gzip on text: 3-5x)."""
+
+
+def estimated_documents(files: Sequence[str]) -> int:
+    """An upper estimate of the documents in `files`, from their sizes alone (read before any shard runs)."""
+    if not files:
+        return 0
+    fs, _ = storage.filesystem(files[0])
+    sizes = fs.sizes(list(files))
+    text_bytes = sum(int(size or 0) * _EXPANSION.get("." + path.rsplit(".", 1)[-1], 1)
+                     for path, size in zip(files, sizes, strict=True))  # fmt: skip
+    return max(1, text_bytes // MEAN_DOC_BYTES_FLOOR)
+
+
 def _unstrip(input_path: str, fs: Any, name: str) -> str:
     return fs.unstrip_protocol(name) if storage.is_url(input_path) else name
 
@@ -142,26 +171,76 @@ def read_documents(path: str, report: ReadReport, raw: bool = True) -> Iterator[
         raise BadInputError(f"input file {path} has no usable document: {what}; samples: {report.samples[:3]}")
 
 
-def _open_bytes(path: str) -> bytes:
+def _raw_bytes(path: str) -> bytes:
     data = storage.read_bytes(path)
     if data is None:
         raise FileNotFoundError(f"input file {path} is gone (listed, then missing)")
-    if path.endswith(".gz"):
-        return gzip.decompress(data)
-    if path.endswith(".zst"):
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
-            return reader.read()
     return data
 
 
+class _DamagedArchiveError(Exception):
+    """A compressed file that ends early (`truncated_file`) or holds garbage (`corrupt_file`)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _stream_frames(data: bytes, new_frame: Callable[[], Any], errors: tuple[type[Exception], ...]) -> Iterator[bytes]:
+    """Decompressed chunks of concatenated frames (gzip members, zstd frames), fed `_CHUNK` bytes at a time;
+    everything readable comes out before a cut or damaged frame raises `_DamagedArchiveError`."""
+    view, start = memoryview(data), 0
+    try:
+        while start < len(view):
+            frame, position = new_frame(), start
+            while not frame.eof and position < len(view):
+                yield frame.decompress(view[position : position + _CHUNK])
+                position = min(position + _CHUNK, len(view))
+            if not frame.eof:
+                raise _DamagedArchiveError("truncated_file", "the compressed stream ends inside a frame")
+            start = position - len(frame.unused_data)
+    except errors as error:
+        raise _DamagedArchiveError("corrupt_file", str(error)) from error
+
+
+def _decompressed_chunks(path: str) -> Iterator[bytes]:
+    data = _raw_bytes(path)
+    if path.endswith(".gz"):
+        return _stream_frames(data, lambda: zlib.decompressobj(wbits=31), (zlib.error,))
+    if path.endswith(".zst"):
+        return _stream_frames(data, zstandard.ZstdDecompressor().decompressobj, (zstandard.ZstdError,))
+    return iter([data])
+
+
+def _numbered_lines(path: str, report: ReadReport) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a JSONL file, streamed; a damaged archive keeps its complete lines."""
+    pending, number = b"", 0
+    try:
+        for chunk in _decompressed_chunks(path):
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                number += 1
+                yield number, line
+    except _DamagedArchiveError as error:
+        # The last, unterminated line is where the archive was cut: not a document.
+        report.reject(path, number + 1, error.reason, f"{error} (after {number} complete lines)")
+        return
+    if pending:
+        yield number + 1, pending
+
+
 def _read_jsonl(path: str, report: ReadReport) -> Iterator[dict[str, Any]]:
-    for number, line in enumerate(_open_bytes(path).split(b"\n"), start=1):
+    for number, line in _numbered_lines(path, report):
         if not line.strip():
             continue
         try:
             record = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError:
             report.reject(path, number, "invalid_utf8", line)
+            continue
+        except RecursionError:
+            report.reject(path, number, "json_too_deep", line)
             continue
         except ValueError:
             report.reject(path, number, "malformed_json", line)
@@ -172,7 +251,7 @@ def _read_jsonl(path: str, report: ReadReport) -> Iterator[dict[str, Any]]:
 
 
 def _read_parquet(path: str, report: ReadReport) -> Iterator[dict[str, Any]]:
-    table = pq.read_table(io.BytesIO(_open_bytes(path)))
+    table = pq.read_table(io.BytesIO(_raw_bytes(path)))
     columns = set(table.column_names)
     for number, record in enumerate(table.to_pylist(), start=1):
         metadata = record.get("metadata")
@@ -198,11 +277,18 @@ def _validate(record: Any, path: str, number: int, report: ReadReport, raw: byte
     if doc_id is None:
         report.reject(path, number, "missing_id", raw)
         return None
+    source = None if record.get("source") is None else str(record["source"])
+    try:
+        # JSON may spell half of a surrogate pair ("\\ud800"): a str that no UTF-8 writer accepts.
+        text_size = len(text.encode("utf-8"))
+        for value in (str(doc_id), source or ""):
+            value.encode("utf-8")
+    except UnicodeEncodeError:
+        report.reject(path, number, "lone_surrogate", raw)
+        return None
     report.docs += 1
-    report.bytes += len(text.encode("utf-8"))
-    source = record.get("source")
-    return {"id": str(doc_id), "text": text, "source": None if source is None else str(source),
-            "metadata": record.get("metadata")}  # fmt: skip
+    report.bytes += text_size
+    return {"id": str(doc_id), "text": text, "source": source, "metadata": record.get("metadata")}
 
 
 def to_table(documents: Iterable[dict[str, Any]]) -> pa.Table:
@@ -280,4 +366,4 @@ def write_stats(output_path: str, stats: dict[str, Any]) -> None:
 
 def read_shard_table(path: str) -> pa.Table:
     """One of our own Parquet shards, whole (shards are sized to fit a worker's memory)."""
-    return pq.read_table(io.BytesIO(_open_bytes(path)))
+    return pq.read_table(io.BytesIO(_raw_bytes(path)))

@@ -47,7 +47,7 @@ import xxhash
 
 from executor import storage
 from executor.shards import Shard, ShardWriter, run_sharded
-from steps.connected_components import load_arrays, save_arrays
+from steps.arrays import load_arrays, save_arrays
 from steps.documents import (
     ReadReport,
     flow_stats,

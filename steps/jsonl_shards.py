@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from executor import storage
+from steps.documents import ReadReport, read_documents
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +58,12 @@ def list_shards(input_path: str) -> list[str]:
     return [storage.join(input_path, name) for _index, name in sorted(numbered)]
 
 
-def read_records(input_path: str) -> Iterator[dict[str, Any]]:
-    """Every record of every shard under `input_path`, in order, one shard in memory at a time."""
+def read_records(input_path: str, report: ReadReport | None = None) -> Iterator[dict[str, Any]]:
+    """Every document (`id`, `text`, `source`, `metadata`) of every shard under `input_path`, in order,
+    through the one document reader (`steps/documents.py`): bad lines are counted in `report`, not raised."""
+    report = report if report is not None else ReadReport()
     for path in list_shards(input_path):
-        data = storage.read_bytes(path)
-        if data is None:
-            raise FileNotFoundError(f"{path} was listed but is gone; was the corpus deleted while being read?")
-        for line in gzip.decompress(data).decode("utf-8").splitlines():
-            if line:
-                yield json.loads(line)
+        yield from read_documents(path, report, raw=False)
 
 
 def read_texts(input_paths: Iterable[str]) -> Iterator[str]:

@@ -17,17 +17,23 @@ Here a whole batch of documents is normalized with C-level string methods (`lowe
 4. band keys: each band's rows are folded into one 64-bit key; documents that share a key in
    any band are LSH candidates.
 
-Normalization follows datatrove's `simplify_text`: lower case, digit runs to "0", punctuation
-and symbols removed, whitespace collapsed. (Diacritics are kept; NFKD per document is costly.)
+Normalization follows datatrove's `simplify_text`: lower case, digit runs to "0", punctuation and
+symbols to spaces (so `state-of-the-art` is four words and `x=1+2` is `x 0 0`), diacritics folded
+(NFD, combining marks dropped: `café` and `cafe\u0301` are `cafe`). It is one `str.translate` whose
+table fills itself per code point on first sight, so folding costs no NFD pass per document.
+
+A document's shingled text is capped (`MinHasher.max_chars`, 500k characters as in Marin): the
+shingling arrays cost about 48 bytes per character, so callers also cut their documents into
+batches of at most `BATCH_CHARS` characters (`text_batches`), which bounds a worker's peak at
+about 48 x 4 MB = 200 MB whatever the file size.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,22 +44,54 @@ _MASK64 = (1 << 64) - 1
 _SEED_CONSTANTS = 0x5EED
 
 
-@functools.cache
-def _translate_table() -> dict[int, int | None]:
-    """Punctuation and symbols deleted, every kind of whitespace (and separators) to a space."""
-    table: dict[int, int | None] = {}
-    for code in range(sys.maxunicode + 1):
-        category = unicodedata.category(chr(code))
-        if category[0] in "PS":
-            table[code] = None
-        elif category[0] == "Z" or chr(code).isspace():
-            table[code] = 0x20
-    return table
+MAX_SHINGLED_CHARS = 500_000
+"""Default cap on the characters of one document that are shingled (Marin's)."""
+BATCH_CHARS = 4_000_000
+"""Characters shingled at once: peak memory is about 48 bytes per character."""
+
+
+def _fold(char: str) -> int | str | None:
+    """What `char` becomes: a space for punctuation, symbols and separators, nothing for a combining mark,
+    its letters without marks for a precomposed letter (NFD), else itself."""
+    category = unicodedata.category(char)
+    if category[0] in "PSZ" or char.isspace():
+        return 0x20
+    if category == "Mn":
+        return None
+    folded = "".join(part for part in unicodedata.normalize("NFD", char) if unicodedata.category(part) != "Mn")
+    return folded if folded != char else ord(char)
+
+
+class _FoldTable(dict[int, int | str | None]):
+    """`str.translate`'s table, filled per code point on first sight: building it for all 1.1M code points
+    would cost seconds in every worker process."""
+
+    def __missing__(self, code: int) -> int | str | None:
+        value = self[code] = _fold(chr(code))
+        return value
+
+
+_FOLD = _FoldTable()
 
 
 def normalize(text: str) -> str:
-    """Lower case, digits to 0, no punctuation, all whitespace as spaces (no newlines left)."""
-    return _NUMBERS.sub("0", text.lower()).translate(_translate_table())
+    """Lower case, digit runs to 0, punctuation and symbols to spaces, diacritics folded, whitespace as spaces
+    (runs are not collapsed: word splitting skips them)."""
+    return _NUMBERS.sub("0", text.lower()).translate(_FOLD)
+
+
+def text_batches(texts: Iterable[str], max_chars: int = BATCH_CHARS) -> Iterator[list[str]]:
+    """Consecutive texts grouped so that a batch holds at most `max_chars` characters (or one longer text)."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        if batch and size + len(text) > max_chars:
+            yield batch
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    if batch:
+        yield batch
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -121,6 +159,8 @@ class MinHasher:
     bands: int = 14
     rows: int = 8
     seed: int = 1
+    max_chars: int = MAX_SHINGLED_CHARS
+    """Only a document's first `max_chars` characters are shingled."""
 
     @functools.cached_property
     def _parameters(self) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +171,7 @@ class MinHasher:
 
     def signatures(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(uint32 signatures of shape (docs, bands * rows), bool mask of docs that have one)."""
-        hashes, offsets = shingles(texts, self.n_grams)
+        hashes, offsets = shingles([text[: self.max_chars] for text in texts], self.n_grams)
         has_shingles = offsets[1:] > offsets[:-1]
         starts = offsets[:-1][has_shingles]
         multipliers, increments = self._parameters
