@@ -19,6 +19,7 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+from executor import storage
 from executor.errors import ConfigError
 from executor.step_runner import StepResult, StepTask, StopSignal, run_step
 from executor.step_spec import ResourceConfig
@@ -30,6 +31,8 @@ BACKENDS = ("local", "ray")
 
 class Backend(Protocol):
     name: str
+    max_in_flight: int | None
+    """Steps submitted at once; None: no cap (the cluster's resources decide)."""
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]: ...
 
@@ -39,11 +42,17 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def default_local_concurrency() -> int:
+    """Steps at once on this machine when the user sets none: steps often wait on I/O, so at least 4."""
+    return max(4, os.cpu_count() or 1)
+
+
 class LocalBackend:
     name = "local"
 
-    def __init__(self, max_concurrent: int):
-        self._pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="executor-step")
+    def __init__(self, max_concurrent: int | None):
+        self.max_in_flight: int | None = max_concurrent or default_local_concurrency()
+        self._pool = ThreadPoolExecutor(max_workers=self.max_in_flight, thread_name_prefix="executor-step")
         self._stop = StopSignal()
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
@@ -114,9 +123,12 @@ def _run_step_in_ray(task: StepTask) -> StepResult:
 class RayBackend:
     name = "ray"
 
-    def __init__(self, max_concurrent: int):
+    def __init__(self, max_concurrent: int | None):
         import ray
 
+        # The driver's CPUs say nothing about the cluster's: by default every ready step is
+        # submitted and Ray runs as many as the cluster's resources allow.
+        self.max_in_flight = max_concurrent
         ensure_ray()
         self._ray = ray
         self._remote = ray.remote(_run_step_in_ray)
@@ -137,7 +149,8 @@ class RayBackend:
         """Ray stays up for the rest of the process; it shuts itself down at exit."""
 
 
-def check_backend(name: str, prefix: str) -> None:
+def check_backend(name: str, prefix: str, shared_filesystem: bool = False) -> None:
+    """Refuse a backend that cannot see `prefix` the same way from every worker."""
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if name == "ray" and prefix.startswith("memory://"):
@@ -145,9 +158,22 @@ def check_backend(name: str, prefix: str) -> None:
             f"prefix {prefix} lives in this process's memory, which Ray workers cannot see; "
             "use a local folder, gs:// or s3:// with the ray backend"
         )
+    address = os.environ.get("RAY_ADDRESS")
+    if name == "ray" and address and _on_local_disk(prefix) and not shared_filesystem:
+        raise ConfigError(
+            f"prefix {prefix} is a folder on this machine's disk, but --backend ray with RAY_ADDRESS={address} runs "
+            "steps on the cluster's nodes: each node would write outputs, statuses and leases to its own disk, "
+            "so steps would run twice and outputs would be split across nodes. Use an object-store prefix "
+            "(gs://..., s3://...), or, if this folder is mounted on every node (NFS, a shared volume), pass "
+            "--shared_filesystem true (Executor(..., shared_filesystem=True))"
+        )
 
 
-def make_backend(name: str, max_concurrent: int) -> Backend:
+def _on_local_disk(prefix: str) -> bool:
+    return not storage.is_url(prefix) or prefix.startswith(("file://", "local://"))
+
+
+def make_backend(name: str, max_concurrent: int | None) -> Backend:
     if name == "ray":
         return RayBackend(max_concurrent)
     return LocalBackend(max_concurrent)

@@ -13,61 +13,47 @@ at once: leases make each step run exactly once (see lease.py).
 from __future__ import annotations
 
 import logging
-import os
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from executor import storage
 from executor.backends import check_backend, make_backend
 from executor.errors import StepFailedError
 from executor.explain import ExplainReport, explain
-from executor.lease import Lease, LeaseSettings, new_worker_id
+from executor.lease import LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
 from executor.records import experiment_file_name, experiment_record, info_path, step_info
 from executor.retry import DEFAULT_RETRY
 from executor.scheduler import schedule
-from executor.status import (
-    LOG_FILE,
-    StatusEvent,
-    StepStatus,
-    append_event,
-    create_initial_status,
-    now_iso,
-    read_many_events,
-)
-from executor.step_runner import Outcome, StepResult, StepTask
-from executor.step_spec import ExecutorStep
+from executor.selection import Decision, select
+from executor.status import LOG_FILE, StatusEvent, StepStatus, create_initial_status, now_iso
+from executor.step_runner import Outcome, StepResult, StepTask, record_dep_failed
+from executor.step_spec import ExecutorStep, InputName
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What this run will do with one selected step, and why."""
-
-    planned: PlannedStep
-    action: str
-    """"run", "skip" or "wait" (another worker holds it; this one waits, or takes over a stale lease)."""
-    reason: str
-    force: bool = False
-    drift: bool = False
-    fresh: bool = False
-    """The step has no status history yet (it never ran under this prefix)."""
-
-
 class Executor:
-    def __init__(self, prefix: str, executor_info_base_path: str | None = None, backend: str = "local"):
+    def __init__(
+        self,
+        prefix: str,
+        executor_info_base_path: str | None = None,
+        backend: str = "local",
+        shared_filesystem: bool = False,
+    ):
+        """`shared_filesystem=True` vouches that a local-disk `prefix` is mounted on every node of the
+        Ray cluster (NFS, a shared volume); without it, `backend="ray"` with `RAY_ADDRESS` set needs an
+        object-store prefix."""
         self.prefix = storage.make_absolute(prefix)
         if not storage.is_url(prefix) and self.prefix != prefix:
             logger.info("prefix %r is relative; using the absolute path %s", prefix, self.prefix)
         self.executor_info_base_path = storage.make_absolute(
             executor_info_base_path or storage.join(self.prefix, "experiments")
         )
-        check_backend(backend, self.prefix)
+        check_backend(backend, self.prefix, shared_filesystem)
         self.backend = backend
+        self.shared_filesystem = shared_filesystem
         self.lease_settings = LeaseSettings.from_env()
         self.worker_id = new_worker_id()
         self.plan: Plan | None = None
@@ -93,78 +79,6 @@ class Executor:
             self.version_strs[step] = planned.version_str
             self.configs[step] = planned.config
 
-    @staticmethod
-    def _matching(plan_steps: Sequence[PlannedStep], patterns: Sequence[str], what: str) -> list[PlannedStep]:
-        matched: dict[PlannedStep, None] = {}
-        for pattern in patterns:
-            try:
-                regex = re.compile(pattern)
-            except re.error as error:
-                raise ValueError(f"{what} pattern {pattern!r} is not a valid regex: {error}") from error
-            hits = [planned for planned in plan_steps if regex.search(planned.name)]
-            if not hits:
-                logger.warning("%s pattern %r matches no step of this DAG; ignoring it", what, pattern)
-            matched.update(dict.fromkeys(hits))
-        return list(matched)
-
-    @staticmethod
-    def _with_blocking_dependencies(roots: Sequence[PlannedStep]) -> set[PlannedStep]:
-        selected: set[PlannedStep] = set()
-        stack = list(roots)
-        while stack:
-            planned = stack.pop()
-            if planned not in selected:
-                selected.add(planned)
-                stack.extend(planned.blocking)
-        return selected
-
-    def _decide(
-        self, plan: Plan, run_only: Sequence[str] | None, force_run: Sequence[str], force_run_failed: bool
-    ) -> list[Decision]:
-        roots = self._matching(plan.steps, run_only, "run_only") if run_only else plan.requested
-        selected_set = self._with_blocking_dependencies(roots)
-        selected = [planned for planned in plan.steps if planned in selected_set]
-        forced = set(self._matching(selected, force_run, "force_run")) if force_run else set()
-        histories = read_many_events([planned.output_path for planned in selected])
-        decisions, failed_before = [], []
-        for planned, events in zip(selected, histories, strict=True):
-            last = events[-1] if events else None
-            if planned in forced:
-                decisions.append(Decision(planned, "run", "force_run matched", force=True, fresh=last is None))
-            elif last is None:
-                decisions.append(Decision(planned, "run", "no output yet", fresh=True))
-            elif last.status == StepStatus.SUCCESS:
-                recorded = last.details.get("code_fingerprint")
-                drift = bool(recorded and planned.fingerprint and recorded != planned.fingerprint)
-                if drift:
-                    logger.warning(
-                        "%s: code drift: %s changed since this output was written (%s); keeping the output "
-                        "because code is not hashed. Bump code_version or use --force_run %s to rerun it.",
-                        planned.label,
-                        planned.fn_name,
-                        planned.output_path,
-                        re.escape(planned.name),
-                    )
-                reason = f"SUCCESS at {last.time}" + ("; code drift: fn changed since" if drift else "")
-                decisions.append(Decision(planned, "skip", reason, drift=drift))
-            elif last.status == StepStatus.FAILED:
-                if not force_run_failed:
-                    failed_before.append(planned)
-                decisions.append(Decision(planned, "run", f"FAILED at {last.time}; rerunning (force_run_failed)"))
-            elif last.status == StepStatus.RUNNING:
-                decisions.append(Decision(planned, "wait", f"RUNNING in {last.worker} since {last.time}"))
-            else:
-                decisions.append(Decision(planned, "run", f"{last.status} at {last.time}"))
-        if failed_before:
-            listed = "; ".join(f"{planned.label} ({planned.output_path})" for planned in failed_before)
-            raise StepFailedError(
-                f"{len(failed_before)} step(s) failed previously and force_run_failed is false: {listed}. "
-                "Read their logs/step.log, fix the cause, then rerun with --force_run_failed true "
-                "(or force_run=[...] for just these steps).",
-                failed=[planned.label for planned in failed_before],
-            )
-        return decisions
-
     def decision_for(self, step: ExecutorStep) -> Decision | None:
         """What the last run decided for `step` (None if it was not selected)."""
         if self.plan is None or step not in self.plan.by_step:
@@ -182,7 +96,7 @@ class Executor:
 
     def run(
         self,
-        steps: Sequence[ExecutorStep],
+        steps: Sequence[ExecutorStep | InputName],
         *,
         dry_run: bool = False,
         run_only: Sequence[str] | None = None,
@@ -192,12 +106,19 @@ class Executor:
         caller: str | None = None,
         description: str | None = None,
     ) -> None:
-        """Run every step of `steps` (and their dependencies) whose output is not SUCCESS yet."""
+        """Run every step of `steps` (and what they need) whose output is not SUCCESS yet.
+
+        An `InputName` (`output_path_of(step)`) in `steps` stands for its step. `max_concurrent`
+        defaults to max(4, CPUs) on the local backend and to no cap on Ray (the cluster's resources
+        decide). Bad selections (a pattern matching no step, `max_concurrent` < 1) are errors raised
+        before anything is written."""
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         planned_at = now_iso()
         self.dry_run = dry_run
         plan = build_plan(list(steps), self.prefix)
         self._expose(plan)
-        self.decisions = self._decide(plan, run_only, force_run or [], force_run_failed)
+        self.decisions = select(plan, run_only, force_run or [], force_run_failed)
         caller = caller or "experiment"
         self.executor_info_path = storage.join(self.executor_info_base_path, experiment_file_name(plan, caller))
         if dry_run:
@@ -257,19 +178,16 @@ class Executor:
         self, to_run: list[Decision], planned_at: str, max_concurrent: int | None
     ) -> dict[PlannedStep, StepResult]:
         decision_of = {decision.planned: decision for decision in to_run}
-        limit = max_concurrent or max(4, os.cpu_count() or 1)
-        if limit < 1:
-            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         if not decision_of:
             return {}  # all done: no backend to start (a local Ray takes seconds)
-        backend = make_backend(self.backend, limit)
+        backend = make_backend(self.backend, max_concurrent)
         try:
             return schedule(
                 list(decision_of),
                 backend,
                 make_task=lambda planned: self._task(decision_of[planned], planned_at),
                 on_failure=lambda planned, results: self._mark_dependents_failed(planned, decision_of, results),
-                limit=limit,
+                limit=backend.max_in_flight or len(decision_of),
             )
         finally:
             backend.close()
@@ -284,14 +202,7 @@ class Executor:
                 continue
             message = f"dependency {failed.label} failed"
             results[child] = StepResult(Outcome.DEP_FAILED, message)
-            lease = Lease(child.output_path, self.worker_id, self.lease_settings)
-            if lease.try_acquire():  # another executor holding it will record its own outcome
-                try:
-                    append_event(
-                        child.output_path, StatusEvent(StepStatus.DEP_FAILED, worker=self.worker_id, message=message)
-                    )
-                finally:
-                    lease.release()
+            record_dep_failed(child.output_path, self.worker_id, self.lease_settings, message)
             logger.error("%s: DEP_FAILED (%s) %s", child.label, message, child.output_path)
             stack.extend(child.dependents)
 

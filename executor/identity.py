@@ -1,6 +1,7 @@
 """Step identity, pure: canonical encoding of versioned values, config walking, hashing, code fingerprints.
 
-Nothing here does I/O. A step's version is a small dict
+No storage is read or written here (code fingerprints read the step function's source file, through
+`inspect`). A step's version is a small dict
 
     {"name": "tokenize",
      "config": {"tokenizer": "gpt2", "input_path": "DEP[0]/docs"},
@@ -11,6 +12,11 @@ whose canonical JSON (sorted keys, no whitespace) is hashed with sha256. A depen
 its name and full hash, never as its whole version dict, so a chain of any depth keeps each
 version the same small size. Dependencies are sorted by hash, so reordering config fields never
 changes a hash. Unknown types fail closed: `UnversionableValueError`, never `str(obj)`.
+
+Config keys are dotted paths (`model.hidden_dim`, `sources.[0]`, `tags.{1}`). A dict key that could
+be read as more than one path (one holding `.`, brackets, braces, quotes or backslashes, or an
+empty one) is written as a quoted segment, `sources.["wiki.en"]`, so no two configs share a key.
+The same encoder, loosened, writes the human-readable configs in `.executor_info` (`readable_value`).
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ import hashlib
 import inspect
 import json
 import math
+import re
 import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from executor.errors import ConfigError, UnversionableValueError
-from executor.step_spec import InputName, OutputName, VersionedValue
+from executor.step_spec import ExecutorStep, InputName, OutputName, VersionedValue
 
 HASH_CHARS = 8
 """Hex characters of the version hash used in output paths."""
@@ -40,19 +47,32 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def hash_version(version: dict[str, Any]) -> str:
-    """The full sha256 hex digest of a version dict's canonical JSON."""
-    return hashlib.sha256(canonical_json(version).encode()).hexdigest()
+def hash_version(version: dict[str, Any]) -> tuple[str, str]:
+    """A version dict's canonical JSON and the full sha256 hex digest of it."""
+    version_str = canonical_json(version)
+    return version_str, hashlib.sha256(version_str.encode()).hexdigest()
 
 
-# --- canonical encoding of versioned values -------------------------------------------------
+# --- canonical encoding of values -----------------------------------------------------------
+
+
+def encode_value(value: Any, where: str) -> Any:
+    """Turn a versioned value into canonical JSON data, or raise `UnversionableValueError` naming `where`."""
+    return _encode(value, where, False)
+
+
+def readable_value(value: Any) -> Any:
+    """The same encoding for a resolved config that people read (never for identity): what has no
+    canonical form (an object, a NaN, a non-str dict key) is written as its `repr` instead of refused."""
+    return _encode(value, "", True)
 
 
 @functools.singledispatch
-def encode_value(value: Any, where: str) -> Any:
-    """Turn a versioned value into canonical JSON data, or raise naming `where`."""
+def _encode(value: Any, where: str, loose: bool) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode_value(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value)}
+        return {f.name: _encode(getattr(value, f.name), f"{where}.{f.name}", loose) for f in dataclasses.fields(value)}
+    if loose:
+        return repr(value)
     raise UnversionableValueError(
         f"{where}: a value of type {type(value).__module__}.{type(value).__qualname__} cannot be versioned; "
         "versioned values must be str, int, float, bool, None, enums, or lists/tuples/dicts/dataclasses "
@@ -60,52 +80,56 @@ def encode_value(value: Any, where: str) -> Any:
     )
 
 
-@encode_value.register(str)
-@encode_value.register(bool)
-@encode_value.register(type(None))
-def _encode_scalar(value: Any, where: str) -> Any:
+@_encode.register(str)
+@_encode.register(bool)
+@_encode.register(type(None))
+def _encode_scalar(value: Any, where: str, loose: bool) -> Any:
     return value
 
 
-@encode_value.register(int)
-def _encode_int(value: int, where: str) -> Any:
+@_encode.register(int)
+def _encode_int(value: int, where: str, loose: bool) -> Any:
     if isinstance(value, enum.Enum):  # IntEnum and friends
-        return encode_value(value.value, where)
+        return _encode(value.value, where, loose)
     return int(value)
 
 
-@encode_value.register(float)
-def _encode_float(value: float, where: str) -> float:
-    if not math.isfinite(value):
-        raise UnversionableValueError(f"{where}: {value} has no canonical JSON form; use a finite float or a str")
-    return float(value)
+@_encode.register(float)
+def _encode_float(value: float, where: str, loose: bool) -> Any:
+    if math.isfinite(value):
+        return float(value)
+    if loose:
+        return repr(value)
+    raise UnversionableValueError(f"{where}: {value} has no canonical JSON form; use a finite float or a str")
 
 
-@encode_value.register(enum.Enum)
-def _encode_enum(value: enum.Enum, where: str) -> Any:
-    return encode_value(value.value, where)
+@_encode.register(enum.Enum)
+def _encode_enum(value: enum.Enum, where: str, loose: bool) -> Any:
+    return _encode(value.value, where, loose)
 
 
-@encode_value.register(list)
-@encode_value.register(tuple)
-def _encode_sequence(value: list | tuple, where: str) -> list:
-    return [encode_value(item, f"{where}.[{index}]") for index, item in enumerate(value)]
+@_encode.register(list)
+@_encode.register(tuple)
+def _encode_sequence(value: list | tuple, where: str, loose: bool) -> list:
+    return [_encode(item, f"{where}.[{index}]", loose) for index, item in enumerate(value)]
 
 
-@encode_value.register(set)
-@encode_value.register(frozenset)
-def _encode_set(value: set | frozenset, where: str) -> list:
-    encoded = [encode_value(item, f"{where}.{{}}") for item in value]
+@_encode.register(set)
+@_encode.register(frozenset)
+def _encode_set(value: set | frozenset, where: str, loose: bool) -> list:
+    encoded = [_encode(item, f"{where}.{{}}", loose) for item in value]
     return sorted(encoded, key=canonical_json)
 
 
-@encode_value.register(dict)
-def _encode_dict(value: dict, where: str) -> dict:
+@_encode.register(dict)
+def _encode_dict(value: dict, where: str, loose: bool) -> dict:
     out = {}
     for key, item in value.items():
         if not isinstance(key, str):
-            raise UnversionableValueError(f"{where}: dict key {key!r} is not a str; versioned dicts need str keys")
-        out[key] = encode_value(item, f"{where}.{key}")
+            if not loose:
+                raise UnversionableValueError(f"{where}: dict key {key!r} is not a str; versioned dicts need str keys")
+            key = str(key)
+        out[key] = _encode(item, join_key(where, key), loose)
     return out
 
 
@@ -124,6 +148,9 @@ def walk_config(
     if isinstance(config, (VersionedValue, InputName, OutputName)):
         yield prefix, config
         return
+    if isinstance(config, ExecutorStep):  # a bare step means its output path, as in Marin
+        yield prefix, InputName(config)
+        return
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         for f in dataclasses.fields(config):
             yield from walk_config(getattr(config, f.name), _join(prefix, f.name), set_order)
@@ -133,7 +160,7 @@ def walk_config(
     elif isinstance(config, dict):
         for key, item in config.items():
             if isinstance(key, str):
-                yield from walk_config(item, _join(prefix, key), set_order)
+                yield from walk_config(item, join_key(prefix, key), set_order)
             elif any(True for _ in walk_config(item)):
                 raise ConfigError(f"{prefix or 'config'}: dict key {key!r} is not a str but its value holds a marker")
     elif isinstance(config, (set, frozenset)):
@@ -144,6 +171,15 @@ def walk_config(
             yield _join(_join(prefix, f"{{{index}}}"), key), marker
 
 
+_PLAIN_KEY = re.compile(r"[^.\[\]{}\"\\]+")
+"""A dict key that reads as one path segment as it is; any other is quoted."""
+
+
+def join_key(prefix: str, key: str) -> str:
+    """The dotted path of dict entry `key` under `prefix`: `a.b`, or `a.["b.c"]` when `key` needs quoting."""
+    return _join(prefix, key if _PLAIN_KEY.fullmatch(key) else f"[{json.dumps(key, ensure_ascii=False)}]")
+
+
 def _join(prefix: str, key: str) -> str:
     if not key:
         return prefix
@@ -151,9 +187,13 @@ def _join(prefix: str, key: str) -> str:
 
 
 def map_config(config: Any, resolve: Callable[[Marker], Any]) -> Any:
-    """Return `config` with every marker replaced by `resolve(marker)`; untouched parts are shared."""
+    """Return `config` with every marker replaced by `resolve(marker)`; untouched parts are shared.
+
+    A bare `ExecutorStep` is resolved as `InputName(step)`, matching `walk_config`."""
     if isinstance(config, (VersionedValue, InputName, OutputName)):
         return resolve(config)
+    if isinstance(config, ExecutorStep):
+        return resolve(InputName(config))
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         changes = {}
         for f in dataclasses.fields(config):

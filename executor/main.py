@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import draccus
 
 from executor.executor import Executor
-from executor.step_spec import ExecutorStep
+from executor.step_spec import ExecutorStep, InputName
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,12 @@ class ExecutorMainConfig:
     force_run_failed: bool = True
     """Rerun steps that failed before (false: stop and say so)."""
     max_concurrent: int | None = None
-    """Steps running at once. Default: max(4, CPUs)."""
+    """Steps running at once (at least 1). Default: max(4, CPUs) locally; on Ray, as many as the cluster takes."""
     backend: str = "local"
     """Where steps run: local (threads in this process) or ray (RAY_ADDRESS, else a local Ray)."""
+    shared_filesystem: bool = False
+    """The local-disk prefix is mounted on every node of the Ray cluster at RAY_ADDRESS (NFS, a shared
+    volume); without it such a run needs an object-store prefix."""
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -58,9 +61,9 @@ def resolve_prefix(prefix: str | None) -> str:
 
 
 def executor_main(
-    steps: Sequence[ExecutorStep], description: str | None = None, args: Sequence[str] | None = None
+    steps: Sequence[ExecutorStep | InputName], description: str | None = None, args: Sequence[str] | None = None
 ) -> Executor:
-    """Parse the command line into an `ExecutorMainConfig` and run `steps`."""
+    """Parse the command line into an `ExecutorMainConfig` and run `steps` (an `InputName` stands for its step)."""
     config = draccus.parse(ExecutorMainConfig, args=sys.argv[1:] if args is None else list(args))
     configure_logging()
     caller = inspect.stack()[1].filename
@@ -68,6 +71,7 @@ def executor_main(
         prefix=resolve_prefix(config.prefix),
         executor_info_base_path=config.executor_info_base_path,
         backend=config.backend,
+        shared_filesystem=config.shared_filesystem,
     )
     executor.run(
         steps,

@@ -1,19 +1,20 @@
 """From the steps a user wrote to a plan: every step's version, hash, output path and resolved config.
 
-Planning is pure apart from nothing: no storage is read. It walks the DAG once, post-order and
-iteratively (chains of any depth), so a DAG of N steps and E edges costs O(N + E):
+Planning reads no storage (it only reads step functions' source files for code fingerprints). It
+walks the DAG once, post-order and iteratively (chains of any depth), so a DAG of N steps and E edges
+costs O(N + E):
 
-1. collect every step reachable through `InputName`s (blocking or not) and reject cycles;
+1. collect every step reachable through `InputName`s or bare `ExecutorStep`s in configs (blocking or
+   not) and reject cycles;
 2. for each step, after its dependencies: build the version dict, hash it, merge it with an
-   identical step built separately, and pick its output path;
-3. resolve the config: `versioned(v)` -> v, `InputName` -> the dependency's path, `OutputName`
-   -> the step's own path.
+   identical step built separately (their settings must agree), and pick its output path;
+3. resolve the config: `versioned(v)` -> v, `InputName` (or a bare step) -> the dependency's path,
+   a relative hard-coded `InputName` -> that path under the prefix, `OutputName` -> the step's own path.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,10 +29,12 @@ from executor.identity import (
     code_fingerprint,
     encode_value,
     function_name,
+    hash_version,
     map_config,
     walk_config,
 )
-from executor.step_spec import ExecutorStep, InputName, OutputName, VersionedValue
+from executor.retry import DEFAULT_RETRY
+from executor.step_spec import ExecutorStep, InputName, OutputName, ResourceConfig, VersionedValue
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +95,26 @@ def _dependency_steps(markers: Iterable[tuple[str, Marker]]) -> list[ExecutorSte
     return list(seen.values())
 
 
-def build_plan(steps: Sequence[ExecutorStep], prefix: str) -> Plan:
-    """Plan `steps` and everything they depend on, with outputs under `prefix`."""
+def requested_steps(steps: Sequence[ExecutorStep | InputName]) -> list[ExecutorStep]:
+    """The steps a caller asked for; an `InputName` stands for its step, as in Marin's `executor_main`."""
+    found = []
     for step in steps:
+        if isinstance(step, InputName):
+            if step.step is None:
+                raise ConfigError(
+                    f"hard-coded input {step.name!r} is not a step and cannot be run; "
+                    "pass steps or output_path_of(step)"
+                )
+            step = step.step
         if not isinstance(step, ExecutorStep):
             raise ConfigError(f"expected ExecutorStep objects, got {type(step).__name__}: {step!r}")
+        found.append(step)
+    return found
+
+
+def build_plan(to_plan: Sequence[ExecutorStep | InputName], prefix: str) -> Plan:
+    """Plan `to_plan` and everything it depends on, with outputs under `prefix`."""
+    steps = requested_steps(to_plan)
     planner = _Planner(prefix)
     # Planning allocates many small, long-lived objects; the cyclic GC would rescan them all
     # again and again (superlinear on 10^4-step DAGs), and everything made here stays alive in the plan.
@@ -159,8 +177,7 @@ class _Planner:
         dependencies = sorted(found, key=lambda dep: (dep.hash, dep.name))
         blocking = list(blocking_found)
         version = self.version_of(step, dependencies)
-        version_str = canonical_json(version)
-        full_hash = hashlib.sha256(version_str.encode()).hexdigest()
+        version_str, full_hash = hash_version(version)
         fn_name, fingerprint = function_name(step.fn), code_fingerprint(step.fn)
 
         existing = self.by_identity.get((step.name, full_hash))
@@ -170,8 +187,10 @@ class _Planner:
                     f"two steps named {step.name!r} have the same version (hash {full_hash[:HASH_CHARS]}, "
                     f"path {existing.output_path}) but different functions ({existing.fn_name} vs {fn_name}"
                     f"{', different source' if existing.fn_name == fn_name else ''}): they would write one "
-                    "path; rename one of them or give it a code_version"
+                    f"path; rename one of them or give it a code_version (defined at {existing.step.defined_at} "
+                    f"and {step.defined_at})"
                 )
+            _check_same_settings(existing, step)
             self.by_step[step] = existing
             return
 
@@ -244,8 +263,35 @@ class _Planner:
             return marker.value
         if isinstance(marker, OutputName):
             return storage.join(planned.output_path, marker.name) if marker.name else planned.output_path
-        if marker.step is None:
+        if marker.step is None:  # hard-coded: relative means under the prefix, whatever the worker's cwd
             assert marker.name is not None
-            return marker.name
+            if storage.is_url(marker.name) or marker.name.startswith("/"):
+                return marker.name
+            return storage.join(self.prefix, marker.name)
         base = self.by_step[marker.step].output_path
         return storage.join(base, marker.name) if marker.name else base
+
+
+_MERGED_SETTINGS = ("override_output_path", "resources", "retry", "description")
+"""What two definitions of one step (same name and version) must agree on to be merged."""
+
+
+def _settings(step: ExecutorStep) -> dict[str, Any]:
+    # Leaving a setting out means its default, so `None` and the default agree.
+    settings = {name: getattr(step, name) for name in _MERGED_SETTINGS}
+    settings["resources"] = step.resources or ResourceConfig()
+    settings["retry"] = step.retry or DEFAULT_RETRY
+    return settings
+
+
+def _check_same_settings(existing: PlannedStep, step: ExecutorStep) -> None:
+    """Merging steps whose settings differ would keep whichever came first: refuse instead."""
+    kept, other = _settings(existing.step), _settings(step)
+    conflicts = [name for name in _MERGED_SETTINGS if kept[name] != other[name]]
+    if conflicts:
+        differences = "; ".join(f"{name}: {kept[name]!r} vs {other[name]!r}" for name in conflicts)
+        raise ConfigError(
+            f"step {step.name!r} (hash {existing.short_hash}, path {existing.output_path}) is defined twice with "
+            f"the same version but different settings ({differences}): defined at {existing.step.defined_at} "
+            f"and at {step.defined_at}. Make the settings agree, or give one a different name or code_version"
+        )

@@ -1,13 +1,13 @@
-"""The JSON records the executor writes: `.executor_info`, the experiment file, and the manifest."""
+"""The JSON records the executor writes: `.executor_info`, the experiment file, and the manifest.
+
+Resolved configs are written with `identity.readable_value`, the encoder versions use, loosened to
+write what has no canonical form as its `repr`: one canonicalizer, strict JSON in every record."""
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import functools
 import getpass
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -16,29 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from executor import storage
-from executor.identity import canonical_json
+from executor.identity import canonical_json, readable_value
 from executor.plan import Plan, PlannedStep
 from executor.shards import read_shard_markers
 from executor.status import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_metadata, now_iso
 
 logger = logging.getLogger(__name__)
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON form of a resolved config for people to read (not for identity: see identity.py)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return jsonable(value.value)
-    if isinstance(value, dict):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(item) for item in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((jsonable(item) for item in value), key=lambda item: json.dumps(item, default=str))
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return repr(value)
 
 
 GIT_COMMIT_ENV = "EXECUTOR_GIT_COMMIT"
@@ -71,7 +54,7 @@ def step_info(planned: PlannedStep, *, worker: str | None = None, started: str |
         "name": planned.name,
         "fn": planned.fn_name,
         "description": step.description,
-        "config": jsonable(planned.config),
+        "config": readable_value(planned.config),
         "version": planned.version,
         "hash": planned.hash,
         "output_path": planned.output_path,
@@ -81,7 +64,7 @@ def step_info(planned: PlannedStep, *, worker: str | None = None, started: str |
         ],
         "code_fingerprint": planned.fingerprint,
         "code_version": step.code_version,
-        "resources": jsonable(step.resources),
+        "resources": readable_value(step.resources),
         "git_commit": git_commit(),
         "user": user_name(),
         "host": socket.gethostname(),
@@ -111,7 +94,7 @@ def experiment_record(plan: Plan, *, caller: str, description: str | None) -> di
                 "fn": planned.fn_name,
                 "code_fingerprint": planned.fingerprint,
                 "version": planned.version,
-                "config": jsonable(planned.config),
+                "config": readable_value(planned.config),
                 "description": planned.step.description,
                 "requested": planned in plan.requested,
                 "dependencies": [

@@ -10,9 +10,12 @@ path, filled in at run time). Nothing here touches storage; identity lives in `i
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 from executor.errors import ConfigError
@@ -64,8 +67,11 @@ class ExecutorStep[ConfigT]:
     retry: RetryPolicy | None = None
     """How failures are retried; default (`retry.DEFAULT_RETRY`): transient ones (lost node, storage 5xx)
     and I/O errors, up to 3 attempts. Other exceptions fail the step unless listed in `retry_on`."""
+    defined_at: str = field(default="", init=False, repr=False)
+    """`file:line` where the step was built (set automatically), named when two definitions conflict."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "defined_at", _caller_site())
         if not isinstance(self.name, str) or not _STEP_NAME.match(self.name):
             raise ConfigError(
                 f"step name {self.name!r} is not valid: use letters, digits, '_', '-', '.', and '/' between parts"
@@ -116,8 +122,16 @@ class InputName:
         return self.cd(name)
 
     def __post_init__(self) -> None:
-        if self.step is None and not self.name:
-            raise ConfigError("InputName.hardcoded needs a non-empty path")
+        if self.step is None:
+            if not self.name:
+                raise ConfigError("InputName.hardcoded needs a non-empty path")
+            # "raw/x/" and "raw/x" are one input; "/" stays as it is.
+            object.__setattr__(self, "name", self.name.rstrip("/") or self.name)
+        elif self.name is not None:
+            # A subpath names a place inside the step's output: "d/", "./d" and "/d" are "d", so they
+            # are one dependency with one version.
+            normalized = posixpath.normpath(self.name.strip("/")) if self.name.strip("/") else "."
+            object.__setattr__(self, "name", None if normalized == "." else normalized)
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,21 @@ def join_relative(base: str | None, name: str | None) -> str | None:
     if not base:
         return name
     return f"{base.rstrip('/')}/{name.lstrip('/')}"
+
+
+def _caller_site() -> str:
+    """`file:line` of the code that built a step: the first frame outside this module, the `__init__`
+    that dataclasses generate and `dataclasses.replace`."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and _is_construction_frame(frame.f_code):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _is_construction_frame(code: CodeType) -> bool:
+    filename = code.co_filename
+    generated_init = code.co_name == "__init__" and filename.startswith("<")
+    return generated_init or filename == __file__ or filename == dataclasses.__file__
 
 
 def _reject_markers(value: Any, where: str) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 import sharded_steps
-from conftest import make_step
+from conftest import make_step, wait_until
 
-from executor import Executor, StepFailedError, read_status
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, StepFailedError, read_status, versioned
 from executor.shards import read_shard_markers
 from executor.status import read_events
 
@@ -74,3 +78,35 @@ def test_a_step_can_ask_for_ray_resources(tmp_path, local_ray):
     executor = Executor(str(tmp_path), backend="ray")
     executor.run([step])
     assert read_status(executor.output_paths[step]) == "SUCCESS"
+
+
+@dataclass(frozen=True)
+class BarrierConfig:
+    output_path: str
+    barrier: str
+    parties: int
+    index: int
+
+
+def meet_at_barrier(config: BarrierConfig) -> None:
+    """Finish only once `parties` steps are running at the same time."""
+    Path(config.barrier, str(config.index)).touch()
+    wait_until(lambda: len(os.listdir(config.barrier)) >= config.parties, f"{config.parties} steps at once")
+    Path(config.output_path).mkdir(parents=True, exist_ok=True)
+
+
+def test_ray_runs_as_many_steps_at_once_as_the_cluster_takes(tmp_path, local_ray):
+    """The driver's CPU count does not cap a Ray run: more steps than max(4, CPUs) run together."""
+    parties = max(4, os.cpu_count() or 1) + 1
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+
+    def party(index: int) -> ExecutorStep:
+        config = BarrierConfig(THIS_OUTPUT_PATH, str(barrier), parties, versioned(index))
+        # No CPUs asked, so that the cluster's CPUs do not cap the steps either.
+        return ExecutorStep(f"party{index}", meet_at_barrier, config, resources=ResourceConfig(cpus=0))
+
+    steps = [party(index) for index in range(parties)]
+    executor = Executor(str(tmp_path / "out"), backend="ray")
+    executor.run(steps)
+    assert all(read_status(executor.output_paths[step]) == "SUCCESS" for step in steps)

@@ -44,7 +44,8 @@ def test_losing_the_node_mid_step_is_survived_by_retry(tmp_path, two_node_cluste
         "on_a_doomed_node", wait_for_gate, GateConfig(THIS_OUTPUT_PATH, str(gate), str(records)),
         resources=ResourceConfig(cpus=1, custom={"step_node": 1}),
     )  # fmt: skip
-    executor = Executor(str(tmp_path / "out"), backend="ray")
+    # Every node of this cluster runs on this machine, so they all see the local prefix.
+    executor = Executor(str(tmp_path / "out"), backend="ray", shared_filesystem=True)
     errors: list[BaseException] = []
 
     def run() -> None:
