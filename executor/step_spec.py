@@ -1,10 +1,10 @@
 """What a user writes to declare a step: `ExecutorStep` and the markers its config may hold.
 
 A config is a frozen dataclass whose fields are plain values (not hashed), `versioned(v)`
-(hashed), `output_path_of(step, sub)` / `InputName` (a dependency: its version is hashed, its
-output path is filled in before the step runs) or `this_output_path(sub)` (the step's own output
-path, filled in at run time). Nothing here touches storage; identity lives in `identity.py` and
-`plan.py`.
+(hashed), `output_path_of(step, sub)` / `InputName` / a bare `ExecutorStep` (a dependency: its
+version is hashed, its output path is filled in before the step runs) or `this_output_path(sub)`
+(the step's own output path, filled in at run time). Nothing here touches storage; identity lives
+in `identity.py` and `plan.py`.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ class InputName:
         if self.step is None:
             if not self.name:
                 raise ConfigError("InputName.hardcoded needs a non-empty path")
-            # "raw/x/" and "raw/x" are one input; "/" stays as it is.
-            object.__setattr__(self, "name", self.name.rstrip("/") or self.name)
+            # "raw/x/", "./raw/x" and "raw/x" are one input (and one version).
+            normalized = self.name.rstrip("/") if "://" in self.name else posixpath.normpath(self.name)
+            object.__setattr__(self, "name", normalized or self.name)
         elif self.name is not None:
             # A subpath names a place inside the step's output: "d/", "./d" and "/d" are "d", so they
             # are one dependency with one version.

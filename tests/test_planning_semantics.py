@@ -94,6 +94,8 @@ def test_relative_hardcoded_inputs_resolve_under_the_prefix_and_hash_prefix_free
     assert local.config.input_path == "/data/run/raw/x"
     assert remote.config.input_path == "gs://bucket/run/raw/x"
     assert local.version["config"] == {"input_path": "raw/x"} and local.hash == remote.hash
+    spelled_otherwise = ExecutorStep("s", fn, Config(input_path=InputName.hardcoded("./raw/x/")))
+    assert plan_of(spelled_otherwise).requested[0].hash == local.hash
     for fixed in ("/abs/raw/x", "gs://raw/x", "https://example.com/x.txt"):
         absolute = ExecutorStep("s", fn, Config(input_path=InputName.hardcoded(fixed)))
         assert plan_of(absolute, prefix="/data/run").lookup(absolute).config.input_path == fixed
