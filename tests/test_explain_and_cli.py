@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import make_step
 
-from executor import Executor, executor_main, read_status
+from executor import Executor, executor_main, output_path_of, read_status
 from executor.cli import main as cli_main
 from executor.explain import diff_versions, explain_output
 
@@ -148,7 +148,7 @@ def test_executor_main_parses_its_command_line(tmp_path, calls, monkeypatch, cap
     b = make_step("b", a)
     c = make_step("c")
     monkeypatch.setenv("EXECUTOR_PREFIX", str(tmp_path / "from-env"))
-    executor = executor_main([b, c], args=["--dry_run", "true"])
+    executor = executor_main([output_path_of(b), c], args=["--dry_run", "true"])  # InputNames too, as in Marin
     assert "Dry run: 3 step(s)" in capsys.readouterr().out
     assert executor.prefix == str(tmp_path / "from-env") and calls.counts == {}
 
