@@ -7,13 +7,22 @@ heartbeat time. The highest number is the current lease. To acquire:
 - the current one is released, or its heartbeat is older than `stale_s`: exclusively create n + 1;
 - the current one is fresh and someone else's: wait (the caller polls).
 
+- the current one is fresh but its holder was a process on this machine that no longer exists
+  (killed, OOM-killed): exclusively create n + 1 at once, without waiting for staleness.
+
 Exactly one of many racing workers wins each exclusive create. Only the holder ever rewrites its
 own object (to renew the heartbeat or mark it released), and before each renewal it checks that
 no higher number exists: a worker whose lease was taken over learns so at its next heartbeat and
 aborts. No compare-and-swap is needed, so this works on local files, GCS and S3 alike.
 
+A holder that cannot renew (storage down, credentials gone, any exception at all) keeps trying,
+and once its last good renewal is older than `renew_deadline_s` (half the stale interval) it
+declares the lease lost and stops its step: it stops before anyone may take the lease over, so
+two writers never share an output folder. Renewals run in their own thread, so even a renewal
+stuck in a storage call's retries cannot hold that deadline back.
+
 Staleness compares the writer's clock with the reader's; clusters keep clocks within seconds,
-far below the 90 s default.
+far below the 90 s default and the 45 s margin the deadline leaves.
 """
 
 from __future__ import annotations
@@ -23,9 +32,13 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 from executor import storage
 from executor.errors import LeaseLostError
@@ -49,12 +62,17 @@ class LeaseSettings:
         defaults = LeaseSettings()
         heartbeat = _env_seconds(HEARTBEAT_ENV, defaults.heartbeat_s)
         stale = _env_seconds(STALE_ENV, defaults.stale_s)
-        if stale <= heartbeat:
+        if stale <= 2 * heartbeat:
             raise ValueError(
-                f"{STALE_ENV}={stale} must be larger than {HEARTBEAT_ENV}={heartbeat}, "
-                "or live leases would be taken over"
+                f"{STALE_ENV}={stale} must be more than twice {HEARTBEAT_ENV}={heartbeat}: a holder gives "
+                "its lease up when it could not renew for half the stale interval, and needs a retry before that"
             )
         return LeaseSettings(heartbeat, stale)
+
+    @property
+    def renew_deadline_s(self) -> float:
+        """A holder whose last good renewal is older than this stops its step (the other half is margin)."""
+        return self.stale_s / 2
 
     @property
     def poll_s(self) -> float:
@@ -77,6 +95,35 @@ def _env_seconds(name: str, default: float) -> float:
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@cache
+def this_host() -> str:
+    """This machine and process namespace: the hostname, plus the boot id and the pid namespace where
+    Linux has them, so two containers that share a hostname never mistake each other's processes."""
+    parts = [socket.gethostname()]
+    try:
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        pass  # not Linux: the hostname alone
+    return "|".join(parts)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def holder_is_gone(record: dict) -> bool:
+    """True if the lease's holder was a process on this machine that no longer runs."""
+    pid = record.get("pid")
+    return record.get("host") == this_host() and isinstance(pid, int) and not _process_exists(pid)
 
 
 def _lease_name(number: int) -> str:
@@ -113,6 +160,8 @@ class Lease:
                 "acquired": self._acquired_at,
                 "heartbeat": now_iso(),
                 "released": released,
+                "host": this_host(),
+                "pid": os.getpid(),
             }
         ).encode()
 
@@ -131,23 +180,29 @@ class Lease:
         age = (parse_time(now_iso()) - heartbeat).total_seconds()
         return age > self.settings.stale_s
 
+    def takeover_reason(self, record: dict) -> str | None:
+        """Why `record`'s lease may be taken now ("released", "stale", a dead holder), or None if it is live."""
+        if record.get("released"):
+            return "released"
+        if self.is_stale(record):
+            return f"stale (last heartbeat {record.get('heartbeat')})"
+        if holder_is_gone(record):
+            return f"its holder process {record.get('pid')} on this host is gone"
+        return None
+
     def try_acquire(self) -> bool:
-        """Take the lease if it is free or stale. False if another worker holds a fresh one."""
+        """Take the lease if it is free, stale or its local holder died. False if another worker holds it."""
         numbers = self._numbers()
         if numbers:
             top = numbers[-1]
             record = storage.read_json(self._path(top))
             if record is None:  # removed between listing and reading: look again next poll
                 return False
-            if not record.get("released") and not self.is_stale(record):
+            reason = self.takeover_reason(record)
+            if reason is None:
                 return record.get("worker") == self.worker_id and self.number == top
-            if not record.get("released"):
-                logger.warning(
-                    "%s: taking over the stale lease of %s (last heartbeat %s)",
-                    self.output_path,
-                    record.get("worker"),
-                    record.get("heartbeat"),
-                )
+            if reason != "released":
+                logger.warning("%s: taking over the lease of %s: %s", self.output_path, record.get("worker"), reason)
             candidate = top + 1
         else:
             candidate = 0
@@ -187,6 +242,7 @@ class Lease:
         storage.write_atomic(self._path(self.number), self._record())
 
     def release(self) -> None:
+        """Mark the lease released, if still ours. Never raises: an unreleased lease goes stale anyway."""
         if self.number is None:
             return
         try:
@@ -194,12 +250,27 @@ class Lease:
             storage.write_atomic(self._path(self.number), self._record(released=True))
         except LeaseLostError:
             pass  # someone else holds it now; their lease is theirs to release
+        except Exception as error:  # storage trouble: the lease frees itself when it goes stale
+            logger.warning("%s: could not release lease %s (%r); it goes stale in %.0fs",
+                           self.output_path, self.number, error, self.settings.stale_s)  # fmt: skip
         finally:
             self.number = None
 
 
+def takeover_reason(output_path: str, settings: LeaseSettings) -> str | None:
+    """For a step recorded RUNNING: why its lease may be taken over now, or None while its holder is live."""
+    observer = Lease(output_path, "observer", settings)
+    record = observer.current()
+    return "no lease" if record is None else observer.takeover_reason(record)
+
+
 class Heartbeat:
-    """Renews a held lease in a background thread; calls `on_lost` once if it is taken over."""
+    """Renews a held lease in the background; calls `on_lost` once if the lease is lost.
+
+    The lease is lost when another worker took it over, or when no renewal has succeeded for
+    `renew_deadline_s`, whatever the reason (a renewal that raises or one that hangs). Every
+    failure of a renewal or of `on_tick` (the step log upload) is logged, and the next beat tries again.
+    """
 
     def __init__(
         self, lease: Lease, on_lost: Callable[[LeaseLostError], None], on_tick: Callable[[], None] | None = None
@@ -210,6 +281,11 @@ class Heartbeat:
         self.lost: LeaseLostError | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat:{lease.output_path}", daemon=True)
+        # Renewals and ticks run in threads of their own: a call stuck in storage retries must not
+        # stop the deadline from being enforced, and a slow log upload must not delay renewals.
+        self._renewals = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-renewal")
+        self._ticks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-tick")
+        self._tick: Future[None] | None = None
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -218,17 +294,53 @@ class Heartbeat:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._renewals.shutdown(wait=False, cancel_futures=True)
+        self._ticks.shutdown(wait=False, cancel_futures=True)
+
+    def raise_if_lost(self) -> None:
+        if self.lost is not None:
+            raise self.lost
 
     def _run(self) -> None:
-        while not self._stop.wait(self.lease.settings.heartbeat_s):
-            try:
-                self.lease.renew()
-            except LeaseLostError as error:
-                self.lost = error
-                logger.error("%s", error)
-                self.on_lost(error)
+        settings = self.lease.settings
+        renewed_at = time.monotonic()  # the lease was acquired (or renewed) just before we started
+        next_beat_s = settings.heartbeat_s
+        while not self._stop.wait(next_beat_s):
+            attempt_started = time.monotonic()
+            renewal = self._renewals.submit(self.lease.renew)
+            wait([renewal], timeout=max(0.0, settings.renew_deadline_s - (attempt_started - renewed_at)))
+            error = renewal.exception(timeout=0) if renewal.done() else TimeoutError("renewal still running")
+            if error is None:
+                renewed_at, next_beat_s = attempt_started, settings.heartbeat_s
+                self._start_tick()
+                continue
+            if isinstance(error, LeaseLostError):
+                self._lose(error)
                 return
-            except OSError as error:  # a storage hiccup: the next beat may succeed
-                logger.warning("%s: heartbeat failed (%s); retrying", self.lease.output_path, error)
-            if self.on_tick is not None:
-                self.on_tick()
+            failing_s = time.monotonic() - renewed_at
+            if failing_s >= settings.renew_deadline_s:
+                self._lose(LeaseLostError(
+                    f"{self.lease.output_path}: could not renew lease {self.lease.number} for {failing_s:.1f}s "
+                    f"(last error: {error!r}); stopping before it can go stale and be taken over"
+                ))  # fmt: skip
+                return
+            logger.warning("%s: heartbeat failed (%r); retrying", self.lease.output_path, error)
+            # Try again soon enough to decide by the deadline, not a whole beat after it.
+            next_beat_s = min(settings.heartbeat_s, settings.renew_deadline_s - failing_s)
+
+    def _start_tick(self) -> None:
+        if self.on_tick is None or (self._tick is not None and not self._tick.done()):
+            return  # the previous tick is still running: skip this one
+        self._tick = self._ticks.submit(self.on_tick)
+        self._tick.add_done_callback(self._log_tick_failure)
+
+    def _log_tick_failure(self, tick: Future[None]) -> None:
+        error = tick.exception() if not tick.cancelled() else None
+        if error is not None:
+            logger.warning("%s: heartbeat tick failed (%r); it runs again on the next beat",
+                           self.lease.output_path, error)  # fmt: skip
+
+    def _lose(self, error: LeaseLostError) -> None:
+        self.lost = error
+        logger.error("%s", error)
+        self.on_lost(error)

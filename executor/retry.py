@@ -2,9 +2,11 @@
 
 Transient: a lost worker or node, a lost object, preemption, a dropped connection, a timeout, a
 storage 429 or 5xx. Those are worth another attempt. Anything else is an application error: it
-fails the step at once, unless the step opts in with `RetryPolicy(retry_on=(SomeError,))`.
-Classification walks the exception's cause chain, so a storage error wrapped by a step's own
-exception still counts as transient.
+fails the step at once, unless the step opts in with `RetryPolicy(retry_on=(SomeError,))`. That
+includes a missing file, a denied permission (an expired token is not fixed by waiting) and a
+storage 4xx: retrying them only delays the error the user has to fix. Classification walks the
+exception's cause chain, so a storage error wrapped by a step's own exception (or translated by
+s3fs into an `OSError` whose cause is the botocore error) still counts as transient.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ _RAY_TRANSIENT = {
     "ObjectReconstructionFailedLineageEvictedError", "ActorDiedError", "ActorUnavailableError",
     "RaySystemError", "LocalRayletDiedError", "TaskUnschedulableError", "OutOfMemoryError",
 }  # fmt: skip
-_NETWORK_ERROR_NAMES = {"ClientError", "ClientConnectionError", "ServerDisconnectedError", "ClientOSError",
+# Connection-level failures of the HTTP stacks under gcsfs and s3fs (botocore's `ClientError` is
+# not one of them: it carries an HTTP status, classified below).
+_NETWORK_ERROR_NAMES = {"ClientConnectionError", "ServerDisconnectedError", "ClientOSError",
                         "ClientPayloadError", "EndpointConnectionError", "ConnectionClosedError",
                         "ReadTimeoutError", "ConnectTimeoutError", "IncompleteRead", "ProtocolError"}  # fmt: skip
 
@@ -107,10 +111,8 @@ class RetryPolicy:
         return is_transient(error) or (bool(self.retry_on) and isinstance(error, self.retry_on))
 
 
-DEFAULT_RETRY = RetryPolicy(retry_on=(OSError,))
-"""For steps and shards that set no policy. Steps and shards must be idempotent anyway (a failed
-step is rerun into the same path), so I/O errors are worth another try: object stores report
-some transient faults oddly (a resumable upload whose answer was lost comes back as a 404)."""
+DEFAULT_RETRY = RetryPolicy()
+"""For steps and shards that set no policy: transient failures only, 3 attempts per executor run."""
 
 STORAGE_RETRY = RetryPolicy(max_attempts=6, initial_backoff_s=0.2, max_backoff_s=10.0)
 """For the executor's own metadata I/O; the fsspec clients retry inside each call as well."""

@@ -13,9 +13,12 @@ A shard function writes only through its `ShardWriter`: files land under
 `<output>/.executor_tmp/<shard>-<attempt>/` and, once the function returns, move to their final
 names; then `<output>/.executor_shards/<shard>.json` records the files (size, sha256), rows and
 stats. A shard is done exactly when its marker exists, so a restarted step redoes only the
-shards without one. The step's manifest reuses the markers' checksums instead of reading every
-file again. While shards run, `<output>/.executor_progress` holds shards done / total, rows and
-bytes for `status` and the dashboard.
+shards without one. A forced rerun (`--force_run`) must replace the output, not resume it: each
+marker records the step's generation (the attempt that started its latest forced run, from the
+status history), and markers of an older generation are deleted before any shard runs, so every
+shard is redone; a forced run that is interrupted and resumed keeps its own shards. The step's
+manifest reuses the markers' checksums instead of reading every file again. While shards run,
+`<output>/.executor_progress` holds shards done / total, rows and bytes for `status` and the dashboard.
 
 Shards run in Ray tasks when Ray is initialized (the `ray` backend), else in a process pool
 (functions must be importable, i.e. module-level), or in threads for I/O-bound work.
@@ -42,7 +45,7 @@ from tqdm import tqdm
 from executor import storage
 from executor.errors import ExecutorError
 from executor.retry import DEFAULT_RETRY, RetryPolicy
-from executor.status import PROGRESS_FILE, now_iso
+from executor.status import PROGRESS_FILE, forced_generation, now_iso, read_events
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +147,10 @@ def marker_path(output_path: str, shard_id: str) -> str:
     return storage.join(output_path, SHARD_DIR, f"{shard_id}.json")
 
 
-def run_one_shard(output_path: str, shard: Shard, fn: ShardFn, retry: RetryPolicy) -> dict[str, Any]:
-    """Run, commit and mark one shard (in whichever worker runs it)."""
+def run_one_shard(
+    output_path: str, shard: Shard, fn: ShardFn, retry: RetryPolicy, generation: int | None = None
+) -> dict[str, Any]:
+    """Run, commit and mark one shard (in whichever worker runs it) as part of output `generation`."""
     attempt = 1
     while True:
         writer = ShardWriter(output_path, shard.shard_id)
@@ -168,6 +173,7 @@ def run_one_shard(output_path: str, shard: Shard, fn: ShardFn, retry: RetryPolic
         "bytes": sum(entry["size"] for entry in files),
         "stats": stats,
         "attempts": attempt,
+        "generation": generation,
         "worker": f"{os.uname().nodename}:{os.getpid()}",
         "committed": now_iso(),
     }
@@ -226,7 +232,8 @@ def run_sharded(
         raise ValueError(f"{output_path}: shard ids must be unique")
     retry = retry or DEFAULT_RETRY
     storage.delete(storage.join(output_path, TEMP_DIR), recursive=True)  # leftovers of a killed attempt
-    markers = read_shard_markers(output_path)
+    generation = forced_generation(read_events(output_path))
+    markers = _current_markers(output_path, generation)
     pending = [shard for shard in shards if shard.shard_id not in markers]
     report = ShardReport(total=len(shards), skipped=len(shards) - len(pending), ran=0, rows=0, bytes=0)
     report.markers = {shard_id: markers[shard_id] for shard_id in ids if shard_id in markers}
@@ -237,7 +244,8 @@ def run_sharded(
                     report.skipped, report.total, len(pending))  # fmt: skip
     progress = _Progress(output_path, report, description)
     try:
-        for marker in _execute(output_path, pending, fn, retry, _choose_parallelism(parallelism), max_workers):
+        chosen = _choose_parallelism(parallelism)
+        for marker in _execute(output_path, pending, fn, retry, generation, chosen, max_workers):
             if marker is None:
                 progress.update()
                 continue
@@ -251,14 +259,32 @@ def run_sharded(
     return report
 
 
+def _current_markers(output_path: str, generation: int | None) -> dict[str, dict[str, Any]]:
+    """The markers of this output generation; those of an older one (before a forced rerun) are deleted."""
+    markers = read_shard_markers(output_path)
+    outdated = [shard_id for shard_id, marker in markers.items() if marker.get("generation") != generation]
+    if outdated:
+        logger.info("%s: force_run: redoing %d shard(s) committed before attempt %s", output_path,
+                    len(outdated), generation)  # fmt: skip
+        with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, len(outdated))) as pool:
+            list(pool.map(lambda shard_id: storage.delete(marker_path(output_path, shard_id)), outdated))
+    return {shard_id: marker for shard_id, marker in markers.items() if shard_id not in outdated}
+
+
 def _execute(
-    output_path: str, pending: list[Shard], fn: ShardFn, retry: RetryPolicy, parallelism: str, max_workers: int | None
+    output_path: str,
+    pending: list[Shard],
+    fn: ShardFn,
+    retry: RetryPolicy,
+    generation: int | None,
+    parallelism: str,
+    max_workers: int | None,
 ) -> Iterator[dict[str, Any] | None]:
     """Markers of shards as they commit, and None now and then while none does."""
     if not pending:
         return
     if parallelism == "ray":
-        yield from _execute_ray(output_path, pending, fn, retry, max_workers)
+        yield from _execute_ray(output_path, pending, fn, retry, generation, max_workers)
         return
     workers = max(1, min(max_workers or os.cpu_count() or 1, len(pending)))
     pool: ThreadPoolExecutor | ProcessPoolExecutor
@@ -272,7 +298,7 @@ def _execute(
         failure: BaseException | None = None
         while queue or running:
             while queue and failure is None and len(running) < 2 * workers:
-                running.add(pool.submit(run_one_shard, output_path, queue.pop(), fn, retry))
+                running.add(pool.submit(run_one_shard, output_path, queue.pop(), fn, retry, generation))
             done, running = wait(running, timeout=PROGRESS_INTERVAL_S, return_when=FIRST_COMPLETED)
             if not done:
                 yield None  # a tick: let the caller flush progress while shards run long
@@ -287,7 +313,12 @@ def _execute(
 
 
 def _execute_ray(
-    output_path: str, pending: list[Shard], fn: ShardFn, retry: RetryPolicy, max_workers: int | None
+    output_path: str,
+    pending: list[Shard],
+    fn: ShardFn,
+    retry: RetryPolicy,
+    generation: int | None,
+    max_workers: int | None,
 ) -> Iterator[dict[str, Any] | None]:
     import ray
 
@@ -299,7 +330,7 @@ def _execute_ray(
         # Recomputed as the autoscaler adds nodes: keep every CPU of the cluster busy, plus a queue.
         limit = max_workers or max(2, int(ray.cluster_resources().get("CPU", 1)) * 2)
         while queue and failure is None and len(running) < limit:
-            running.append(remote.remote(output_path, queue.pop(), fn, retry))
+            running.append(remote.remote(output_path, queue.pop(), fn, retry, generation))
         done, running = ray.wait(running, num_returns=1, timeout=PROGRESS_INTERVAL_S)
         if not done:
             yield None

@@ -14,7 +14,16 @@ Layout under `<prefix>/<name>-<hash>/`:
     ...                 the step's own outputs
 
 Only a lease holder rewrites `.executor_status`; before any lease exists, the first WAITING event is
-created with an exclusive create, so no writer can overwrite another's newer history.
+created with an exclusive create, so no writer can overwrite another's newer history. Each event a
+holder writes carries its lease number, and `append_event` refuses an event whose lease is older
+than one already in the history: a holder that was taken over cannot write after its successor.
+(Without compare-and-swap this fences every write that starts after the successor's first event
+landed; the holder's own heartbeat deadline, see lease.py, closes the rest of the window.)
+
+Attempts are numbered across runs (the n-th RUNNING event is attempt n). A RUNNING event also
+records which executor run made it (`details["run"]`), so each run can give a step its full retry
+budget, and whether it starts a forced rerun (`details["force_run"]`), which sharded steps use to
+tell the forced run's shards from older ones.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from enum import StrEnum
 from typing import Any
 
 from executor import storage
-from executor.errors import StorageError
+from executor.errors import LeaseLostError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +87,15 @@ class StatusEvent:
     message: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     """Extra figures: the code fingerprint on SUCCESS, shard progress, the traceback on FAILED."""
+    lease: int | None = None
+    """The writer's lease number (None: written without a lease, e.g. the first WAITING)."""
 
     def to_json(self) -> str:
         record = dataclasses.asdict(self)
         record["status"] = str(self.status)
-        if not record["details"]:
-            del record["details"]
+        for optional in ("details", "lease"):
+            if record[optional] in ({}, None):
+                del record[optional]
         return json.dumps(record, sort_keys=True, default=str)
 
     @staticmethod
@@ -96,6 +108,7 @@ class StatusEvent:
             worker=record.get("worker"),
             message=record.get("message"),
             details=record.get("details") or {},
+            lease=record.get("lease"),
         )
 
 
@@ -136,14 +149,36 @@ def create_initial_status(output_path: str, event: StatusEvent) -> bool:
 
 
 def append_event(output_path: str, event: StatusEvent) -> None:
-    """Append to the history. Only the lease holder may call this (read, then atomic rewrite)."""
+    """Append to the history. Only the lease holder may call this (read, then atomic rewrite).
+
+    Raises LeaseLostError, writing nothing, if the history holds an event of a newer lease.
+    """
     path = status_path(output_path)
     existing = storage.read_bytes(path) or b""
+    if event.lease is not None:
+        newest = max((e.lease for e in parse_events(existing, output_path) if e.lease is not None), default=-1)
+        if newest > event.lease:
+            raise LeaseLostError(
+                f"{output_path}: refused to record {event.status} of lease {event.lease}: "
+                f"lease {newest} has taken the step over"
+            )
     if existing and not existing.endswith(b"\n"):
         existing += b"\n"
     storage.write_atomic(path, existing + event.to_json().encode() + b"\n")
     logger.debug("%s: %s", output_path, event.status)
 
 
-def attempts_so_far(events: Sequence[StatusEvent]) -> int:
-    return sum(1 for event in events if event.status == StepStatus.RUNNING)
+def attempts_so_far(events: Sequence[StatusEvent], run: str | None = None) -> int:
+    """RUNNING events in the history; only those of executor run `run` if it is given."""
+    return sum(
+        1 for event in events if event.status == StepStatus.RUNNING and (run is None or event.details.get("run") == run)
+    )
+
+
+def forced_generation(events: Sequence[StatusEvent]) -> int | None:
+    """The attempt that started the latest forced rerun, or None if the step was never forced.
+
+    Everything a sharded step committed before that attempt belongs to the output being replaced.
+    """
+    starts = [event.attempt for event in events if event.status == StepStatus.RUNNING and "force_run" in event.details]
+    return starts[-1] if starts else None

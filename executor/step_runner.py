@@ -6,14 +6,17 @@ call it: a thread here, a Ray task later. The sequence is
     wait until the step is SUCCESS (skip) or its lease can be taken
     -> .executor_info, RUNNING -> fn(config) under a heartbeat -> manifest -> SUCCESS (last)
 
-and on an exception FAILED with the traceback. If the heartbeat finds the lease taken over, the
-step function is interrupted (an exception raised in its thread), nothing more is written, and
-the worker goes back to waiting for the new holder's result.
+all while the heartbeat holds the lease, and on an exception FAILED with the traceback (or WAITING
+and a retry, while this executor run has attempts left). If the heartbeat finds the lease taken
+over, or cannot renew it in time, the step function is interrupted (an exception raised in its
+thread), nothing more is written, and the worker goes back to waiting for the new holder's result.
+Every status event carries the writer's lease number, so a taken-over holder's late write is refused.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import tempfile
@@ -127,6 +130,11 @@ class StepTask:
     lease_settings: LeaseSettings
     retry: RetryPolicy
 
+    @property
+    def run_id(self) -> str:
+        """This executor run: its RUNNING events say so, and its retry budget counts only them."""
+        return f"{self.worker_id}@{self.planned_at}"
+
 
 def run_step(task: StepTask, stop: StopSignal | None = None) -> StepResult:
     # One worker id per call: a retried Ray task must not mistake its dead predecessor's lease for its own.
@@ -197,85 +205,136 @@ class _Retry:
     wait_s: float
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    number: int
+    """Counted across runs: the n-th RUNNING event of the step's history."""
+    in_run: int
+    """Counted in this executor run only: what the retry budget is measured against."""
+
+
 def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepResult | _Retry:
-    worker = lease.worker_id
-    attempt = attempts_so_far(read_events(task.output_path)) + 1
-    started = StatusEvent(StepStatus.RUNNING, attempt=attempt, worker=worker)
-    storage.write_json_atomic(info_path(task.output_path), {**task.info, "worker": worker, "started": started.time})
-    append_event(task.output_path, started)
-    logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt, task.output_path)
+    """Everything this worker does while it holds the lease, in order; each status write is fenced by it.
+
+    Raises LeaseLostError (having written nothing more) if the lease is lost on the way.
+    """
+    attempt = _record_start(task, lease)
     with _StepLog(task.output_path) as step_log:
         interrupter = _Interrupter()
 
-        def on_lost(_error: LeaseLostError) -> None:
+        def stop_step(_lost: LeaseLostError) -> None:
             interrupter.interrupt(StepAborted)
 
-        with Heartbeat(lease, on_lost=on_lost, on_tick=step_log.upload) as heartbeat:
-            try:
-                with interrupter:
-                    stop.register(interrupter)
-                    try:
-                        task.fn(task.config)
-                    finally:
-                        stop.unregister(interrupter)
-                if heartbeat.lost is not None:
-                    raise heartbeat.lost
-                lease.check()
+        with Heartbeat(lease, on_lost=stop_step, on_tick=step_log.upload) as beat:
+            error = _call_step_fn(task, stop, interrupter)
+            beat.raise_if_lost()
+            if error is None:
                 write_manifest(task.output_path)
-            except StepAborted as aborted:
-                raise heartbeat.lost or LeaseLostError(f"{task.label}: aborted") from aborted
-            except LeaseLostError:
-                raise
-            except (StepInterrupted, KeyboardInterrupt) as interrupted:
-                # Say so and free the lease at once: the next run reruns the step without waiting.
-                step_log.write_exception(interrupted)
-                _append_if_holding(task, lease, StatusEvent(
-                    StepStatus.FAILED, attempt=attempt, worker=worker, message="interrupted by the user",
-                ))  # fmt: skip
-                if isinstance(interrupted, KeyboardInterrupt):
-                    raise
-                return StepResult(Outcome.FAILED, "interrupted by the user")
-            except BaseException as error:
-                step_log.write_exception(error)
-                return _record_failure(task, lease, attempt, error)
-    lease.check()
-    append_event(
-        task.output_path,
-        StatusEvent(StepStatus.SUCCESS, attempt=attempt, worker=worker, details={"code_fingerprint": task.fingerprint}),
-    )
-    logger.info("%s: SUCCESS %s", task.label, task.output_path)
-    return StepResult(Outcome.SUCCEEDED)
+                success = StatusEvent(StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id,
+                                      details={"code_fingerprint": task.fingerprint})  # fmt: skip
+                _append_holding(task.output_path, lease, beat, success)
+                logger.info("%s: SUCCESS %s", task.label, task.output_path)
+                return StepResult(Outcome.SUCCEEDED)
+            step_log.write_exception(error)
+            if isinstance(error, (StepInterrupted, KeyboardInterrupt)):
+                return _record_interrupt(task, lease, beat, attempt, error)
+            return _record_failure(task, lease, beat, attempt, error)
 
 
-def _record_failure(task: StepTask, lease: Lease, attempt: int, error: BaseException) -> StepResult | _Retry:
-    """FAILED with the traceback; or, for a retryable error with attempts left, WAITING and a backoff."""
-    message = f"{type(error).__name__}: {error}"
-    details = {"traceback": "".join(traceback.format_exception(error))}
-    lease.check()
-    if task.retry.should_retry(error, attempt):
-        wait_s = task.retry.backoff_s(attempt)
-        kind = "transient" if is_transient(error) else "retryable"
-        logger.warning("%s: attempt %d failed (%s %s); retrying in %.1fs", task.label, attempt, kind, message, wait_s)
-        note = f"attempt {attempt} failed ({kind}): {message}; retrying in {wait_s:.1f}s"
-        append_event(
-            task.output_path,
-            StatusEvent(StepStatus.WAITING, attempt=attempt, worker=lease.worker_id, message=note, details=details),
-        )
-        return _Retry(wait_s)
-    logger.error("%s: FAILED (attempt %d): %s", task.label, attempt, message)
-    append_event(
-        task.output_path,
-        StatusEvent(StepStatus.FAILED, attempt=attempt, worker=lease.worker_id, message=message, details=details),
-    )
+def _record_start(task: StepTask, lease: Lease) -> _Attempt:
+    """`.executor_info` and the RUNNING event; the first attempt of a forced run starts a new generation."""
+    events = read_events(task.output_path)
+    attempt = _Attempt(number=attempts_so_far(events) + 1, in_run=attempts_so_far(events, run=task.run_id) + 1)
+    details: dict[str, Any] = {"run": task.run_id}
+    if task.force and attempt.in_run == 1:
+        details["force_run"] = True  # sharded steps redo every shard committed before this attempt
+    started = StatusEvent(StepStatus.RUNNING, attempt=attempt.number, worker=lease.worker_id, details=details,
+                          lease=lease.number)  # fmt: skip
+    info = {**task.info, "worker": lease.worker_id, "started": started.time}
+    storage.write_json_atomic(info_path(task.output_path), info)
+    append_event(task.output_path, started)
+    logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt.number, task.output_path)
+    return attempt
+
+
+def _call_step_fn(task: StepTask, stop: StopSignal, interrupter: _Interrupter) -> BaseException | None:
+    """Run the step function; what it raised (or what interrupted it), or None if it returned."""
+    try:
+        with interrupter:
+            stop.register(interrupter)
+            try:
+                task.fn(task.config)
+            finally:
+                stop.unregister(interrupter)
+    except BaseException as error:  # every outcome is recorded by the caller
+        return error
+    return None
+
+
+def _record_interrupt(
+    task: StepTask, lease: Lease, beat: Heartbeat, attempt: _Attempt, interrupted: BaseException
+) -> StepResult:
+    """FAILED "interrupted by the user", so the next run starts at once (the lease is freed after)."""
+    message = "interrupted by the user"
+    try:
+        _append_holding(task.output_path, lease, beat, StatusEvent(StepStatus.FAILED, attempt=attempt.number,
+                                                       worker=lease.worker_id, message=message))  # fmt: skip
+    except LeaseLostError:
+        pass  # the step is someone else's now; they record its outcome
+    if isinstance(interrupted, KeyboardInterrupt):
+        raise interrupted
     return StepResult(Outcome.FAILED, message)
 
 
-def _append_if_holding(task: StepTask, lease: Lease, event: StatusEvent) -> None:
+def _record_failure(
+    task: StepTask, lease: Lease, beat: Heartbeat, attempt: _Attempt, error: BaseException
+) -> StepResult | _Retry:
+    """FAILED with the traceback; or, for a retryable error with attempts left in this run, WAITING and a backoff."""
+    message = f"{type(error).__name__}: {error}"
+    details = {"traceback": "".join(traceback.format_exception(error))}
+    if task.retry.should_retry(error, attempt.in_run):
+        wait_s = task.retry.backoff_s(attempt.in_run)
+        kind = "transient" if is_transient(error) else "retryable"
+        logger.warning("%s: attempt %d failed (%s %s); retrying in %.1fs", task.label, attempt.number, kind, message,
+                       wait_s)  # fmt: skip
+        note = f"attempt {attempt.number} failed ({kind}): {message}; retrying in {wait_s:.1f}s"
+        waiting = StatusEvent(StepStatus.WAITING, attempt=attempt.number, worker=lease.worker_id, message=note,
+                              details=details)  # fmt: skip
+        _append_holding(task.output_path, lease, beat, waiting)
+        return _Retry(wait_s)
+    logger.error("%s: FAILED (attempt %d): %s", task.label, attempt.number, message)
+    failed = StatusEvent(StepStatus.FAILED, attempt=attempt.number, worker=lease.worker_id, message=message,
+                         details=details)  # fmt: skip
+    _append_holding(task.output_path, lease, beat, failed)
+    return StepResult(Outcome.FAILED, message)
+
+
+def _append_holding(output_path: str, lease: Lease, beat: Heartbeat | None, event: StatusEvent) -> None:
+    """Append `event` only while this worker holds the lease: its heartbeat alive, its number the newest,
+    and no event of a newer lease in the history (append_event's fence). Else LeaseLostError."""
+    if beat is not None:
+        beat.raise_if_lost()
+    lease.check()
+    append_event(output_path, dataclasses.replace(event, lease=lease.number))
+
+
+def record_dep_failed(output_path: str, worker_id: str, settings: LeaseSettings, message: str) -> bool:
+    """Record DEP_FAILED for a step that will not run, unless it is SUCCESS or a live holder has it.
+
+    True if written. A holder of the step's lease records its own outcome; a SUCCESS written by another
+    executor meanwhile stands.
+    """
+    lease = Lease(output_path, worker_id, settings)
+    if not lease.try_acquire():
+        return False
     try:
-        lease.check()
-    except LeaseLostError:
-        return
-    append_event(task.output_path, event)
+        events = read_events(output_path)
+        if events and events[-1].status == StepStatus.SUCCESS:
+            return False
+        _append_holding(output_path, lease, None, StatusEvent(StepStatus.DEP_FAILED, worker=worker_id, message=message))
+        return True
+    finally:
+        lease.release()
 
 
 class _Interrupter:

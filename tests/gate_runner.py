@@ -1,11 +1,14 @@
 """Run a one-step DAG whose step waits for a gate file: `python tests/gate_runner.py PREFIX GATE [BACKEND]`.
 
-The interrupt test sends this process SIGINT (Ctrl-C) while the step runs.
+The interrupt test sends this process SIGINT (Ctrl-C) while the step runs. A shell starts background
+jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler; this runner restores
+it, so the test exercises the executor's Ctrl-C handling however the test suite itself was started.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 from node_steps import GateConfig, wait_for_gate
@@ -18,6 +21,7 @@ def gate_step(gate: str, records: str) -> ExecutorStep:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(level=logging.INFO)
     prefix, gate = sys.argv[1], sys.argv[2]
     backend = sys.argv[3] if len(sys.argv) > 3 else "local"

@@ -19,8 +19,16 @@ from executor.status import read_events
 RUNNER = str(Path(__file__).with_name("gate_runner.py"))
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
-def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend):
+def ignore_sigint() -> None:
+    """What a shell does to a background job (`make test &`): the child inherits an ignored SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("backend", "parent_ignores_sigint"),
+    [("local", False), ("local", True), pytest.param("ray", False, marks=[pytest.mark.ray, pytest.mark.slow])],
+)
+def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend, parent_ignores_sigint):
     prefix, gate = tmp_path / "out", tmp_path / "gate"
     step = gate_step(str(gate), str(prefix) + "-records")
     planner = Executor(str(prefix))
@@ -29,7 +37,8 @@ def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend):
     log = open(tmp_path / "run.log", "wb")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, RUNNER, str(prefix), str(gate), backend], stdout=log,
-                               stderr=subprocess.STDOUT, env=env)  # fmt: skip
+                               stderr=subprocess.STDOUT, env=env,
+                               preexec_fn=ignore_sigint if parent_ignores_sigint else None)  # fmt: skip
     try:
         wait_until(lambda: read_status(output) == "RUNNING", "the step to run")
         process.send_signal(signal.SIGINT)

@@ -99,7 +99,7 @@ def test_a_stale_lease_is_taken_over(tmp_path, calls, fast_leases, caplog):
     with caplog.at_level(logging.WARNING):
         executor = Executor(str(tmp_path))
         executor.run([step])
-    assert "taking over the stale lease of crashed-worker" in caplog.text
+    assert "taking over the lease of crashed-worker: stale" in caplog.text
     assert calls.counts == {"orphan": 1}
     history = read_events(output)
     assert [(e.status, e.attempt) for e in history] == [("RUNNING", 1), ("RUNNING", 2), ("SUCCESS", 2)]
