@@ -65,8 +65,9 @@ class ExecutorStep[ConfigT]:
     code_version: str | None = None
     """Bump this string to force new outputs after a code change (code is not hashed)."""
     retry: RetryPolicy | None = None
-    """How failures are retried; default (`retry.DEFAULT_RETRY`): transient ones (lost node, storage 5xx)
-    and I/O errors, up to 3 attempts. Other exceptions fail the step unless listed in `retry_on`."""
+    """How failures are retried; default (`retry.DEFAULT_RETRY`): transient ones only (lost node, dropped
+    connection, timeout, storage 429/5xx), up to 3 attempts per executor run. Other exceptions (a missing
+    file, a denied permission included) fail the step unless listed in `retry_on`."""
     defined_at: str = field(default="", init=False, repr=False)
     """`file:line` where the step was built (set automatically), named when two definitions conflict."""
 

@@ -295,7 +295,7 @@ def fails_n_times(config: FlakyTimesConfig) -> None:
     CALLS.record("fails_n_times")
     if seen < config.failures:
         FAILURES_SEEN[config.output_path] = seen + 1
-        raise {"os": OSError, "conn": ConnectionResetError, "value": ValueError}[config.error](f"failure {seen + 1}")
+        raise {"timeout": TimeoutError, "conn": ConnectionResetError, "value": ValueError}[config.error](f"failure {seen + 1}")
     Path(config.output_path).mkdir(parents=True, exist_ok=True)
     Path(config.output_path, "out.txt").write_text("ok")
 
@@ -308,7 +308,7 @@ def flaky_step(failures: int, error: str, retry: RetryPolicy | None = None) -> E
 FAST = dataclasses.replace(DEFAULT_RETRY, initial_backoff_s=0.01)  # the default policy, without the waits
 
 
-def test_transient_and_io_failures_are_retried_with_the_attempts_in_the_history(tmp_path, calls):
+def test_transient_failures_are_retried_with_the_attempts_in_the_history(tmp_path, calls):
     step = flaky_step(2, "conn", FAST)
     executor = run(tmp_path, [step])
     history = [(event.status, event.attempt) for event in read_events(executor.output_paths[step])]
@@ -318,8 +318,8 @@ def test_transient_and_io_failures_are_retried_with_the_attempts_in_the_history(
     ]  # fmt: skip
     retried = read_events(executor.output_paths[step])[2]
     assert "attempt 1 failed (transient): ConnectionResetError: failure 1; retrying in" in retried.message
-    with pytest.raises(StepFailedError, match="OSError: failure 3"):
-        run(tmp_path, [flaky_step(5, "os", FAST)])  # three attempts, then FAILED
+    with pytest.raises(StepFailedError, match="TimeoutError: failure 3"):
+        run(tmp_path, [flaky_step(5, "timeout", FAST)])  # three attempts, then FAILED
     assert calls.counts == {"fails_n_times": 6}
 
 
