@@ -5,7 +5,9 @@
   or on a local Ray started on demand (this machine's CPUs, a temp dir of ours, no dashboard).
   Steps that fan out launch their shard tasks from inside (see shards.py). A task whose worker
   or node dies is retried by Ray (`max_retries`); the retried call waits for the dead attempt's
-  lease to go stale, then takes it over.
+  lease to go stale, then takes it over. Every ready step is submitted (unless `max_concurrent`
+  caps it): the cluster's resources, not the driver's CPU count, decide how many run at once. On a
+  cluster the prefix must be storage every node sees (`check_backend`).
 
 Both call the same `run_step(task)`, so a DAG runs unchanged on either.
 """

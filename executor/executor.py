@@ -4,7 +4,8 @@
     executor.run([tokenize_step], force_run=["tokenize"])
     executor.output_paths[tokenize_step]   # gs://my-bucket/runs/tokenize-3f2a9c1b
 
-A step runs when its output is not SUCCESS (or `force_run` names it); it waits for its blocking
+A step runs when its output is not SUCCESS (or `force_run` names it); what runs is chosen in
+selection.py (only what a selected, unfinished step needs); a step waits for its blocking
 dependencies; a failure marks its dependents DEP_FAILED while unrelated branches go on; at the
 end a `StepFailedError` lists what failed. Many executors may run the same DAG on the same prefix
 at once: leases make each step run exactly once (see lease.py).
