@@ -2,7 +2,9 @@
 
 `train_quality_classifier` learns `__label__positive` vs `__label__negative` from two document
 sets (say, reference text against random web text), holding out `heldout_fraction` of each class
-(chosen by a hash of the document id, so the split is stable) to report held-out accuracy.
+to report held-out accuracy. The split hashes the normalised text (`steps/minhash.normalize`,
+whitespace collapsed), not the id: copies of a text under different ids all land on one side, so
+held-out accuracy is never inflated by documents the model trained on.
 Training uses one thread: fastText's parallel SGD is not deterministic, and a step's output should
 be a function of its config.
 
@@ -18,12 +20,17 @@ starts at exactly zero and training is reproducible. The weights are checked aft
 run that still diverges is retried once at a quarter of the learning rate (logged), and a second
 failure is an error naming the step's output and its data size, never a silently bad model.
 
-`fasttext_filter` scores every document with P(positive) and keeps it if the score is at least
-`threshold`, or, with `keep_fraction`, if it is in the top fraction of all scores. The quantile
-needs every shard's scores, so filtering then runs in two passes: each shard scores and commits
-a 1,000-bin histogram (never the scores of other shards), the threshold is read off the merged
-histogram, and a second pass writes the kept documents. Scoring calls fastText's batched
-`predict` on a whole shard at once.
+`fasttext_filter` scores every document with P(label) and keeps it if the score is at least
+`threshold`, or, with `keep_fraction`, if it is in the top fraction of all scores. A label the
+model does not know is refused up front, naming the model's labels (it used to score 1 - p).
+The quantile needs every shard's scores, so filtering then runs in two passes: each shard scores
+its documents and commits one 64-bit rank key per document, the score's float32 bits above 32 bits
+of a hash of the text, so equal scores are ordered by text hash, deterministically and whatever the
+sharding. The driver then selects the exact key of rank `keep_fraction * N` with a radix select,
+four passes of a 65,536-bin histogram over the shards' key files (8 bytes per document per pass,
+one shard in memory at a time), and a second shard pass keeps the keys at or above it. A histogram
+of scores alone cannot do this: with 85% of scores at 0.9995, every bin edge keeps 0% or 85%.
+Scoring calls fastText's batched `predict` on a whole shard at once.
 
 Outputs: `model.bin` + `stats.json` (train); `docs/`, `scores/shard-*.parquet` (id, score) and
 `stats.json` (filter).
@@ -36,6 +43,7 @@ import ctypes.util
 import logging
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -60,13 +68,14 @@ from steps.documents import (
     write_stats,
     write_table,
 )
+from steps.minhash import normalize
 
 logger = logging.getLogger(__name__)
 
 MODEL_FILE = "model.bin"
 POSITIVE = "__label__positive"
 NEGATIVE = "__label__negative"
-HISTOGRAM_BINS = 1000
+_DIGIT_BITS = 16
 RETRY_LR_FACTOR = 0.25
 """On divergence, training is retried once at this fraction of the learning rate."""
 MAX_ABS_WEIGHT = 1e4
@@ -121,7 +130,8 @@ def _split(paths: list[str], limit: int, heldout_fraction: float, label: str) ->
             if len(train) + len(heldout) >= limit:
                 return train, heldout
             line = f"{label} {fasttext_line(document['text'])}"
-            in_heldout = xxhash.xxh64_intdigest(document["id"]) % 10_000 < heldout_fraction * 10_000
+            normalised = " ".join(normalize(document["text"]).split())
+            in_heldout = xxhash.xxh64_intdigest(normalised) % 10_000 < heldout_fraction * 10_000
             (heldout if in_heldout else train).append(line)
     return train, heldout
 
@@ -273,30 +283,70 @@ class _FilePayload:
     config: FasttextFilterConfig
     shard_index: int
     path: str
-    threshold: float | None
-    """None in the scoring pass of keep_fraction mode."""
+    threshold_key: int | None
+    """keep_fraction mode, filtering pass: keep rank keys at or above this (None: scoring pass, or threshold mode)."""
+
+
+def score_keys(scores: np.ndarray, texts: list[str]) -> np.ndarray:
+    """One uint64 rank key per document: its float32 score's bits (ordered like the scores, which are
+    non-negative) above the low 32 bits of a hash of its text, which breaks ties deterministically."""
+    score_bits = np.asarray(scores, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    hashes = np.array([xxhash.xxh3_64_intdigest(text) & 0xFFFFFFFF for text in texts], dtype=np.uint64)
+    return (score_bits << np.uint64(32)) | hashes
+
+
+KEEP_NOTHING = (1 << 64) - 1
+"""A threshold no key reaches: the largest score, 1.0, has float32 bits 0x3F800000."""
+
+
+def top_fraction_threshold(shard_keys: Callable[[], Iterable[np.ndarray]], keep_fraction: float) -> int:
+    """The key such that keeping keys at or above it keeps `round(keep_fraction * N)` of the N keys
+    (more only where whole 64-bit keys are equal). `shard_keys()` yields every shard's keys, once per pass:
+    a radix select, 16 bits per pass from the top, that never holds more than one shard's keys."""
+    total = sum(len(keys) for keys in shard_keys())
+    wanted = round(keep_fraction * total)
+    if wanted <= 0:
+        return KEEP_NOTHING
+    if wanted >= total:
+        return 0
+    prefix, remaining, digits = 0, wanted, 1 << _DIGIT_BITS
+    for shift in range(64 - _DIGIT_BITS, -1, -_DIGIT_BITS):
+        histogram = np.zeros(digits, dtype=np.int64)
+        for keys in shard_keys():
+            if shift + _DIGIT_BITS < 64:
+                keys = keys[(keys >> np.uint64(shift + _DIGIT_BITS)) == np.uint64(prefix)]
+            histogram += np.bincount(((keys >> np.uint64(shift)) & np.uint64(digits - 1)).astype(np.int64),
+                                     minlength=digits)  # fmt: skip
+        at_or_above = np.cumsum(histogram[::-1])[::-1]
+        digit = int(np.flatnonzero(at_or_above >= remaining)[-1])
+        remaining -= int(at_or_above[digit] - histogram[digit])
+        prefix = (prefix << _DIGIT_BITS) | digit
+    return prefix
+
+
+def _scores_path(config: FasttextFilterConfig, shard_index: int) -> str:
+    return storage.join(config.output_path, "work", "scores", f"scores-{shard_index:05d}.npz")
 
 
 def _score_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
     report = ReadReport()
     texts = [document["text"] for document in read_documents(payload.path, report, payload.config.raw_input)]
     scores = score_texts(load_model(payload.config.model_path), texts, payload.config.label)
-    save_arrays(writer, f"scores-{payload.shard_index:05d}.npz", score=scores)
-    histogram = np.histogram(scores, bins=HISTOGRAM_BINS, range=(0.0, 1.0))[0]
-    return {"rows": len(scores), "histogram": histogram.tolist()}
+    save_arrays(writer, f"scores-{payload.shard_index:05d}.npz", score=scores, key=score_keys(scores, texts))
+    return {"rows": len(scores)}
 
 
 def _keep_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
     config = payload.config
     report = ReadReport()
     documents = list(read_documents(payload.path, report, config.raw_input))
-    scored = storage.join(config.output_path, "work", "scores", f"scores-{payload.shard_index:05d}.npz")
-    if config.keep_fraction is not None and storage.exists(scored):
-        scores = load_arrays(scored)["score"]
+    if payload.threshold_key is not None:
+        scored = load_arrays(_scores_path(config, payload.shard_index))
+        scores, keep = scored["score"], scored["key"] >= np.uint64(payload.threshold_key)
     else:
         scores = score_texts(load_model(config.model_path), [document["text"] for document in documents], config.label)
-    threshold = payload.threshold if payload.threshold is not None else 0.0
-    kept = [document for document, score in zip(documents, scores, strict=True) if score >= threshold]
+        keep = scores >= (config.threshold or 0.0)
+    kept = [document for document, chosen in zip(documents, keep, strict=True) if chosen]
     write_table(writer, shard_file(payload.shard_index), to_table(kept))
     score_table = pa.table({"id": [document["id"] for document in documents], "score": scores})
     write_table(writer, f"scores/shard-{payload.shard_index:05d}.parquet", score_table)
@@ -305,29 +355,34 @@ def _keep_shard(payload: _FilePayload, writer: ShardWriter) -> dict[str, Any]:
     return stats
 
 
-def quantile_threshold(histogram: np.ndarray, keep_fraction: float) -> float:
-    """The lowest bin edge such that at most about `keep_fraction` of scores lie at or above it."""
-    total = histogram.sum()
-    at_or_above = np.cumsum(histogram[::-1])[::-1]
-    edges = np.linspace(0.0, 1.0, HISTOGRAM_BINS + 1)[:-1]
-    allowed = np.flatnonzero(at_or_above <= keep_fraction * total)
-    return float(edges[allowed[0]]) if len(allowed) else 1.0
+def _check_label(config: FasttextFilterConfig) -> None:
+    labels = sorted(load_model(config.model_path).get_labels())
+    if config.label not in labels:
+        raise ValueError(f"fasttext_filter at {config.output_path}: the model at {config.model_path} has no label "
+                         f"{config.label!r}; its labels are {labels}. Set `label` to one of them.")  # fmt: skip
 
 
 def fasttext_filter(config: FasttextFilterConfig) -> None:
     if (config.threshold is None) == (config.keep_fraction is None):
         raise ValueError("give exactly one of threshold and keep_fraction")
+    _check_label(config)
     files = list_input_files(config.input_paths)
-    threshold = config.threshold
+    threshold_key = None
     if config.keep_fraction is not None:
         score_shards = [Shard(f"{i:05d}", _FilePayload(config, i, path, None)) for i, path in enumerate(files)]
-        scored = run_sharded(storage.join(config.output_path, "work", "scores"), score_shards, _score_shard,
-                             description="fasttext scores")  # fmt: skip
-        histogram = np.sum([marker["stats"]["histogram"] for marker in scored.markers.values()], axis=0)
-        threshold = quantile_threshold(np.asarray(histogram), config.keep_fraction)
-    shards = [Shard(f"{i:05d}", _FilePayload(config, i, path, threshold)) for i, path in enumerate(files)]
+        run_sharded(storage.join(config.output_path, "work", "scores"), score_shards, _score_shard,
+                    description="fasttext scores")  # fmt: skip
+
+        def shard_keys() -> Iterator[np.ndarray]:
+            return (load_arrays(_scores_path(config, index))["key"] for index in range(len(files)))
+
+        threshold_key = top_fraction_threshold(shard_keys, config.keep_fraction)
+    shards = [Shard(f"{i:05d}", _FilePayload(config, i, path, threshold_key)) for i, path in enumerate(files)]
     report = run_sharded(config.output_path, shards, _keep_shard, description="fasttext filter")
     stats = merge_stats(report)
-    stats["threshold"] = threshold
+    if threshold_key is None:
+        stats["threshold"] = config.threshold
+    else:  # the score at the cut (its float32 bits are the key's top half)
+        stats["threshold"] = float(np.uint32(min(threshold_key >> 32, 0xFFFFFFFF)).view(np.float32))
     stats["keep_fraction"] = config.keep_fraction
     write_stats(config.output_path, stats)

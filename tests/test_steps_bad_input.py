@@ -15,6 +15,7 @@ from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 from steps.documents import ReadReport, list_input_files, read_documents, read_shard_table
 from steps.jsonl_shards import read_records
 
+
 def word(number: int) -> str:
     return "".join(chr(ord("a") + number // 26**place % 26) for place in range(3))
 
@@ -29,7 +30,8 @@ def jsonl(records: list) -> bytes:
 
 
 def kept_ids(output: str) -> list[str]:
-    return [row for path in list_input_files(f"{output}/docs") for row in read_shard_table(path).column("id").to_pylist()]
+    paths = list_input_files(f"{output}/docs")
+    return [row for path in paths for row in read_shard_table(path).column("id").to_pylist()]
 
 
 def test_lone_surrogates_and_deep_json_are_counted_and_the_rest_kept(tmp_path):
@@ -88,6 +90,7 @@ def test_crlf_and_cr_text_splits_into_paragraphs(tmp_path):
     (inputs / "a.jsonl").write_bytes(jsonl(documents))
     output = tmp_path / "out"
     exact_dedup(ExactDedupConfig(input_paths=[str(inputs)], output_path=str(output)))
-    texts = {row["id"]: row["text"] for row in read_shard_table(str(output / "docs" / "shard-00000.parquet")).to_pylist()}
+    table = read_shard_table(str(output / "docs" / "shard-00000.parquet"))
+    texts = {row["id"]: row["text"] for row in table.to_pylist()}
     assert texts["windows"] == "Other opening words.\r\n\r\n"
     assert texts["unix"] == documents[0]["text"]

@@ -14,7 +14,7 @@ from steps.dedup_eval import evaluate_fuzzy_dedup
 from steps.dedup_exact import ExactDedupConfig, _cut, exact_dedup, paragraph_spans
 from steps.dedup_fuzzy import FuzzyDedupConfig, bucket_pairs, fuzzy_dedup
 from steps.documents import ReadReport, list_input_files, read_documents, read_shard_table
-from steps.minhash import MinHasher, jaccard, shingles
+from steps.minhash import MinHasher, jaccard, normalize, shingles
 from steps.real_corpus import RealCorpusConfig, build_real_corpus, read_ground_truth
 
 
@@ -37,6 +37,14 @@ def test_shingles_match_a_plain_python_reference():
     assert len(set(hashes[:7].tolist())) == 7
     assert jaccard("a b c d e f g", "A b, c d e f g") == 1.0
     assert jaccard("a b c d e f g h", "a b c d e f g x") == pytest.approx(3 / 5)
+
+
+def test_normalisation_turns_punctuation_into_spaces_and_folds_diacritics():
+    assert normalize("state-of-the-art").split() == ["state", "of", "the", "art"]
+    assert normalize("x=1+2").split() == ["x", "0", "0"]
+    assert normalize("Café NAÏVE").split() == normalize("cafe\u0301 naive").split() == ["cafe", "naive"]
+    assert jaccard("a state-of-the-art model, for x=1+2 here", "A state of the art model for x = 1 + 2 here") == 1.0
+    assert jaccard("one two three four five six", "one two three four five sixty") < 1.0
 
 
 def test_minhash_estimates_jaccard():
@@ -118,7 +126,7 @@ def test_paragraph_cuts_record_spans_of_the_original():
 
 def test_fuzzy_dedup_finds_planted_near_copies_and_resumes(corpus, tmp_path):
     output = str(tmp_path / "fuzzy")
-    config = FuzzyDedupConfig(input_paths=[f"{corpus}/raw"], output_path=output)
+    config = FuzzyDedupConfig(input_paths=[f"{corpus}/raw"], output_path=output, parallelism="thread")
     fuzzy_dedup(config)
     figures = evaluate_fuzzy_dedup(corpus, output)
     assert figures["recall"]["exact"] == 1.0

@@ -82,7 +82,8 @@ def write_inputs(folder: Any, files: int) -> None:
 
 def intermediate_listings(output: str) -> list[tuple[str, str, int]]:
     work = CountingFileSystem._strip_protocol(f"{output}/work/")
-    return [entry for entry in CountingFileSystem.listings if entry[1].startswith(work) and "/.executor" not in entry[1]]
+    listings = CountingFileSystem.listings
+    return [entry for entry in listings if entry[1].startswith(work) and "/.executor" not in entry[1]]
 
 
 @pytest.mark.parametrize("files", [2, 6])

@@ -9,7 +9,8 @@ import tempfile
 import pyarrow.parquet as pq
 import pytest
 
-from executor import Executor, read_status
+from executor import Executor, ExecutorStep, read_status
+from executor.step_spec import InputName
 from experiments import data_demo
 from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 from steps.documents import list_input_files, read_shard_table
@@ -51,6 +52,26 @@ def test_the_data_demo_runs_and_a_rerun_skips_everything(tmp_path, backend, requ
     rebuilt = data_demo.build_steps(docs_per_domain=40, near_copies=3)
     again.run(rebuilt)
     assert [again.decision_for(step).action for step in rebuilt] == ["skip"] * len(rebuilt)
+
+
+def upstream(step: ExecutorStep) -> set[str]:
+    """Names of every step `step` reads from, transitively (through its config's input paths)."""
+    names: set[str] = set()
+    pending = [step]
+    while pending:
+        for value in vars(pending.pop().config).values():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, InputName) and item.step is not None and item.step.name not in names:
+                    names.add(item.step.name)
+                    pending.append(item.step)
+    return names
+
+
+def test_the_demo_filters_before_it_dedups():
+    """Dedup keeps the first document of a cluster; a filter after it would lose clusters whose kept copy fails."""
+    by_name = {step.name: step for step in data_demo.build_steps(docs_per_domain=40, near_copies=3)}
+    assert {"quality/heuristics", "quality/fasttext_filter"} <= upstream(by_name["dedup/fuzzy"])
+    assert not {"dedup/fuzzy", "dedup/decontaminate"} & upstream(by_name["quality/fasttext_filter"])
 
 
 def ngrams(text: str, n: int) -> set[tuple[str, ...]]:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from steps.decontaminate import DecontaminateConfig, decontaminate
 from steps.documents import list_input_files, read_shard_table
 from steps.fasttext_quality import (
+    POSITIVE,
     ClassifierTrainingError,
     FasttextFilterConfig,
     TrainClassifierConfig,
+    _split,
     fasttext_filter,
-    quantile_threshold,
+    score_keys,
+    top_fraction_threshold,
     train_quality_classifier,
 )
+from steps.minhash import normalize
 from steps.quality_heuristics import QualityHeuristicsConfig, quality_heuristics
 from steps.real_corpus import RealCorpusConfig, build_real_corpus
 
@@ -60,7 +65,7 @@ def test_fasttext_trains_and_filters_by_threshold_and_by_quantile(corpus, tmp_pa
     model = str(tmp_path / "model")
     train_quality_classifier(classifier_config(corpus, model))
     trained = stats_of(model)
-    assert trained["heldout_docs"] == 29 and trained["heldout_accuracy"] >= 0.95
+    assert 10 <= trained["heldout_docs"] <= 40 and trained["heldout_accuracy"] >= 0.95
     assert trained["learning_rate"] == 0.5
     by_threshold = str(tmp_path / "threshold")
     fasttext_filter(FasttextFilterConfig(input_paths=[corpus], model_path=model, output_path=by_threshold,
@@ -72,7 +77,7 @@ def test_fasttext_trains_and_filters_by_threshold_and_by_quantile(corpus, tmp_pa
     fasttext_filter(FasttextFilterConfig(input_paths=[corpus], model_path=model, output_path=by_fraction,
                                          keep_fraction=0.5))  # fmt: skip
     stats = stats_of(by_fraction)
-    assert abs(stats["docs_out"] - 90) <= 12
+    assert abs(stats["docs_out"] - 90) <= 1
     assert len(rows(f"{by_fraction}/scores")) == 180
 
 
@@ -94,12 +99,62 @@ def test_fasttext_divergence_is_retried_then_a_clear_error(corpus, tmp_path):
     assert not (tmp_path / "model" / "model.bin").exists()
 
 
-def test_quantile_threshold_keeps_the_top_fraction():
-    import numpy as np
+@pytest.mark.parametrize("shape", ["saturated", "bimodal", "uniform"])
+def test_keep_fraction_is_met_whatever_the_score_distribution(shape):
+    """85% of scores at 0.9995 made a 1,000-bin histogram's threshold 1.0, keeping nothing."""
+    rng = np.random.default_rng(0)
+    count = 30_000
+    scores = {"saturated": np.where(rng.random(count) < 0.85, 0.9995, rng.random(count)),
+              "bimodal": np.concatenate([rng.normal(0.02, 0.01, count // 2), rng.normal(0.98, 0.01, count // 2)]),
+              "uniform": rng.random(count)}[shape].clip(0, 1).astype(np.float32)  # fmt: skip
+    keys = score_keys(scores, [f"document {index}" for index in range(count)])
+    shards = np.array_split(keys, 7)
+    for fraction in (0.0, 0.05, 0.3, 0.5, 0.9, 1.0):
+        threshold = top_fraction_threshold(lambda: iter(shards), fraction)
+        assert abs(np.count_nonzero(keys >= threshold) / count - fraction) <= 0.005
+        assert top_fraction_threshold(lambda: iter(shards[::-1]), fraction) == threshold
 
-    histogram = np.zeros(1000, dtype=np.int64)
-    histogram[[100, 500, 900, 950]] = [10, 10, 10, 10]
-    assert 0.5 < quantile_threshold(histogram, 0.5) <= 0.9
+
+def test_an_unknown_label_is_refused_naming_the_models_labels(corpus, tmp_path):
+    model = str(tmp_path / "model")
+    train_quality_classifier(classifier_config(corpus, model, epochs=5))
+    with pytest.raises(ValueError, match=r"__label__good.*__label__negative.*__label__positive"):
+        fasttext_filter(FasttextFilterConfig(input_paths=[corpus], model_path=model, output_path=str(tmp_path / "out"),
+                                             threshold=0.5, label="__label__good"))  # fmt: skip
+
+
+def test_the_heldout_split_keeps_copies_of_a_text_on_one_side(corpus, tmp_path):
+    """Split by id, exact copies landed on both sides and inflated held-out accuracy."""
+    documents = rows(f"{corpus}/reference_pydoc.parquet")[:40]
+    variants = [[document["text"], document["text"].replace(" ", "  ") + "\n"] for document in documents]
+    copies = [{"id": f"{document['id']}-{number}", "text": text}
+              for document, texts in zip(documents, variants, strict=True) for number, text in enumerate(texts)]  # fmt: skip
+    (tmp_path / "copies.jsonl").write_text("".join(json.dumps(copy) + "\n" for copy in copies))
+    train, heldout = _split([str(tmp_path / "copies.jsonl")], 1000, 0.3, POSITIVE)
+    assert len(train) + len(heldout) == 80 and heldout
+
+    def texts(lines: list[str]) -> set[str]:
+        return {" ".join(normalize(line.split(" ", 1)[1]).split()) for line in lines}
+
+    assert not texts(train) & texts(heldout)
+
+
+def test_decontamination_matches_short_eval_items_whole_and_counts_the_too_short(tmp_path):
+    """An eval item shorter than n_grams words used to give no n-gram and was never matched."""
+    (tmp_path / "eval").mkdir()
+    items = ["The quick brown fox jumps over the lazy dog", "yes it is", "Paris"]
+    (tmp_path / "eval" / "eval.jsonl").write_text("".join(json.dumps({"id": f"e{index}", "text": text}) + "\n"
+                                                          for index, text in enumerate(items)))  # fmt: skip
+    training = [{"id": "leaks", "text": "Typing test: the quick brown fox jumps over the lazy dog! Then more words."},
+                {"id": "clean", "text": "A plain sentence that has nothing in common with the evaluation items."},
+                {"id": "short", "text": "Is it? yes it is, said the tour guide in Paris."}]  # fmt: skip
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(document) + "\n" for document in training))
+    output = str(tmp_path / "clean")
+    decontaminate(DecontaminateConfig(input_paths=[str(tmp_path / "train.jsonl")], eval_paths=[str(tmp_path / "eval")],
+                                      output_path=output))  # fmt: skip
+    assert {row["id"] for row in rows(f"{output}/contaminated")} == {"leaks"}
+    stats = stats_of(output)
+    assert stats["eval_items"] == {"checked_by_ngrams": 0, "checked_whole": 1, "too_short": 2}
 
 
 def test_decontamination_drops_documents_sharing_eval_ngrams(corpus, tmp_path):
