@@ -1,0 +1,185 @@
+"""Tokenize-step throughput: our step end to end vs raw `tokenizers`, Levanter's cache builder and datatrove.
+
+Real text found offline (this interpreter's stdlib sources and docstrings, `steps/text_corpus.py`) is
+written as JSONL.gz shards in one folder, a byte-level BPE is trained on a sample of it with our
+`train_tokenizer`, and then, on the same files and the same tokenizer, one after the other:
+
+- ours: `steps.tokenize.tokenize` end to end: read the shards, encode, write the Levanter cache
+  (train and validation), commit each shard group, write the ledgers and stats.json;
+- raw: `Tokenizer.encode_batch` over the same texts already in memory, in batches of `--batch`
+  (no reading, no writing: the ceiling; goal: ours >= 0.8x);
+- levanter: `levanter.data.text.cache.build_lm_dataset_cache` on the same files (its own sharded
+  builder: zephyr workers, `BatchTokenizer`, consolidation; goal: ours >= 1x);
+- datatrove: a `JsonlReader` -> `DocumentTokenizer` pipeline on `LocalPipelineExecutor` with one task per
+  file (goal: ours >= 2x).
+
+Each rate is the tokens that method wrote divided by its wall time (Levanter's builder spends one more
+token per document on a space before EOS; the counts are printed). The last line is a JSON object with
+`ratio_vs_raw`, `ratio_vs_levanter` and `ratio_vs_datatrove` (ours / theirs, higher is better).
+
+    .venv/bin/python benchmarks/bench_tokenize.py [--docs 900] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from steps.documents import ReadReport, read_documents
+from steps.jsonl_shards import list_shards
+from steps.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.tokenize import TokenizeConfig, tokenize
+from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+
+EOS = "<|endoftext|>"
+
+
+def build_inputs(root: Path, docs: int, docs_per_shard: int) -> list[str]:
+    """Stdlib code and docstring prose as JSONL.gz shards, all in `root/docs`."""
+    docs_folder = root / "docs"
+    docs_folder.mkdir(parents=True)
+    for source, count in (("python_stdlib", docs), ("python_docstrings", docs // 3)):
+        corpus = root / source
+        build_text_corpus(
+            TextCorpusConfig(source=source, max_docs=count, docs_per_shard=docs_per_shard, output_path=str(corpus))
+        )
+        for shard in list_shards(str(corpus)):
+            shutil.copy(shard, docs_folder / f"{source}-{Path(shard).name}")
+    return sorted(str(path) for path in docs_folder.iterdir())
+
+
+def time_raw(tokenizer_path: str, files: list[str], batch: int) -> tuple[float, int]:
+    tokenizer = load_tokenizer(tokenizer_path)
+    texts = [document["text"] for path in files for document in file_documents(path)]
+    start = time.perf_counter()
+    tokens = 0
+    for index in range(0, len(texts), batch):
+        tokens += sum(len(encoding.ids) for encoding in tokenizer.encode_batch(texts[index : index + batch]))
+    return time.perf_counter() - start, tokens
+
+
+def file_documents(path: str) -> list[dict]:
+    return list(read_documents(path, ReadReport()))
+
+
+def time_ours(tokenizer_path: str, files: list[str], output: Path, batch: int, workers: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    tokenize(
+        TokenizeConfig(
+            input_paths=files,
+            tokenizer_path=tokenizer_path,
+            output_path=str(output),
+            batch_size=batch,
+            parallelism="thread",
+            max_workers=workers,
+        )
+    )
+    elapsed = time.perf_counter() - start
+    return elapsed, json.loads((output / "stats.json").read_text())["tokens"]
+
+
+def time_levanter(tokenizer_path: str, files: list[str], output: Path, batch: int) -> tuple[float, int]:
+    from levanter.data.sharded_datasource import UrlDataSource
+    from levanter.data.text.cache import build_lm_dataset_cache
+    from levanter.data.text.formats import TextLmDatasetFormat
+    from levanter.store.cache import CacheOptions
+    from levanter.tokenizers import load_tokenizer as levanter_tokenizer
+
+    start = time.perf_counter()
+    cache = build_lm_dataset_cache(
+        str(output),
+        UrlDataSource(files, columns=["text"]),
+        TextLmDatasetFormat(),
+        levanter_tokenizer(tokenizer_path),
+        CacheOptions(batch_size=batch),
+    )
+    elapsed = time.perf_counter() - start
+    return elapsed, cache.ledger.field_counts["input_ids"]
+
+
+def time_datatrove(tokenizer_path: str, files: list[str], output: Path, batch: int, workers: int) -> tuple[float, int]:
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.tokens import DocumentTokenizer
+
+    folder = str(Path(files[0]).parent)
+    pipeline = [
+        JsonlReader(folder, glob_pattern="*.jsonl.gz", compression="gzip"),
+        DocumentTokenizer(
+            str(output / "tokens"),
+            tokenizer_name_or_path=f"{tokenizer_path}/tokenizer.json",
+            eos_token=EOS,
+            batch_size=batch,
+            shuffle_documents=False,
+        ),
+    ]
+    executor = LocalPipelineExecutor(pipeline, tasks=len(files), workers=workers, logging_dir=str(output / "logs"))
+    start = time.perf_counter()
+    executor.run()
+    elapsed = time.perf_counter() - start
+    token_bytes = sum(path.stat().st_size for path in (output / "tokens").glob("*.ds"))
+    return elapsed, token_bytes // 2  # uint16 ids: the vocabulary is under 65,536
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", type=int, default=900, help="stdlib modules (plus a third as many docstring docs)")
+    parser.add_argument("--docs-per-shard", type=int, default=60)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    root = Path(tempfile.mkdtemp(prefix="bench_tokenize-"))
+    try:
+        files = build_inputs(root, args.docs, args.docs_per_shard)
+        text_bytes = sum(len(r["text"].encode()) for path in files for r in file_documents(path))
+        tokenizer_path = str(root / "tokenizer")
+        train_tokenizer(
+            TrainTokenizerConfig(
+                input_paths=[str(root / "python_stdlib"), str(root / "python_docstrings")],
+                vocab_size=args.vocab,
+                sample_bytes=3_000_000,
+                output_path=tokenizer_path,
+            )
+        )
+        print(f"{len(files)} files, {text_bytes / 1e6:.1f} MB of text; tokenizer: {args.vocab} tokens", flush=True)
+        results = {}
+        for name, run in (
+            ("raw", lambda: time_raw(tokenizer_path, files, args.batch)),
+            ("ours", lambda: time_ours(tokenizer_path, files, root / "ours", args.batch, args.workers)),
+            ("levanter", lambda: time_levanter(tokenizer_path, files, root / "levanter", args.batch)),
+            ("datatrove", lambda: time_datatrove(tokenizer_path, files, root / "datatrove", args.batch, args.workers)),
+        ):
+            seconds, tokens = run()
+            results[name] = {"seconds": round(seconds, 3), "tokens": tokens, "tokens_per_s": round(tokens / seconds)}
+            print(
+                f"{name:>10}: {tokens:>10,} tokens in {seconds:7.2f} s = {tokens / seconds:>12,.0f} tokens/s",
+                flush=True,
+            )
+        ours = results["ours"]["tokens_per_s"]
+        figures = {
+            "files": len(files),
+            "text_mb": round(text_bytes / 1e6, 2),
+            "cpus": os.cpu_count(),
+            "workers": args.workers,
+            **{f"{name}_tokens_per_s": result["tokens_per_s"] for name, result in results.items()},
+            **{f"{name}_tokens": result["tokens"] for name, result in results.items()},
+            **{
+                f"ratio_vs_{name}": round(ours / results[name]["tokens_per_s"], 3)
+                for name in ("raw", "levanter", "datatrove")
+            },
+        }
+        print(json.dumps(figures))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

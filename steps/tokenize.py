@@ -1,0 +1,234 @@
+"""Tokenize documents into a Levanter cache (train and validation splits) that Levanter's trainer reads as is.
+
+    tokenized = ExecutorStep(
+        name="tokenized/prose",
+        fn=tokenize,
+        config=TokenizeConfig(
+            input_paths=[output_path_of(quality_filter, "docs")],
+            tokenizer_path=output_path_of(tokenizer),
+            validation_fraction=versioned(0.01),
+            output_path=THIS_OUTPUT_PATH,
+        ),
+    )
+    # Levanter: DatasetComponent(cache_dir=<output>), LmDataConfig(tokenizer=<tokenizer_path>, auto_build_caches=False)
+
+One shard group per input file, run with `run_sharded` (Ray tasks or processes): the group reads its
+documents with the one document reader (`steps/documents.py`: bad lines are counted, not fatal),
+encodes them in batches with HF `tokenizers` (`encode_batch_fast`, threads in Rust), frames each
+document as Levanter's `BatchTokenizer` does (BOS when the tokenizer has one, the text's ids, EOS),
+and streams them into two Levanter sub-caches, `train/part-<group>/` and `validation/part-<group>/`
+(`steps/levanter_cache.py`). The group is committed with its marker; a restarted step redoes only
+groups without one. Once all are committed, each split gets a sharded `shard_ledger.json` over its
+parts, and that ledger is what makes it a cache: Levanter refuses a split without one.
+
+A document goes to validation when the xxh3 hash of its id falls in the first
+`validation_fraction` of the hash range: stable however the inputs are sharded.
+
+One difference from Levanter's builder: it appends `" " + eos_token` to the text before encoding, so a
+byte-level BPE spends a token on that space; we append the EOS id, so a document decodes back to
+exactly its text and costs one token less.
+
+Output: `train/`, `validation/` (Levanter caches), `stats.json`: documents, tokens, bytes and bytes
+per token overall, per split and per source; bad lines by reason with samples; empty input files.
+A step that would leave no training document fails instead of writing an empty cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+from tokenizers import Tokenizer
+
+from executor import storage
+from executor.shards import ShardReport, ShardWriter, run_sharded
+from steps.documents import (
+    FileShard,
+    ReadReport,
+    file_shards,
+    flow_stats,
+    list_input_files,
+    merge_stats,
+    read_documents,
+    write_stats,
+)
+from steps.levanter_cache import PartFigures, PartWriter, check_cache_path, write_sharded_ledger
+from steps.train_tokenizer import SpecialTokenIds, load_tokenizer, special_token_ids
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+NO_SOURCE = "(none)"
+_HASH_RANGE = float(1 << 64)
+
+
+class EmptyTokenizeOutputError(ValueError):
+    """Every input document was bad or the inputs were empty: no training data to write."""
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    input_paths: list[str]
+    """Document files, folders or globs (JSONL or Parquet; a data step's `docs/`), read in this order. Dependencies."""
+    tokenizer_path: str
+    """A train_tokenizer output (an HF tokenizer directory). A dependency; give Levanter's trainer the same path."""
+    output_path: str
+    """Where train/, validation/ and stats.json go (THIS_OUTPUT_PATH in a DAG): a local path, gs:// or s3://."""
+    validation_fraction: float = 0.01
+    """Share of documents (by hash of their id) held out in the validation split. Versioned."""
+    raw_input: bool = True
+    """Whether an input file with no usable document is an error (False for our own outputs, where an
+    upstream filter may have emptied a shard: it is then counted in stats.json as an empty file)."""
+    batch_size: int = 512
+    """Documents per `encode_batch` call and per cache write; memory and speed only, so unversioned."""
+    parallelism: str = "auto"
+    """How shard groups run: auto (Ray when initialized, else processes), ray, process or thread. Plain."""
+    max_workers: int | None = None
+    """Shard groups at once (default: the CPUs). Plain."""
+
+
+def tokenize(config: TokenizeConfig) -> None:
+    step = f"tokenize ({config.output_path})"
+    check_cache_path(config.output_path, step)
+    if not 0.0 <= config.validation_fraction < 1.0:
+        raise ValueError(f"{step}: validation_fraction must be in [0, 1), got {config.validation_fraction}")
+    _framing(config.tokenizer_path)  # a tokenizer without an EOS fails here, before any shard runs
+    files = list_input_files(config.input_paths)
+    report = run_sharded(
+        config.output_path,
+        file_shards(config, files),
+        _tokenize_shard,
+        parallelism=config.parallelism,
+        max_workers=config.max_workers,
+        description="tokenize",
+    )
+    stats = _stats(report, config)
+    if stats["splits"]["train"]["documents"] == 0:
+        raise EmptyTokenizeOutputError(
+            f"{step}: no training document in {len(files)} input file(s) ({stats['empty_files']} empty, bad lines: "
+            f"{stats['bad_input']}); check the inputs {config.input_paths}, samples: {stats['bad_samples'][:3]}"
+        )
+    metadata = cache_metadata(config.tokenizer_path)
+    for split in SPLITS:
+        parts = [
+            PartFigures(f"part-{shard_id}", marker["stats"][f"{split}_docs"], marker["stats"][f"{split}_tokens"])
+            for shard_id, marker in sorted(report.markers.items())
+        ]
+        write_sharded_ledger(storage.join(config.output_path, split), parts, metadata)
+    write_stats(config.output_path, stats)
+    logger.info(
+        "%s: %d documents, %d tokens (%.2f bytes per token)",
+        step,
+        stats["documents"],
+        stats["tokens"],
+        stats["bytes_per_token"],
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _framing(tokenizer_path: str) -> tuple[Tokenizer, SpecialTokenIds]:
+    """The tokenizer and its BOS/EOS ids, loaded once per worker process."""
+    tokenizer = load_tokenizer(tokenizer_path)
+    return tokenizer, special_token_ids(tokenizer_path, tokenizer)
+
+
+def cache_metadata(tokenizer_path: str) -> dict[str, Any]:
+    """What Levanter's `BatchTokenizer.metadata` holds for this tokenizer, so that its cache loader finds the
+    ledger's metadata equal to its own (it warns otherwise)."""
+    tokenizer, special = _framing(tokenizer_path)
+    return {
+        "tokenizer": tokenizer_path,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "return_attention_mask": False,
+        "padding": False,
+        "max_length": None,
+        "append_bos": special.bos is not None,
+        "append_eos": True,
+    }
+
+
+def in_validation(doc_id: str, validation_fraction: float) -> bool:
+    return xxhash.xxh3_64_intdigest(doc_id.encode("utf-8")) < validation_fraction * _HASH_RANGE
+
+
+def frame(ids: list[int], special: SpecialTokenIds) -> np.ndarray:
+    """A document's cache row: BOS (if any), its ids, EOS."""
+    start = 0 if special.bos is None else 1
+    row = np.empty(len(ids) + start + 1, dtype=np.int32)
+    if special.bos is not None:
+        row[0] = special.bos
+    row[start:-1] = ids
+    row[-1] = special.eos
+    return row
+
+
+def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> dict[str, Any]:
+    config = payload.config
+    tokenizer, special = _framing(config.tokenizer_path)
+    metadata = cache_metadata(config.tokenizer_path)
+    parts = {split: PartWriter(writer, f"{split}/part-{payload.shard_index:05d}", metadata) for split in SPLITS}
+    report = ReadReport()
+    by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
+    documents = read_documents(payload.path, report, config.raw_input)
+    for batch in itertools.batched(documents, config.batch_size):
+        encodings = tokenizer.encode_batch_fast([document["text"] for document in batch], add_special_tokens=False)
+        rows: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
+        for document, encoding in zip(batch, encodings, strict=True):
+            row = frame(encoding.ids, special)
+            rows["validation" if in_validation(document["id"], config.validation_fraction) else "train"].append(row)
+            source = document["source"] or NO_SOURCE
+            by_source["docs"][source] += 1
+            by_source["tokens"][source] += len(row)
+            by_source["bytes"][source] += len(document["text"].encode("utf-8"))
+        for split in SPLITS:
+            parts[split].write(rows[split])
+    for part in parts.values():
+        part.close()
+    stats = flow_stats(report, report.docs, report.bytes)
+    for split, part in parts.items():
+        stats[f"{split}_docs"], stats[f"{split}_tokens"] = part.rows, part.tokens
+    stats.update({f"{what}_by_source": dict(counts) for what, counts in by_source.items()})
+    stats["empty_files"] = int(report.docs == 0)
+    return stats
+
+
+def _stats(report: ShardReport, config: TokenizeConfig) -> dict[str, Any]:
+    merged = merge_stats(report)
+    splits = {
+        split: {"documents": merged.get(f"{split}_docs", 0), "tokens": merged.get(f"{split}_tokens", 0)}
+        for split in SPLITS
+    }
+    tokens = sum(split["tokens"] for split in splits.values())
+    sources = {
+        source: {
+            "documents": merged["docs_by_source"][source],
+            "tokens": merged["tokens_by_source"][source],
+            "bytes": merged["bytes_by_source"][source],
+            "bytes_per_token": merged["bytes_by_source"][source] / merged["tokens_by_source"][source],
+        }
+        for source in sorted(merged.get("docs_by_source", {}))
+    }
+    return {
+        "documents": merged.get("docs_out", 0),
+        "tokens": tokens,
+        "bytes": merged.get("bytes_out", 0),
+        "bytes_per_token": merged.get("bytes_out", 0) / tokens if tokens else 0.0,
+        "splits": splits,
+        "sources": sources,
+        "empty_files": merged.get("empty_files", 0),
+        "bad_input": merged.get("bad_input", {}),
+        "bad_samples": merged.get("bad_samples", []),
+        "shards": report.total,
+        "docs_in": merged.get("docs_in", 0),
+        "docs_out": merged.get("docs_out", 0),
+        "bytes_in": merged.get("bytes_in", 0),
+        "tokens_out": tokens,
+        "tokenizer": config.tokenizer_path,
+        "validation_fraction": config.validation_fraction,
+    }

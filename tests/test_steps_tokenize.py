@@ -1,0 +1,327 @@
+"""The tokenize step against real Levanter: its caches decode back to the documents, hold exactly the raw
+tokenizer's tokens, carry the ledger Levanter's own consolidation would write, resume group by group after a
+SIGKILL, and refuse bad input with errors that name the step."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from levanter.store.cache import CacheLedger, consolidate_shard_cache_ledgers
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError
+from executor.shards import read_shard_markers
+from steps.documents import ReadReport, list_input_files, read_documents
+from steps.levanter_cache import UnsupportedCachePathError, load_cache
+from steps.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.tokenize import EmptyTokenizeOutputError, TokenizeConfig, in_validation, tokenize
+from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+
+VALIDATION_FRACTION = 0.2
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Real text: 40 stdlib modules and 20 docstring documents, in six JSONL.gz shards."""
+    root = tmp_path_factory.mktemp("corpus")
+    for source, docs in (("python_stdlib", 40), ("python_docstrings", 20)):
+        build_text_corpus(
+            TextCorpusConfig(source=source, max_docs=docs, docs_per_shard=10, output_path=str(root / source))
+        )
+    return str(root)
+
+
+def document_files(corpus: str) -> list[str]:
+    return [f"{corpus}/python_stdlib/shard-*.jsonl.gz", f"{corpus}/python_docstrings/shard-*.jsonl.gz"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(corpus: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    output_path = str(tmp_path_factory.mktemp("tokenizer"))
+    inputs = [f"{corpus}/python_stdlib", f"{corpus}/python_docstrings"]
+    train_tokenizer(
+        TrainTokenizerConfig(input_paths=inputs, vocab_size=600, sample_bytes=400_000, output_path=output_path)
+    )
+    return output_path
+
+
+@pytest.fixture(scope="module")
+def tokenized(corpus: str, tokenizer_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    output_path = str(tmp_path_factory.mktemp("tokenized"))
+    tokenize(
+        TokenizeConfig(
+            input_paths=document_files(corpus),
+            tokenizer_path=tokenizer_path,
+            validation_fraction=VALIDATION_FRACTION,
+            output_path=output_path,
+            batch_size=7,
+            parallelism="thread",
+        )
+    )
+    return output_path
+
+
+def documents_of(input_paths: list[str]) -> list[dict]:
+    return [document for path in list_input_files(input_paths) for document in read_documents(path, ReadReport())]
+
+
+def rows(split_path: str) -> list[np.ndarray]:
+    cache = load_cache(split_path)
+    return [row["input_ids"] for row in cache.get_batch_sync(list(range(len(cache))))]
+
+
+def test_cache_decodes_back_to_every_document_with_the_raw_tokenizers_counts(corpus, tokenizer_path, tokenized):
+    tokenizer = load_tokenizer(tokenizer_path)
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    documents = documents_of(document_files(corpus))
+    expected = {"train": [], "validation": []}
+    for document in documents:
+        expected["validation" if in_validation(document["id"], VALIDATION_FRACTION) else "train"].append(document)
+    assert expected["train"] and expected["validation"]
+
+    stats = json.loads(Path(tokenized, "stats.json").read_text())
+    total_tokens = 0
+    for split, split_documents in expected.items():
+        cached = rows(f"{tokenized}/{split}")
+        assert len(cached) == len(split_documents)
+        raw = tokenizer.encode_batch([document["text"] for document in split_documents], add_special_tokens=False)
+        for row, document, encoding in zip(cached, split_documents, raw, strict=True):
+            assert row.dtype == np.int32 and row[-1] == eos and eos not in row[:-1]
+            assert row[:-1].tolist() == encoding.ids
+            assert tokenizer.decode(row[:-1].tolist(), skip_special_tokens=False) == document["text"]
+        split_tokens = sum(len(encoding.ids) + 1 for encoding in raw)
+        assert stats["splits"][split] == {"documents": len(split_documents), "tokens": split_tokens}
+        total_tokens += split_tokens
+    text_bytes = sum(len(document["text"].encode()) for document in documents)
+    assert (stats["documents"], stats["tokens"], stats["bytes"]) == (len(documents), total_tokens, text_bytes)
+    assert stats["bytes_per_token"] == pytest.approx(text_bytes / total_tokens)
+    assert set(stats["sources"]) == {"python_stdlib", "python_docstrings"}
+    assert sum(source["tokens"] for source in stats["sources"].values()) == total_tokens
+    assert stats["sources"]["python_docstrings"]["documents"] == 20
+    assert stats["empty_files"] == 0 and stats["bad_input"] == {}
+
+
+def test_ledger_equals_what_levanters_consolidation_writes(tokenized, tmp_path):
+    ours = CacheLedger.load(f"{tokenized}/train")
+    copy = tmp_path / "train"
+    shutil.copytree(f"{tokenized}/train", copy)
+    (copy / "shard_ledger.json").unlink()
+    parts = sorted(str(path) for path in copy.glob("part-*"))
+    theirs = consolidate_shard_cache_ledgers(
+        parts, str(copy), {"input_ids": np.zeros((0,), dtype=np.int32)}, ours.metadata
+    )
+    assert len(parts) == 6
+    assert ours.layout == theirs.layout == "sharded"
+    for field in ("total_num_rows", "shard_rows", "finished_shards", "field_counts", "field_counts_by_shard"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+
+
+def test_train_tokenizer_writes_a_directory_levanter_and_transformers_load_offline(tokenizer_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from levanter.tokenizers import load_tokenizer as levanter_tokenizer
+    from transformers import AutoTokenizer
+
+    ours = load_tokenizer(tokenizer_path)
+    text = "def f(x):\n    return x  # naïve café, 日本語\n"
+    for loaded in (levanter_tokenizer(tokenizer_path), AutoTokenizer.from_pretrained(tokenizer_path)):
+        assert loaded.eos_token == "<|endoftext|>" and loaded.eos_token_id == ours.token_to_id("<|endoftext|>")
+        assert loaded.bos_token is None
+        assert loaded.encode(text, add_special_tokens=False) == ours.encode(text, add_special_tokens=False).ids
+        assert loaded.decode(ours.encode(text).ids) == text
+
+
+def jsonl_inputs(folder: Path, files: dict[str, list[dict]]) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, records in files.items():
+        (folder / name).write_text("".join(json.dumps(record) + "\n" for record in records))
+    return str(folder)
+
+
+def test_documents_without_text_and_empty_files_are_counted_and_reported(tmp_path, tokenizer_path):
+    good = [{"id": f"d{i}", "text": f"document number {i}\n", "source": "s"} for i in range(3)]
+    inputs = jsonl_inputs(tmp_path / "in", {"a.jsonl": [*good, {"id": "no-text", "source": "s"}], "b.jsonl": []})
+    output = tmp_path / "out"
+    tokenize(
+        TokenizeConfig(
+            input_paths=[inputs],
+            tokenizer_path=tokenizer_path,
+            parallelism="thread",
+            output_path=str(output),
+            validation_fraction=0.0,
+            raw_input=False,
+        )
+    )
+    stats = json.loads((output / "stats.json").read_text())
+    assert stats["documents"] == 3 and stats["empty_files"] == 1
+    assert stats["bad_input"] == {"missing_text": 1}
+    assert stats["bad_samples"][0]["file"].endswith("a.jsonl") and stats["bad_samples"][0]["line"] == 4
+    assert len(rows(str(output / "train"))) == 3
+    assert len(rows(str(output / "validation"))) == 0
+
+
+def test_an_empty_raw_file_fails_the_step_naming_it_and_leaves_no_cache(tmp_path, tokenizer_path):
+    inputs = jsonl_inputs(tmp_path / "in", {"a.jsonl": [{"id": "d", "text": "some text"}], "empty.jsonl": []})
+    step = ExecutorStep(
+        name="tokenized/bad",
+        fn=tokenize,
+        config=TokenizeConfig(
+            input_paths=[inputs], tokenizer_path=tokenizer_path, parallelism="thread", output_path=THIS_OUTPUT_PATH
+        ),
+    )
+    executor = Executor(str(tmp_path / "prefix"))
+    with pytest.raises(StepFailedError, match=r"tokenized/bad.*empty\.jsonl has no usable document"):
+        executor.run([step])
+    assert not Path(executor.output_paths[step], "train", "shard_ledger.json").exists()
+
+
+def test_inputs_without_any_usable_document_leave_no_cache(tmp_path, tokenizer_path):
+    inputs = jsonl_inputs(tmp_path / "in", {"a.jsonl": [{"id": "x"}, {"id": "y", "text": "   "}]})
+    output = tmp_path / "out"
+    config = TokenizeConfig(
+        input_paths=[inputs],
+        tokenizer_path=tokenizer_path,
+        parallelism="thread",
+        output_path=str(output),
+        raw_input=False,
+    )
+    with pytest.raises(EmptyTokenizeOutputError, match=r"tokenize .*out.*no training document.*missing_text"):
+        tokenize(config)
+    assert not (output / "train" / "shard_ledger.json").exists()
+
+
+def test_a_memory_prefix_is_refused_before_any_work(tokenizer_path):
+    config = TokenizeConfig(input_paths=["memory://in"], tokenizer_path=tokenizer_path, output_path="memory://out")
+    with pytest.raises(UnsupportedCachePathError, match=r"tokenize \(memory://out\).*tensorstore.*gs://"):
+        tokenize(config)
+
+
+KILLED_RUNNER = textwrap.dedent("""
+    import sys
+    from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
+    from steps.tokenize import TokenizeConfig, tokenize
+
+    prefix, inputs, tokenizer_path = sys.argv[1:4]
+    config = TokenizeConfig(input_paths=[inputs], tokenizer_path=tokenizer_path, output_path=THIS_OUTPUT_PATH,
+                            validation_fraction=0.2, parallelism="thread", max_workers=1)
+    Executor(prefix).run([ExecutorStep(name="tokenized/killed", fn=tokenize, config=config)])
+""")
+
+
+def many_small_inputs(folder: Path, corpus: str, files: int) -> str:
+    documents = documents_of(document_files(corpus))
+    return jsonl_inputs(folder, {f"part-{index:03d}.jsonl": documents[index::files] for index in range(files)})
+
+
+@pytest.mark.slow
+def test_sigkill_mid_way_then_rerun_redoes_only_unfinished_groups(tmp_path, corpus, tokenizer_path, fast_leases):
+    inputs = many_small_inputs(tmp_path / "in", corpus, files=30)
+    prefix = tmp_path / "prefix"
+    env = {**os.environ, "EXECUTOR_LEASE_HEARTBEAT_S": "0.1", "EXECUTOR_LEASE_STALE_S": "1.0"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUNNER, str(prefix), inputs, tokenizer_path],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while len(list(prefix.glob("tokenized/killed-*/.executor_shards/*.json"))) < 3:
+        assert process.poll() is None and time.monotonic() < deadline, "the runner ended before committing 3 groups"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    (output,) = prefix.glob("tokenized/killed-*")
+    before = read_shard_markers(str(output))
+    assert 3 <= len(before) < 30, "the kill must land mid-way"
+    assert not (output / "train" / "shard_ledger.json").exists()
+
+    config = TokenizeConfig(
+        input_paths=[inputs],
+        tokenizer_path=tokenizer_path,
+        output_path=THIS_OUTPUT_PATH,
+        validation_fraction=0.2,
+        parallelism="thread",
+        max_workers=1,
+    )
+    Executor(str(prefix)).run([ExecutorStep(name="tokenized/killed", fn=tokenize, config=config)])
+    after = read_shard_markers(str(output))
+    assert len(after) == 30
+    assert {shard_id: after[shard_id] for shard_id in before} == before, "a committed group ran again"
+    rerun_workers = {after[shard_id]["worker"] for shard_id in set(after) - set(before)}
+    assert rerun_workers == {f"{os.uname().nodename}:{os.getpid()}"}
+
+    reference = tmp_path / "reference"
+    tokenize(
+        TokenizeConfig(
+            input_paths=[inputs],
+            tokenizer_path=tokenizer_path,
+            parallelism="thread",
+            output_path=str(reference),
+            validation_fraction=0.2,
+        )
+    )
+    for split in ("train", "validation"):
+        resumed, uninterrupted = rows(str(output / split)), rows(str(reference / split))
+        assert [row.tolist() for row in resumed] == [row.tolist() for row in uninterrupted]
+
+
+@pytest.mark.slow
+def test_levanter_train_lm_trains_on_the_cache_without_building_one(tokenized, tokenizer_path, tmp_path, monkeypatch):
+    for name, value in {
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "MARIN_PREFIX": str(tmp_path / "marin"),
+        "JAX_PLATFORMS": "cpu",
+    }.items():
+        monkeypatch.setenv(name, value)
+    from levanter.checkpoint import CheckpointerConfig
+    from levanter.main import train_lm
+    from levanter.models.llama import LlamaConfig
+    from levanter.tracker.json_file import JsonFileTrackerConfig
+    from levanter.trainer import TrainerConfig
+
+    from steps.levanter_config import lm_data_config
+
+    data = lm_data_config(tokenizer_path, {"stdlib": tokenized})
+    assert data.auto_build_caches is False
+    model = LlamaConfig(
+        max_seq_len=64,
+        hidden_dim=32,
+        intermediate_dim=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=2,
+        gradient_checkpointing=False,
+        tokenizer=tokenizer_path,
+    )
+    trainer = TrainerConfig(
+        id="tokenize-smoke",
+        num_train_steps=2,
+        train_batch_size=4,
+        steps_per_eval=2,
+        max_eval_batches=1,
+        tracker=JsonFileTrackerConfig(output_path=str(tmp_path / "metrics")),
+        log_dir=tmp_path / "logs",
+        checkpointer=CheckpointerConfig(base_path=str(tmp_path / "checkpoints")),
+        log_jaxprs=False,
+        log_xla_hlo=False,
+    )
+    before = sorted(path.relative_to(tokenized) for path in Path(tokenized).rglob("*"))
+    train_lm.main(train_lm.TrainLmConfig(data=data, model=model, trainer=trainer, train_seq_len=64))
+
+    metrics = json.loads((tmp_path / "metrics" / "eval_results.json").read_text())
+    assert np.isfinite(metrics["train/loss"])
+    run_folder = tmp_path / "checkpoints" / "tokenize-smoke"
+    assert list(run_folder.glob("step-*")), "no checkpoint: training did not finish"
+    evaluations = [json.loads(line) for line in (run_folder / "eval_metrics.jsonl").read_text().splitlines()]
+    assert np.isfinite(evaluations[-1]["eval/stdlib/loss"]), "the validation split was not read"
+    assert sorted(path.relative_to(tokenized) for path in Path(tokenized).rglob("*")) == before, "a cache was built"
