@@ -2,7 +2,7 @@
 
 Each scale runs in a fresh process (so its peak RSS is its own) on a corpus written for it: real text
 (the offline corpus' KJV, stdlib and pydoc documents, verbatim) plus synthetic documents drawn from
-that text's vocabulary with Zipf-like frequencies, 5% of them near copies (10% of words replaced) of
+that text's vocabulary with Zipf-like frequencies, 5% of them near copies (2-50% of words replaced) of
 an earlier one, in files of `--docs-per-file` documents. Both steps run with shards in 2 threads of
 that process and a small shard memory budget (`--shard-memory-mb`), so partition counts grow with the
 input while each shard's working set should not: the peak RSS above the process's baseline (imports,
@@ -47,21 +47,32 @@ def real_documents(folder: str) -> list[str]:
     return [doc["text"] for path in list_input_files(f"{folder}/real/raw") for doc in read_documents(path, report)]
 
 
+EDIT_RATES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+"""Shares of words replaced in near copies: true Jaccard from about 0.9 down to about 0.1."""
+
+
 def write_corpus(folder: str, documents: int, docs_per_file: int) -> None:
-    """Real documents first, then synthetic ones (5% near copies), as JSONL.gz files."""
+    """Real documents first, then synthetic ones (5% near copies), as JSONL.gz files; the planted
+    (copy id, original id) pairs go to `planted.json`."""
     rng = np.random.default_rng(0)
     texts = real_documents(folder)[:documents]
+    planted = []
     vocabulary = sorted({word for text in texts for word in text.split()})
     weights = 1.0 / np.arange(1, len(vocabulary) + 1)
     weights /= weights.sum()
     while len(texts) < documents:
         if len(texts) > 100 and rng.random() < NEAR_COPY_SHARE:
-            words = texts[int(rng.integers(len(texts) // 2, len(texts)))].split()
-            for index in rng.choice(len(words), size=max(1, len(words) // 10), replace=False):
+            original = int(rng.integers(len(texts) // 2, len(texts)))
+            words = texts[original].split()
+            edits = max(1, round(len(words) * EDIT_RATES[len(planted) % len(EDIT_RATES)]))
+            for index in rng.choice(len(words), size=min(edits, len(words)), replace=False):
                 words[index] = vocabulary[int(rng.integers(len(vocabulary)))]
+            planted.append([f"doc-{len(texts)}", f"doc-{original}"])
         else:
             words = [vocabulary[i] for i in rng.choice(len(vocabulary), size=int(rng.integers(60, 160)), p=weights)]
         texts.append(" ".join(words))
+    with open(f"{folder}/planted.json", "w") as handle:
+        json.dump(planted, handle)
     os.makedirs(f"{folder}/input")
     for start in range(0, documents, docs_per_file):
         lines = "".join(json.dumps({"id": f"doc-{start + offset}", "text": text}) + "\n"

@@ -1,28 +1,33 @@
-"""End-to-end fuzzy dedup: our step (steps/dedup_fuzzy.py) vs datatrove's 4-stage MinHash pipeline.
+"""End-to-end fuzzy dedup: our step (steps/dedup_fuzzy.py) vs datatrove's 4-stage MinHash pipeline, and recall
+and precision on planted near-duplicates whose true Jaccard similarity is measured.
 
-Same corpus (the offline real corpus with planted duplicates, rewritten as `--files` JSONL.gz
-files of id / text / source, which both read), same settings (5-grams, 16 bands x 6 rows, 64-bit
-shingle hashes), same parallelism (one process per CPU: the step's local process pool for ours,
-`LocalPipelineExecutor(workers=CPUs)` for datatrove), measured one after the other in one run:
+Corpus: the offline real corpus (KJV, stdlib, pydoc) plus synthetic documents drawn from its vocabulary
+(`bench_dedup_scale.write_corpus`), 5% of them near copies of an earlier document with 2-50% of words
+replaced, `--docs` in all, as `--files` JSONL.gz files. Each planted pair's true 5-gram Jaccard is
+*measured* afterwards with our normalization (`steps.minhash.jaccard`), not assumed from the edit rate.
+
+Both sides use the same settings (5-grams, 16 bands x 6 rows, 64-bit shingle hashes), the same
+parallelism (one process per CPU) and the same output format (zstd Parquet: our step's format, and
+datatrove's ParquetWriter with zstd), one after the other in one run:
 
 - ours: signatures -> LSH buckets -> pair verification -> partitioned connected components ->
-  assignment -> filter, i.e. the whole `fuzzy_dedup` step, writing Parquet;
+  assignment -> filter, i.e. the whole `fuzzy_dedup` step; stage seconds from its shard markers;
 - datatrove: JsonlReader + MinhashDedupSignature (one task per file) -> MinhashDedupBuckets (one
   task per band) -> MinhashDedupCluster (one task: their single-CPU union-find) -> JsonlReader +
-  MinhashDedupFilter + JsonlWriter (one task per file).
+  MinhashDedupFilter + ParquetWriter (one task per file); stage seconds timed around each stage.
 
-The docs each kept are printed too: ours verifies candidate pairs (Jaccard >= 0.65 estimated from
-the signatures), datatrove keeps every LSH collision, so it drops somewhat more.
+Kept counts differ by design: ours verifies candidate pairs (Jaccard >= 0.65 estimated from the
+signatures), datatrove keeps every LSH collision, so it drops more (pairs at J ~ 0.4-0.6 included).
 
-    python benchmarks/bench_fuzzy_dedup.py [--docs-per-domain 1000] [--files 4]
+    python benchmarks/bench_fuzzy_dedup.py [--docs 20000] [--files 4]
 
-Prints docs/s for each and the ratio; the last line is one JSON object of figures.
+The last line is one JSON object: seconds per stage and in all, docs/s, kept counts, the throughput
+ratio, and recall (pairs at J >= 0.75) and precision (dropped documents at J >= 0.5 with the kept one).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import logging
 import os
@@ -30,42 +35,28 @@ import tempfile
 import time
 from typing import Any
 
+import pyarrow.parquet as pq
+from bench_dedup_scale import stage_seconds, write_corpus
+
 from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 from steps.documents import ReadReport, list_input_files, read_documents
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.minhash import jaccard
 
 N_GRAMS, BANDS, ROWS = 5, 16, 6
 
 
-def write_corpus(folder: str, docs_per_domain: int, files: int) -> tuple[str, int, float]:
-    """The real corpus as `files` JSONL.gz files, documents dealt round-robin; (folder, docs, MB)."""
-    build_real_corpus(RealCorpusConfig(output_path=f"{folder}/corpus", docs_per_domain=docs_per_domain))
-    report = ReadReport()
-    documents = [document for path in list_input_files(f"{folder}/corpus/raw")
-                 for document in read_documents(path, report)]  # fmt: skip
-    input_folder = f"{folder}/input"
-    os.makedirs(input_folder)
-    for index in range(files):
-        lines = [json.dumps({"id": doc["id"], "text": doc["text"], "source": doc["source"]}) + "\n"
-                 for doc in documents[index::files]]  # fmt: skip
-        with gzip.open(f"{input_folder}/part-{index:03d}.jsonl.gz", "wt", encoding="utf-8") as handle:
-            handle.writelines(lines)
-    megabytes = sum(len(doc["text"].encode()) for doc in documents) / 1e6
-    return input_folder, len(documents), megabytes
-
-
-def run_ours(input_folder: str, output: str) -> tuple[float, int]:
-    """Seconds for the whole step (its shards use a process per CPU) and the documents it kept."""
-    start = time.perf_counter()
+def run_ours(input_folder: str, output: str) -> tuple[float, int, dict[str, float]]:
+    """Seconds for the whole step (its shards use a process per CPU), the documents it kept, seconds per stage."""
+    started, start = time.time(), time.perf_counter()
     fuzzy_dedup(FuzzyDedupConfig(input_paths=[input_folder], output_path=output, n_grams=N_GRAMS, bands=BANDS,
                                  rows=ROWS))  # fmt: skip
     elapsed = time.perf_counter() - start
     with open(f"{output}/stats.json") as handle:
-        return elapsed, int(json.load(handle)["docs_out"])
+        return elapsed, int(json.load(handle)["docs_out"]), stage_seconds(output, started)
 
 
-def run_datatrove(input_folder: str, work: str, files: int, workers: int) -> tuple[float, int]:
-    """Seconds for the four stages and the documents the last one wrote."""
+def run_datatrove(input_folder: str, work: str, files: int, workers: int) -> tuple[float, int, dict[str, float]]:
+    """Seconds for the four stages, the documents the last one wrote, seconds per stage."""
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup.minhash import (
         MinhashConfig,
@@ -75,7 +66,7 @@ def run_datatrove(input_folder: str, work: str, files: int, workers: int) -> tup
         MinhashDedupSignature,
     )
     from datatrove.pipeline.readers import JsonlReader
-    from datatrove.pipeline.writers import JsonlWriter
+    from datatrove.pipeline.writers import ParquetWriter
     from datatrove.utils.hashing import HashConfig
 
     config = MinhashConfig(n_grams=N_GRAMS, num_buckets=BANDS, hashes_per_bucket=ROWS,
@@ -88,42 +79,63 @@ def run_datatrove(input_folder: str, work: str, files: int, workers: int) -> tup
         {"pipeline": [MinhashDedupCluster(input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids",
                                           config=config)], "tasks": 1},
         {"pipeline": [JsonlReader(input_folder), MinhashDedupFilter(input_folder=f"{work}/remove_ids"),
-                      JsonlWriter(f"{work}/output")], "tasks": files},
+                      ParquetWriter(f"{work}/output", compression="zstd")], "tasks": files},
     ]  # fmt: skip
-    start = time.perf_counter()
-    for number, stage in enumerate(stages):
+    seconds = {}
+    for name, stage in zip(("signatures", "buckets", "cluster", "filter"), stages, strict=True):
+        start = time.perf_counter()
         LocalPipelineExecutor(pipeline=stage["pipeline"], tasks=stage["tasks"], workers=min(workers, stage["tasks"]),
-                              logging_dir=f"{work}/logs/stage-{number}").run()  # fmt: skip
-    elapsed = time.perf_counter() - start
-    kept = 0
-    for name in sorted(os.listdir(f"{work}/output")):
-        with gzip.open(f"{work}/output/{name}", "rt", encoding="utf-8") as handle:
-            kept += sum(1 for _line in handle)
-    return elapsed, kept
+                              logging_dir=f"{work}/logs/{name}").run()  # fmt: skip
+        seconds[name] = round(time.perf_counter() - start, 2)
+    kept = sum(pq.read_metadata(f"{work}/output/{name}").num_rows for name in os.listdir(f"{work}/output"))
+    return sum(seconds.values()), kept, seconds
+
+
+def planted_quality(folder: str, output: str) -> dict[str, Any]:
+    """Recall on planted pairs at measured J >= 0.75 and precision of drops (J >= 0.5 with the kept document)."""
+    report = ReadReport()
+    paths = list_input_files(f"{folder}/input")
+    texts = {doc["id"]: doc["text"] for path in paths for doc in read_documents(path, report)}
+    with open(f"{folder}/planted.json") as handle:
+        planted = json.load(handle)
+    cluster_of, kept_of = {}, {}
+    for path in list_input_files(f"{output}/clusters"):
+        for row in pq.read_table(path).to_pylist():
+            cluster_of[row["id"]] = row["cluster_id"]
+            if row["kept"]:
+                kept_of[row["cluster_id"]] = row["id"]
+    similar = [(copy, original) for copy, original in planted if jaccard(texts[copy], texts[original]) >= 0.75]
+    found = sum(1 for copy, original in similar if copy in cluster_of and cluster_of[copy] == cluster_of.get(original))
+    dropped = [doc_id for doc_id, cluster in cluster_of.items() if kept_of.get(cluster) != doc_id]
+    true_drops = sum(1 for doc_id in dropped if jaccard(texts[doc_id], texts[kept_of[cluster_of[doc_id]]]) >= 0.5)
+    return {"planted_pairs": len(planted), "pairs_at_jaccard_0_75": len(similar),
+            "recall_at_0_75": round(found / max(len(similar), 1), 4), "dropped": len(dropped),
+            "precision_at_0_5": round(true_drops / max(len(dropped), 1), 4)}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs-per-domain", type=int, default=1000)
+    parser.add_argument("--docs", type=int, default=20_000)
     parser.add_argument("--files", type=int, default=4)
     args = parser.parse_args()
     workers = os.cpu_count() or 1
     logging.basicConfig(level=logging.WARNING)
     folder = tempfile.mkdtemp(prefix="bench-fuzzy-")
-    input_folder, docs, megabytes = write_corpus(folder, args.docs_per_domain, args.files)
-    print(f"corpus: {docs} docs, {megabytes:.1f} MB in {args.files} files; {workers} workers; "
-          f"{N_GRAMS}-grams, {BANDS} bands x {ROWS} rows")  # fmt: skip
-    ours, ours_kept = run_ours(input_folder, f"{folder}/ours")
-    print(f"ours:      {ours:6.1f} s  {docs / ours:8.1f} docs/s  kept {ours_kept}")
-    theirs, theirs_kept = run_datatrove(input_folder, f"{folder}/datatrove", args.files, workers)
-    print(f"datatrove: {theirs:6.1f} s  {docs / theirs:8.1f} docs/s  kept {theirs_kept}")
-    print(f"ours / datatrove throughput: {theirs / ours:.2f}x")
+    write_corpus(folder, args.docs, -(-args.docs // args.files))
+    megabytes = sum(os.path.getsize(f"{folder}/input/{name}") for name in os.listdir(f"{folder}/input")) / 1e6
+    print(f"corpus: {args.docs} docs ({megabytes:.1f} MB gzipped) in {args.files} files; {workers} workers")
+    ours, ours_kept, ours_stages = run_ours(f"{folder}/input", f"{folder}/ours")
+    print(f"ours:      {ours:6.1f} s  {args.docs / ours:8.1f} docs/s  kept {ours_kept}  {ours_stages}")
+    theirs, theirs_kept, theirs_stages = run_datatrove(f"{folder}/input", f"{folder}/datatrove", args.files, workers)
+    print(f"datatrove: {theirs:6.1f} s  {args.docs / theirs:8.1f} docs/s  kept {theirs_kept}  {theirs_stages}")
+    quality = planted_quality(folder, f"{folder}/ours")
     print(json.dumps({
-        "benchmark": "fuzzy_dedup_end_to_end", "docs": docs, "mb": round(megabytes, 2), "files": args.files,
-        "workers": workers, "n_grams": N_GRAMS, "bands": BANDS, "rows": ROWS,
-        "ours_s": round(ours, 2), "ours_docs_per_s": round(docs / ours, 1), "ours_kept": ours_kept,
-        "datatrove_s": round(theirs, 2), "datatrove_docs_per_s": round(docs / theirs, 1),
-        "datatrove_kept": theirs_kept, "speedup": round(theirs / ours, 2),
+        "benchmark": "fuzzy_dedup_end_to_end", "docs": args.docs, "files": args.files, "workers": workers,
+        "n_grams": N_GRAMS, "bands": BANDS, "rows": ROWS,
+        "ours_s": round(ours, 2), "ours_docs_per_s": round(args.docs / ours, 1), "ours_kept": ours_kept,
+        "ours_stage_s": ours_stages, "datatrove_s": round(theirs, 2),
+        "datatrove_docs_per_s": round(args.docs / theirs, 1), "datatrove_kept": theirs_kept,
+        "datatrove_stage_s": theirs_stages, "ratio": round(theirs / ours, 2), **quality,
     }))  # fmt: skip
 
 
