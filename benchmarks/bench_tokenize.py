@@ -17,7 +17,7 @@ Each rate is the tokens that method wrote divided by its wall time (Levanter's b
 token per document on a space before EOS; the counts are printed). The last line is a JSON object with
 `ratio_vs_raw`, `ratio_vs_levanter` and `ratio_vs_datatrove` (ours / theirs, higher is better).
 
-    .venv/bin/python benchmarks/bench_tokenize.py [--docs 900] [--workers 2]
+    .venv/bin/python benchmarks/bench_tokenize.py [--docs 400] [--workers 2]
 """
 
 from __future__ import annotations
@@ -129,9 +129,9 @@ def time_datatrove(tokenizer_path: str, files: list[str], output: Path, batch: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--docs", type=int, default=900, help="stdlib modules (plus a third as many docstring docs)")
+    parser.add_argument("--docs", type=int, default=400, help="stdlib modules (plus a third as many docstring docs)")
     parser.add_argument("--docs-per-shard", type=int, default=60)
-    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
@@ -145,7 +145,7 @@ def main() -> None:
             TrainTokenizerConfig(
                 input_paths=[str(root / "python_stdlib"), str(root / "python_docstrings")],
                 vocab_size=args.vocab,
-                sample_bytes=3_000_000,
+                sample_bytes=1_000_000,
                 output_path=tokenizer_path,
             )
         )

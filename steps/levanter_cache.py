@@ -111,7 +111,7 @@ def write_sharded_ledger(split_path: str, parts: Sequence[PartFigures], metadata
         layout=CACHE_LAYOUT_SHARDED,
         metadata=CacheMetadata(metadata),
     )
-    storage.write_atomic(storage.join(split_path, LEDGER_FILE), ledger.to_json())  # type: ignore[attr-defined]
+    storage.write_atomic(storage.join(split_path, LEDGER_FILE), ledger.to_json())
     TreeCache.load(split_path, EXEMPLAR)  # Levanter's own checks of a sharded ledger
     return ledger
 

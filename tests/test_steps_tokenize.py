@@ -24,7 +24,13 @@ from steps.documents import ReadReport, list_input_files, read_documents
 from steps.levanter_cache import UnsupportedCachePathError, load_cache
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.tokenize import EmptyTokenizeOutputError, TokenizeConfig, in_validation, tokenize
-from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+from steps.train_tokenizer import (
+    ExistingTokenizer,
+    TrainTokenizerConfig,
+    existing_tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
 
 VALIDATION_FRACTION = 0.2
 
@@ -137,6 +143,37 @@ def test_train_tokenizer_writes_a_directory_levanter_and_transformers_load_offli
         assert loaded.bos_token is None
         assert loaded.encode(text, add_special_tokens=False) == ours.encode(text, add_special_tokens=False).ids
         assert loaded.decode(ours.encode(text).ids) == text
+
+
+def pinned_tokenizer_step(pinned: ExistingTokenizer) -> ExecutorStep:
+    config = TrainTokenizerConfig(input_paths=[], existing=pinned, output_path=THIS_OUTPUT_PATH)
+    return ExecutorStep(name="tokenizer/pinned", fn=train_tokenizer, config=config)
+
+
+def test_an_existing_tokenizer_is_pinned_by_the_hashes_of_its_files(tokenizer_path, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(Path(tokenizer_path, name), local / name)
+    executor = Executor(str(tmp_path / "prefix"))
+    step = pinned_tokenizer_step(existing_tokenizer(str(local)))
+    executor.run([step])
+    output = Path(executor.output_paths[step])
+    assert (output / "tokenizer.json").read_bytes() == (local / "tokenizer.json").read_bytes()
+
+    moved = tmp_path / "moved"
+    local.rename(moved)
+    executor.run([pinned_tokenizer_step(existing_tokenizer(str(moved)))], dry_run=True)
+    assert set(executor.output_paths.values()) == {str(output)}, "moving the folder changed the hash"
+    config = json.loads((moved / "tokenizer_config.json").read_text())
+    (moved / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 2048}))
+    edited = pinned_tokenizer_step(existing_tokenizer(str(moved)))
+    executor.run([edited], dry_run=True)
+    assert executor.output_paths[edited] != str(output), "an edited file kept the hash"
+
+    (moved / "tokenizer.json").write_text((moved / "tokenizer.json").read_text().replace("<|endoftext|>", "<|eot|>"))
+    with pytest.raises(StepFailedError, match=r"tokenizer\.json changed since the DAG was built"):
+        executor.run([edited])
 
 
 def jsonl_inputs(folder: Path, files: dict[str, list[dict]]) -> str:
