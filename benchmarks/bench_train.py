@@ -1,0 +1,106 @@
+"""Training FLOP/s of the tiny MoE on this machine against the dense matmul peak of the same machine.
+
+Builds real data (Python stdlib text -> a BPE tokenizer -> a tokenize-step cache), runs the train step for
+`--steps` steps, and takes the model FLOP/s it logged to metrics.jsonl (tokens/s x FLOPs per token from
+steps/model_size.py) as the median over the steps after the first few (compilation). In the same run it
+measures the peak: the best FLOP/s of a large f32 `jnp.dot` on the same JAX backend. The last line printed
+is one JSON object with both and `ratio_vs_peak`.
+
+    python benchmarks/bench_train.py --d-model 256 --layers 4 --experts 8 --steps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from steps.model_size import MoeShape, active_params, flops_per_token, total_params
+from steps.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.tokenize import TokenizeConfig, tokenize
+from steps.train import TrainConfig, train
+from steps.train_metrics import read_metrics
+from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+
+WARMUP_STEPS = 3
+
+
+def matmul_peak_flops(size: int, repeats: int) -> float:
+    """Best FLOP/s of an f32 size x size matmul: the dense peak the training figure is compared with."""
+    left = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+    right = jax.random.normal(jax.random.PRNGKey(1), (size, size), jnp.float32)
+    product = jax.jit(jnp.dot)
+    product(left, right).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        product(left, right).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def build_data(root: Path, vocab_size: int) -> tuple[str, str]:
+    corpus = str(root / "corpus")
+    build_text_corpus(TextCorpusConfig(source="python_stdlib", max_docs=200, docs_per_shard=100, output_path=corpus))
+    tokenizer = str(root / "tokenizer")
+    train_tokenizer(TrainTokenizerConfig(input_paths=[corpus], vocab_size=vocab_size, sample_bytes=1_000_000,
+                                         output_path=tokenizer))  # fmt: skip
+    cache = str(root / "tokenized")
+    tokenize(TokenizeConfig(input_paths=[f"{corpus}/shard-*.jsonl.gz"], tokenizer_path=tokenizer,
+                            validation_fraction=0.05, output_path=cache, parallelism="thread"))  # fmt: skip
+    return tokenizer, cache
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--matmul-size", type=int, default=2048)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
+        root = Path(scratch)
+        tokenizer, cache = build_data(root, args.vocab)
+        heads = max(1, args.d_model // 64)
+        vocab = load_tokenizer(tokenizer).get_vocab_size()
+        shape = MoeShape(d_model=args.d_model, n_layers=args.layers, vocab_size=vocab,
+                         n_heads=heads, head_dim=64, kv_heads_local=heads, kv_heads_global=heads, global_every=1,
+                         sliding_window=None, n_experts=args.experts, top_k=args.top_k, expert_width=2 * args.d_model,
+                         latent_dim=None, n_shared_experts=0, shared_width=0, seq_len=args.seq_len)  # fmt: skip
+        output_path = str(root / "train-bench")
+        train(TrainConfig(shape=shape, tokenizer_path=tokenizer, components={"stdlib": cache}, output_path=output_path,
+                          num_train_steps=args.steps, train_batch_size=args.batch, steps_per_eval=10**9,
+                          checkpoint_every_steps=10**9, temporary_checkpoint_seconds=10**9,
+                          watch_interval=10**9))  # fmt: skip
+        achieved = [
+            record["model_flops_per_second"]
+            for record in read_metrics(output_path)
+            if "model_flops_per_second" in record and (record["step"] or 0) >= WARMUP_STEPS
+        ]
+    peak = matmul_peak_flops(args.matmul_size, repeats=10)
+    train_flops = statistics.median(achieved)
+    print(json.dumps({
+        "backend": jax.default_backend(), "devices": jax.device_count(),
+        "shape": {"d_model": args.d_model, "layers": args.layers, "experts": args.experts, "top_k": args.top_k,
+                  "seq_len": args.seq_len, "batch": args.batch},
+        "active_params": active_params(shape), "total_params": total_params(shape),
+        "flops_per_token": flops_per_token(shape), "steps_measured": len(achieved),
+        "train_flops_per_second": train_flops, "matmul_peak_flops_per_second": peak,
+        "ratio_vs_peak": train_flops / peak,
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Our shapes and caches, as Levanter's config objects.
+
+The train and evaluate steps describe a model by `MoeShape` (steps/model_size.py, the one parameter and
+FLOPs calculator) and data by the tokenize step's output folders; Levanter wants a `Qwen3MoeConfig` and an
+`LmDataConfig`. These two translations live here, once, so that the model trained and the model evaluated
+can never differ.
+
+The model is Levanter's `qwen3_moe`: routed SwiGLU experts, top-k routing with renormalised weights and
+the HF load-balancing auxiliary loss. It has no shared experts, no latent projection and no sliding
+window, so a shape asking for them is refused rather than silently trained as something else.
+
+Data: each component is a tokenize step's output (`train/` and `validation/` Levanter caches); Levanter
+opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never tokenizes at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from levanter.data.text.datasets import DatasetComponent, LmDataConfig
+from levanter.models.qwen3_moe import Qwen3MoeConfig
+
+from steps.model_size import MoeShape
+
+
+def qwen3_moe_config(
+    shape: MoeShape, *, tokenizer_path: str, router_aux_loss_coef: float | None, step: str
+) -> Qwen3MoeConfig:
+    """Levanter's Qwen3-MoE config for `shape`; a shape Qwen3-MoE cannot express raises ValueError naming `step`.
+
+    The tokenizer folder doubles as the HF reference checkpoint: Levanter builds an HF converter for every
+    HF-compatible model and would otherwise fetch the Qwen3 reference's tokenizer from the hub."""
+    unsupported = {
+        "latent_dim": shape.latent_dim is not None,
+        "n_shared_experts": shape.n_shared_experts > 0,
+        "sliding_window": shape.sliding_window is not None,
+        "tied_embeddings": shape.tied_embeddings,
+        "kv_heads_local != kv_heads_global": shape.kv_heads_local != shape.kv_heads_global,
+    }
+    asked = [name for name, present in unsupported.items() if present]
+    if asked:
+        raise ValueError(
+            f"{step}: Levanter's qwen3_moe cannot express {', '.join(asked)} of {shape}; "
+            "use a shape without them (every layer global, experts on d_model, no shared experts)"
+        )
+    if shape.n_heads % shape.kv_heads_global:
+        raise ValueError(
+            f"{step}: n_heads={shape.n_heads} is not a multiple of kv_heads_global={shape.kv_heads_global}"
+        )
+    return Qwen3MoeConfig(
+        max_seq_len=shape.seq_len,
+        hidden_dim=shape.d_model,
+        intermediate_dim=shape.expert_width,
+        moe_intermediate_dim=shape.expert_width,
+        num_layers=shape.n_layers,
+        num_heads=shape.n_heads,
+        head_dim=shape.head_dim,
+        num_kv_heads=shape.kv_heads_global,
+        num_experts=shape.n_experts,
+        num_experts_per_tok=shape.top_k,
+        router_aux_loss_coef=router_aux_loss_coef,
+        max_window_layers=shape.n_layers,
+        tokenizer=tokenizer_path,
+        reference_checkpoint=tokenizer_path,
+        # Rematerialisation trades compute for memory; tiny CPU runs have memory to spare.
+        gradient_checkpointing=False,
+    )
+
+
+def lm_data_config(
+    tokenizer_path: str,
+    components: Mapping[str, str],
+    weights: Mapping[str, float] | None = None,
+) -> LmDataConfig:
+    """A Levanter data config over tokenize-step outputs `components` (name -> folder holding `train/` and
+    `validation/`), mixed by `weights` (default: equal)."""
+    return LmDataConfig(
+        tokenizer=tokenizer_path,
+        cache_dir=None,
+        auto_build_caches=False,
+        components={name: DatasetComponent(cache_dir=path) for name, path in components.items()},
+        train_weights=dict(weights) if weights is not None else dict.fromkeys(components, 1.0),
+    )

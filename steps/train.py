@@ -1,0 +1,265 @@
+"""Train a mixture-of-experts LM with Levanter, in process, under the step's output path.
+
+    train_step = ExecutorStep(
+        name="train/moe-tiny",
+        fn=train,
+        config=TrainConfig(
+            shape=versioned(tiny_shape),
+            tokenizer_path=output_path_of(tokenizer),
+            components={"prose": output_path_of(tokenized_prose), "code": output_path_of(tokenized_code)},
+            num_train_steps=versioned(200),
+            train_batch_size=versioned(8),
+            output_path=THIS_OUTPUT_PATH,
+        ),
+        resources=ResourceConfig(gpus=1),
+    )
+
+The step translates its frozen config into Levanter's `TrainLmConfig` (model: `qwen3_moe` from the
+`MoeShape`, steps/levanter_config.py; data: the tokenize steps' caches, never rebuilt) and calls
+`levanter.main.train_lm.main`. Everything it writes lies under its output path:
+
+- `checkpoints/`: Levanter checkpoints, temporary ones every `temporary_checkpoint_seconds` (only the latest
+  is kept; they are what a preempted or killed run resumes from) and permanent ones every
+  `checkpoint_every_steps`, plus the final one. Levanter writes a checkpoint's metadata last, so only
+  complete checkpoints are found on resume. Rerunning the step (the executor does so after a failure)
+  restores the latest and continues at its step, with the data loader at the same batch.
+- `metrics.jsonl`: every metric Levanter logs, with MFU from steps/model_size.py (steps/train_metrics.py).
+- `wandb/`: wandb's offline run files (`wandb sync` uploads them); `logs/`: Levanter's log files.
+
+Bad input is refused before JAX compiles anything: a missing cache, a cache tokenized with another
+vocabulary than the model's, a batch the devices cannot split. (A top-k above the expert count cannot
+even be written: `MoeShape` refuses it.)
+
+The environment Levanter reads (offline Hugging Face hub, offline wandb under the output path, a
+temporary MARIN_PREFIX) is set by `training_environment`, around the step, not read by its logic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import jax
+from levanter.checkpoint import CheckpointerConfig
+from levanter.main import train_lm
+from levanter.optim.config import AdamConfig
+from levanter.tracker.wandb import WandbConfig
+from levanter.trainer import TrainerConfig
+
+from executor import storage
+from steps.levanter_cache import LEDGER_FILE
+from steps.levanter_config import lm_data_config, qwen3_moe_config
+from steps.model_size import MoeShape, flops_per_token
+from steps.train_metrics import JsonlMetricsConfig
+from steps.train_tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run."""
+
+    shape: MoeShape
+    """Model shape (width, layers, experts, top-k, vocabulary, sequence length). Versioned."""
+    tokenizer_path: str
+    """The train_tokenizer output the caches were tokenized with. A dependency."""
+    components: Mapping[str, str]
+    """Data component name -> tokenize step output (holding `train/` and `validation/` caches). Dependencies;
+    each component's validation split is evaluated on its own (`eval/<name>/loss`)."""
+    output_path: str
+    """Where checkpoints, metrics.jsonl, wandb/ and logs/ go (THIS_OUTPUT_PATH)."""
+    num_train_steps: int
+    """Optimizer steps. Versioned."""
+    train_batch_size: int
+    """Sequences per step; must split evenly over the devices (and microbatches). Versioned."""
+    weights: Mapping[str, float] | None = None
+    """Mixture weight per component (default: equal). Versioned."""
+    learning_rate: float = 3e-3
+    """Peak learning rate. Versioned."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay. Versioned."""
+    warmup: float = 0.1
+    """Warm-up, as a fraction of the steps. Versioned."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate over peak. Versioned."""
+    lr_schedule: str = "cosine"
+    """Levanter schedule name: cosine, linear, constant, inv_sqrt, wsd... Versioned."""
+    router_aux_loss_coef: float | None = 0.001
+    """Weight of the HF load-balancing loss (None: off). Versioned."""
+    z_loss_weight: float = 0.0
+    """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
+    seed: int = 0
+    """Seeds the initialisation, the data shuffle and the mixture. Versioned."""
+    steps_per_eval: int = 100
+    """Evaluate every component's validation split every this many steps. Plain."""
+    max_eval_batches: int | None = None
+    """Cap on eval batches per component (None: the whole split). Plain."""
+    checkpoint_every_steps: int = 1000
+    """Permanent checkpoints every this many steps. Plain."""
+    temporary_checkpoint_seconds: float = 600.0
+    """A temporary checkpoint (only the latest kept) at most this often: what a killed run resumes from. Plain."""
+    watch_interval: int = 10
+    """Log gradient and parameter norms (total and per parameter) every this many steps. Plain."""
+    per_device_parallelism: int = -1
+    """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain."""
+    peak_flops_per_second: float | None = None
+    """Peak FLOP/s of all devices together, for `mfu` in metrics.jsonl (None: MFU not logged). Plain."""
+    wandb_project: str = "moe-train"
+    """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
+
+
+class TrainInputError(ValueError):
+    """The train step's inputs cannot make a run: reported before any compute is spent."""
+
+
+def train(config: TrainConfig) -> None:
+    """The train step: checks its inputs, then runs Levanter's trainer under `training_environment`."""
+    check_inputs(config)
+    with training_environment(config.output_path):
+        train_lm.main(levanter_config(config))
+
+
+def _step_label(config: TrainConfig) -> str:
+    return f"train step {storage.basename(config.output_path)} ({config.output_path})"
+
+
+def check_inputs(config: TrainConfig) -> None:
+    """Refuse, naming the step, what would fail (or silently mis-train) once Levanter has started."""
+    label = _step_label(config)
+    devices = jax.device_count()
+    microbatch = config.per_device_parallelism * devices if config.per_device_parallelism > 0 else devices
+    if config.train_batch_size <= 0 or config.train_batch_size % microbatch:
+        raise TrainInputError(
+            f"{label}: train_batch_size={config.train_batch_size} does not split into microbatches of "
+            f"{microbatch} sequences ({devices} devices x per_device_parallelism={config.per_device_parallelism}); "
+            "use a multiple of it"
+        )
+    if not config.components:
+        raise TrainInputError(f"{label}: no data components; give at least one tokenize step output")
+    if config.weights is not None and set(config.weights) != set(config.components):
+        raise TrainInputError(
+            f"{label}: weights name {sorted(config.weights)} but the components are {sorted(config.components)}"
+        )
+    tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
+    if tokenizer_vocab != config.shape.vocab_size:
+        raise TrainInputError(
+            f"{label}: the tokenizer at {config.tokenizer_path} has {tokenizer_vocab} tokens but the model shape "
+            f"says vocab_size={config.shape.vocab_size}; make them equal"
+        )
+    for name, path in config.components.items():
+        for split in SPLITS:
+            _check_cache(label, name, storage.join(path, split), tokenizer_vocab)
+
+
+def _check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int) -> None:
+    ledger = storage.read_json(storage.join(split_path, LEDGER_FILE))
+    if ledger is None:
+        raise TrainInputError(
+            f"{label}: component {component!r} has no Levanter cache at {split_path} (no {LEDGER_FILE}); "
+            "run its tokenize step first, or fix the path"
+        )
+    cache_vocab = (ledger.get("metadata") or {}).get("vocab_size")
+    if cache_vocab is not None and cache_vocab != tokenizer_vocab:
+        raise TrainInputError(
+            f"{label}: component {component!r} at {split_path} was tokenized with a {cache_vocab}-token vocabulary "
+            f"but the model's tokenizer has {tokenizer_vocab}; retokenize it with the model's tokenizer"
+        )
+
+
+def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
+    """Our config as Levanter's `TrainLmConfig`: every path under the step's output."""
+    run_id = storage.basename(config.output_path)
+    trackers = (
+        JsonlMetricsConfig(
+            output_path=config.output_path,
+            flops_per_token=flops_per_token(config.shape),
+            peak_flops_per_second=config.peak_flops_per_second,
+        ),
+        WandbConfig(project=config.wandb_project, id=run_id, name=run_id, save_code=False),
+    )
+    trainer = TrainerConfig(
+        seed=config.seed,
+        id=run_id,
+        tracker=trackers,
+        log_dir=Path(_local_dir(config.output_path, "logs")),
+        watch=dataclasses.replace(TrainerConfig().watch, interval=config.watch_interval),
+        train_batch_size=config.train_batch_size,
+        per_device_parallelism=config.per_device_parallelism,
+        per_device_eval_parallelism=config.per_device_parallelism,
+        num_train_steps=config.num_train_steps,
+        steps_per_eval=config.steps_per_eval,
+        max_eval_batches=config.max_eval_batches,
+        checkpointer=CheckpointerConfig(
+            base_path=storage.join(config.output_path, "checkpoints"),
+            append_run_id_to_base_path=False,
+            save_interval=timedelta(seconds=config.temporary_checkpoint_seconds),
+            keep=[{"every": config.checkpoint_every_steps}],
+        ),
+        require_accelerator=False,
+        log_jaxprs=False,
+        log_xla_hlo=False,
+    )
+    optimizer = AdamConfig(
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        warmup=config.warmup,
+        min_lr_ratio=config.min_lr_ratio,
+        lr_schedule=config.lr_schedule,
+    )
+    label = _step_label(config)
+    return train_lm.TrainLmConfig(
+        data=lm_data_config(config.tokenizer_path, config.components, config.weights),
+        trainer=trainer,
+        model=qwen3_moe_config(
+            config.shape,
+            tokenizer_path=config.tokenizer_path,
+            router_aux_loss_coef=config.router_aux_loss_coef,
+            step=label,
+        ),
+        optimizer=optimizer,
+        z_loss_weight=config.z_loss_weight,
+    )
+
+
+def _local_dir(output_path: str, name: str) -> str:
+    """A local folder for tools that write only local files (wandb, Levanter's log files): under the output
+    path when it is local, else a temporary folder."""
+    if storage.is_url(output_path) and not output_path.startswith("file://"):
+        return tempfile.mkdtemp(prefix=f"{name}-")
+    folder = os.path.join(storage.make_absolute(output_path).removeprefix("file://"), name)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def training_environment(output_path: str) -> Iterator[None]:
+    """The process environment Levanter and wandb read, for one run: offline hub and wandb (unless the caller
+    set WANDB_MODE), wandb files under the output path, and a throwaway MARIN_PREFIX. Restored after."""
+    settings = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+        "WANDB_DIR": _local_dir(output_path, "wandb"),
+        "WANDB_SILENT": "true",
+    }
+    previous = {name: os.environ.get(name) for name in [*settings, "MARIN_PREFIX"]}
+    with tempfile.TemporaryDirectory(prefix="marin-prefix-") as marin_prefix:
+        os.environ.update(settings, MARIN_PREFIX=marin_prefix)
+        try:
+            yield
+        finally:
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
