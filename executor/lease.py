@@ -18,8 +18,8 @@ aborts. No compare-and-swap is needed, so this works on local files, GCS and S3 
 A holder that cannot renew (storage down, credentials gone, any exception at all) keeps trying,
 and once its last good renewal is older than `renew_deadline_s` (half the stale interval) it
 declares the lease lost and stops its step: it stops before anyone may take the lease over, so
-two writers never share an output folder. Renewals run in their own thread, so even a renewal
-stuck in a storage call's retries cannot hold that deadline back.
+two writers never share an output folder. A watchdog thread enforces that deadline, so even a
+renewal stuck in a storage call's retries cannot hold it back.
 
 Staleness compares the writer's clock with the reader's; clusters keep clocks within seconds,
 far below the 90 s default and the 45 s margin the deadline leaves.
@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -268,8 +268,8 @@ class Heartbeat:
     """Renews a held lease in the background; calls `on_lost` once if the lease is lost.
 
     The lease is lost when another worker took it over, or when no renewal has succeeded for
-    `renew_deadline_s`, whatever the reason (a renewal that raises or one that hangs). Every
-    failure of a renewal or of `on_tick` (the step log upload) is logged, and the next beat tries again.
+    `renew_deadline_s`, whatever the reason (renewals that raise, or one that hangs). Every failure
+    of a renewal or of `on_tick` (the step log upload) is logged, and the next beat tries again.
     """
 
     def __init__(
@@ -280,53 +280,67 @@ class Heartbeat:
         self.on_tick = on_tick
         self.lost: LeaseLostError | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat:{lease.output_path}", daemon=True)
-        # Renewals and ticks run in threads of their own: a call stuck in storage retries must not
-        # stop the deadline from being enforced, and a slow log upload must not delay renewals.
-        self._renewals = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-renewal")
+        self._lost_lock = threading.Lock()
+        self._renewed_at = time.monotonic()
+        self._last_error: BaseException | None = None
+        name = lease.output_path
+        # Renewals run in this thread itself (a hand-off to a pool would slow them under a busy GIL); a
+        # watchdog enforces the deadline even while a renewal hangs in storage retries; ticks (the log
+        # upload) run apart so that a slow upload never delays a renewal.
+        self._threads = [
+            threading.Thread(target=self._renew_loop, name=f"heartbeat:{name}", daemon=True),
+            threading.Thread(target=self._watchdog, name=f"lease-watchdog:{name}", daemon=True),
+        ]
         self._ticks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-tick")
         self._tick: Future[None] | None = None
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        self._renewed_at = time.monotonic()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
-        self._thread.join()
-        self._renewals.shutdown(wait=False, cancel_futures=True)
-        self._ticks.shutdown(wait=False, cancel_futures=True)
+        for thread in self._threads:
+            thread.join()  # a renewal in flight lands first: the caller's release is the last write
+        self._ticks.shutdown(wait=True, cancel_futures=True)
 
     def raise_if_lost(self) -> None:
         if self.lost is not None:
             raise self.lost
 
-    def _run(self) -> None:
+    def _renew_loop(self) -> None:
         settings = self.lease.settings
-        renewed_at = time.monotonic()  # the lease was acquired (or renewed) just before we started
         next_beat_s = settings.heartbeat_s
-        while not self._stop.wait(next_beat_s):
-            attempt_started = time.monotonic()
-            renewal = self._renewals.submit(self.lease.renew)
-            wait([renewal], timeout=max(0.0, settings.renew_deadline_s - (attempt_started - renewed_at)))
-            error = renewal.exception(timeout=0) if renewal.done() else TimeoutError("renewal still running")
-            if error is None:
-                renewed_at, next_beat_s = attempt_started, settings.heartbeat_s
-                self._start_tick()
-                continue
-            if isinstance(error, LeaseLostError):
+        while not self._stop.wait(next_beat_s) and self.lost is None:
+            started = time.monotonic()
+            try:
+                self.lease.renew()
+            except LeaseLostError as error:
                 self._lose(error)
                 return
-            failing_s = time.monotonic() - renewed_at
-            if failing_s >= settings.renew_deadline_s:
+            except Exception as error:  # any storage or client error: logged, retried, bounded by the watchdog
+                self._last_error = error
+                logger.warning("%s: heartbeat failed (%r); retrying", self.lease.output_path, error)
+                # Try again soon enough that the deadline is met by a retry, not a whole beat after it.
+                next_beat_s = min(settings.heartbeat_s, settings.renew_deadline_s / 4)
+                continue
+            self._renewed_at, next_beat_s = started, settings.heartbeat_s
+            self._start_tick()
+
+    def _watchdog(self) -> None:
+        deadline_s = self.lease.settings.renew_deadline_s
+        while self.lost is None:
+            failing_s = time.monotonic() - self._renewed_at
+            if failing_s >= deadline_s:
                 self._lose(LeaseLostError(
                     f"{self.lease.output_path}: could not renew lease {self.lease.number} for {failing_s:.1f}s "
-                    f"(last error: {error!r}); stopping before it can go stale and be taken over"
+                    f"(last error: {self._last_error!r}); stopping before it can go stale and be taken over"
                 ))  # fmt: skip
                 return
-            logger.warning("%s: heartbeat failed (%r); retrying", self.lease.output_path, error)
-            # Try again soon enough to decide by the deadline, not a whole beat after it.
-            next_beat_s = min(settings.heartbeat_s, settings.renew_deadline_s - failing_s)
+            if self._stop.wait(deadline_s - failing_s):
+                return
 
     def _start_tick(self) -> None:
         if self.on_tick is None or (self._tick is not None and not self._tick.done()):
@@ -341,6 +355,9 @@ class Heartbeat:
                            self.lease.output_path, error)  # fmt: skip
 
     def _lose(self, error: LeaseLostError) -> None:
-        self.lost = error
+        with self._lost_lock:
+            if self.lost is not None:
+                return
+            self.lost = error
         logger.error("%s", error)
         self.on_lost(error)

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 import fsspec
 from fsspec import AbstractFileSystem
 
+from executor import storage
+
 
 class FaultyFileSystem(AbstractFileSystem):
     protocol = "faulty"
@@ -30,9 +32,7 @@ class FaultyFileSystem(AbstractFileSystem):
 
     def __init__(self, **options: Any):
         super().__init__(**options)
-        # A local write makes its folder, as object stores (which have no folders) effectively do.
-        extra = {"auto_mkdir": True} if self.target_protocol == "file" else {}
-        self.target = fsspec.filesystem(self.target_protocol, **extra)
+        self.target = fsspec.filesystem(self.target_protocol)
 
     @classmethod
     def arm(cls, fault: Callable[[], BaseException] | None) -> None:
@@ -61,7 +61,13 @@ class FaultyFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         self._maybe_fail()
-        self.target.pipe_file(path, value, mode=mode, **kwargs)
+        if self.target_protocol != "file":
+            self.target.pipe_file(path, value, mode=mode, **kwargs)
+        elif mode == "create":  # local files: the same atomic writes as the executor's own
+            if not storage.create_exclusive(path, value):
+                raise FileExistsError(path)
+        else:
+            storage.write_atomic(path, value)
 
     def rm(self, path: str, recursive: bool = False, maxdepth: int | None = None) -> None:
         self._maybe_fail()

@@ -20,7 +20,7 @@ from executor.status import read_events
 
 RUNNER = str(Path(__file__).with_name("dag_runner.py"))
 SHARDS = 16
-FAST_LEASES = {"EXECUTOR_LEASE_HEARTBEAT_S": "0.2", "EXECUTOR_LEASE_STALE_S": "1.0"}
+FAST_LEASES = {"EXECUTOR_LEASE_HEARTBEAT_S": "0.2", "EXECUTOR_LEASE_STALE_S": "4.0"}
 
 
 def start_runner(prefix: Path, counter: Path, sleep_s: float, log: Path) -> subprocess.Popen:

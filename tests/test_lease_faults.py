@@ -109,7 +109,7 @@ def test_the_heartbeat_survives_a_failing_tick(lease_paths):
 @pytest.mark.parametrize("family", LASTING)
 def test_a_holder_that_cannot_renew_stops_before_its_lease_can_be_taken_over(lease_paths, family):
     faulty, real = lease_paths
-    settings = LeaseSettings(heartbeat_s=0.05, stale_s=1.0)
+    settings = LeaseSettings(heartbeat_s=0.05, stale_s=2.0)
     holder = Lease(faulty, "holder", settings)
     assert holder.try_acquire()
     order: list[str] = []
