@@ -3,6 +3,7 @@ sharded step redoing every shard."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +77,9 @@ def raise_error(config: RaiseConfig) -> None:
 
 
 def test_a_missing_file_fails_the_step_at_once(tmp_path, calls):
+    default_without_waits = dataclasses.replace(DEFAULT_RETRY, initial_backoff_s=0.01)
     step = ExecutorStep("reads_missing", raise_error, RaiseConfig("reads_missing", THIS_OUTPUT_PATH, "missing"),
-                        retry=RetryPolicy(initial_backoff_s=0.01))  # fmt: skip
+                        retry=default_without_waits)  # fmt: skip
     with pytest.raises(StepFailedError, match="FileNotFoundError"):
         Executor(str(tmp_path)).run([step])
     assert calls.counts == {"reads_missing": 1}
