@@ -7,11 +7,16 @@ nothing that only changes how the work is laid out (shard sizes, batch sizes).
 
 from __future__ import annotations
 
+import logging
 import platform
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
+from executor.errors import ConfigError
+from executor.step_spec import InputName, VersionedValue
+from steps.cells import CellsConfig, build_cells
 from steps.decontaminate import DecontaminateConfig, decontaminate
 from steps.dedup_exact import ExactDedupConfig, exact_dedup
 from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
@@ -22,10 +27,16 @@ from steps.fasttext_quality import (
     fasttext_filter,
     train_quality_classifier,
 )
+from steps.mixture_weights import MixtureWeightsConfig, as_schedule, check_schedule, mixture_weights
 from steps.quality_heuristics import FILTERS, QualityHeuristicsConfig, quality_heuristics
 from steps.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.train_tokenizer import TrainTokenizerConfig, train_tokenizer
+
+if TYPE_CHECKING:
+    from levanter.data.text.datasets import LmDataConfig
+
+logger = logging.getLogger(__name__)
 
 
 def default_text_corpus(
@@ -182,3 +193,147 @@ def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_
 def _docs_of(step: ExecutorStep) -> Any:
     """Where a step keeps its documents: `files/` for downloads, `docs/` for every document step."""
     return output_path_of(step, "files" if step.fn is download else "docs")
+
+
+# Mixing (issue 9): cells -> weights -> one Levanter data config. Marin's shape: components are tokenized steps
+# (or existing caches), weights name components, and the result is Levanter's own LmDataConfig, so training
+# reads the mixture with Levanter's MixtureDataset.
+
+
+@dataclass(frozen=True)
+class TokenizedCache:
+    """A Levanter cache made outside this DAG: `cache_dir` holds `train/` and `validation/`."""
+
+    cache_dir: str
+    """The cache root (a path or a marker such as output_path_of(step))."""
+    tokenizer: str
+    """The HF tokenizer directory or name it was tokenized with."""
+
+
+def lm_mixture_data_config(
+    components: Mapping[str, ExecutorStep | TokenizedCache],
+    weights: Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]],
+    *,
+    missing_weights_are_validation: bool = True,
+    mixture_block_size: int = 2048,
+    batch_size: int | None = None,
+    shuffle: bool = True,
+) -> LmDataConfig:
+    """A Levanter data config mixing `components` (tokenize steps or `TokenizedCache`s) by `weights`.
+
+    `weights` is a dict (one phase) or `[(start_step, weights), ...]`; start steps are training steps.
+    Components without a weight (in any phase) are validation-only. Every component must use the same
+    tokenizer. Weights and start steps are versioned: a step whose config holds this data config gets a
+    new hash when the mixture changes. With `batch_size`, each phase start is checked to fall on a
+    mixture block (see `phase_start`).
+    """
+    from levanter.data.text.datasets import DatasetComponent, LmDataConfig  # jax: only for DAGs that train
+
+    where = "lm_mixture_data_config"
+    if not components:
+        raise ConfigError(f"{where}: no components; give a name -> tokenize step mapping")
+    schedule = as_schedule(weights)
+    check_schedule(schedule, list(components), where)
+    weighted = {name for _, phase in schedule for name, weight in phase.items() if weight > 0}
+    unweighted = sorted(set(components) - {name for _, phase in schedule for name in phase})
+    if unweighted and not missing_weights_are_validation:
+        raise ConfigError(f"{where}: components {unweighted} have no weight; give them one, or pass "
+                          "missing_weights_are_validation=True to make them validation-only")  # fmt: skip
+    if batch_size is not None:
+        for start, _ in schedule:
+            if start * batch_size % mixture_block_size:
+                raise ConfigError(f"{where}: a phase starts at step {start}, where sequence {start * batch_size} "
+                                  f"is not a multiple of mixture_block_size={mixture_block_size}; "
+                                  "use steps.mixture_weights.phase_start()")  # fmt: skip
+    tokenizer = _one_tokenizer(components, where)
+    versioned_schedule = [(versioned(start), {name: versioned(float(phase.get(name, 0.0))) for name in components})
+                          for start, phase in schedule]  # fmt: skip
+    logger.info("%s: %d components, %d weighted, %d phases", where, len(components), len(weighted), len(schedule))
+    return LmDataConfig(
+        tokenizer=tokenizer,
+        cache_dir=None,
+        components={name: DatasetComponent(cache_dir=_cache_dir(c)) for name, c in components.items()},
+        train_weights=versioned_schedule[0][1] if len(schedule) == 1 else versioned_schedule,
+        mixture_block_size=mixture_block_size,
+        shuffle=shuffle,
+        auto_build_caches=False,
+    )
+
+
+def _cache_dir(component: ExecutorStep | TokenizedCache) -> Any:
+    return output_path_of(component) if isinstance(component, ExecutorStep) else component.cache_dir
+
+
+def _tokenizer_of(component: ExecutorStep | TokenizedCache) -> Any:
+    if isinstance(component, TokenizedCache):
+        return component.tokenizer
+    tokenizer = getattr(component.config, "tokenizer_path", None)
+    if tokenizer is None:
+        raise ConfigError(f"lm_mixture_data_config: step {component.name} has no config.tokenizer_path; "
+                          "components must be tokenize steps or TokenizedCache")  # fmt: skip
+    return tokenizer
+
+
+def _tokenizer_key(tokenizer: Any) -> Any:
+    """What makes two tokenizers the same: a path string, or the step (and subpath) an input marker names."""
+    if isinstance(tokenizer, VersionedValue):
+        return _tokenizer_key(tokenizer.value)
+    if isinstance(tokenizer, ExecutorStep):
+        return InputName(tokenizer)
+    return tokenizer.rstrip("/") if isinstance(tokenizer, str) else tokenizer
+
+
+def _one_tokenizer(components: Mapping[str, ExecutorStep | TokenizedCache], where: str) -> Any:
+    first_name, first = next(iter(components.items()))
+    tokenizer = _tokenizer_of(first)
+    for name, component in components.items():
+        other = _tokenizer_of(component)
+        if _tokenizer_key(other) != _tokenizer_key(tokenizer):
+            raise ConfigError(
+                f"{where}: all components must share one tokenizer, but {name!r} ({_describe(component)}) uses "
+                f"{_describe_tokenizer(other)} and {first_name!r} ({_describe(first)}) uses "
+                f"{_describe_tokenizer(tokenizer)}; tokenize both with the same tokenizer step"
+            )
+    return tokenizer
+
+
+def _describe(component: ExecutorStep | TokenizedCache) -> str:
+    return f"step {component.name}" if isinstance(component, ExecutorStep) else f"cache {component.cache_dir}"
+
+
+def _describe_tokenizer(tokenizer: Any) -> str:
+    key = _tokenizer_key(tokenizer)
+    if isinstance(key, InputName) and key.step is not None:
+        return f"the output of step {key.step.name}" + (f"/{key.name}" if key.name else "")
+    return repr(key.name if isinstance(key, InputName) else key)
+
+
+def default_cells(documents: ExecutorStep, tokenizer: ExecutorStep, quality_model: ExecutorStep | None,
+                  topics: int = 40, quality_buckets: int = 5, sample_docs: int = 20_000) -> ExecutorStep:  # fmt: skip
+    """Topic x quality cells of `documents`' docs (40 x 5 in the hero)."""
+    return ExecutorStep(
+        name="mix/cells",
+        fn=build_cells,
+        description=f"{topics} topics x {quality_buckets} quality buckets",
+        config=CellsConfig(input_paths=[_docs_of(documents)], tokenizer_path=output_path_of(tokenizer),
+                           quality_model_path=None if quality_model is None else output_path_of(quality_model),
+                           topics=versioned(topics), quality_buckets=versioned(quality_buckets),
+                           sample_docs=versioned(sample_docs), sample_files=versioned(64), embedding_dim=versioned(64),
+                           vocab_size=versioned(20_000), max_df=versioned(0.5), kmeans_iterations=versioned(50),
+                           seed=versioned(0), top_terms=versioned(8), output_path=THIS_OUTPUT_PATH),
+    )  # fmt: skip
+
+
+def default_mixture_weights(cells: ExecutorStep, train_tokens: int, max_epochs: float = 8.0,
+                            phase_fractions: Sequence[float] = (0.8, 0.2),
+                            quality_multipliers: Sequence[Sequence[float]] = ()) -> ExecutorStep:  # fmt: skip
+    """Per-cell weights from `cells`' token counts, each cell seen at most `max_epochs` times."""
+    return ExecutorStep(
+        name="mix/weights",
+        fn=mixture_weights,
+        description=f"weights for {train_tokens} tokens in {len(phase_fractions)} phase(s), cap {max_epochs} epochs",
+        config=MixtureWeightsConfig(composition_path=output_path_of(cells), train_tokens=versioned(train_tokens),
+                                    max_epochs=versioned(max_epochs), phase_fractions=versioned(list(phase_fractions)),
+                                    quality_multipliers=versioned([list(m) for m in quality_multipliers]),
+                                    output_path=THIS_OUTPUT_PATH),
+    )  # fmt: skip

@@ -109,9 +109,9 @@ def cell_name(topic: int, bucket: int, topics: int) -> str:
     return f"topic{topic:0{max(2, len(str(topics - 1)))}d}_q{bucket}"
 
 
-def cell_names(config: CellsConfig) -> list[str]:
-    """Every cell of `config`, topic-major: what a DAG builds one tokenize step per."""
-    return [cell_name(t, b, config.topics) for t in range(config.topics) for b in range(config.quality_buckets)]
+def cell_names(topics: int, quality_buckets: int) -> list[str]:
+    """Every cell, topic-major: what a DAG builds one tokenize step per."""
+    return [cell_name(t, b, topics) for t in range(topics) for b in range(quality_buckets)]
 
 
 def _check(config: CellsConfig) -> None:

@@ -68,7 +68,7 @@ def test_every_document_lands_in_exactly_one_cell_and_tokens_add_up(inputs, toke
     cells = cell_ids(output)
     placed = collections.Counter(doc_id for ids in cells.values() for doc_id in ids)
     assert placed == collections.Counter(doc["id"] for doc in originals)
-    assert set(cells) == set(cell_names(config))
+    assert set(cells) == set(cell_names(3, 2))
 
     composition = json.loads(Path(output, "composition.json").read_text())
     raw = load_tokenizer(tokenizer).encode_batch_fast([doc["text"] for doc in originals], add_special_tokens=False)
