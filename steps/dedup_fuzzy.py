@@ -43,6 +43,7 @@ Output: `docs/shard-*.parquet`, `clusters/shard-*.parquet`, `stats.json`, `work/
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from dataclasses import dataclass
@@ -181,9 +182,8 @@ def _signature_shard(payload: _SignaturePayload, writer: ShardWriter) -> dict[st
     save_arrays(writer, f"signatures/shard-{_shard_name(shard_index)}.npz", doc=keys, signature=all_signatures)
     ranges = ((bands >> np.uint64(32)) % np.uint64(payload.hash_ranges)).astype(np.int64)
     for band in range(config.bands):
-        save_routed(writer, _shard_name(shard_index), ranges[:, band],
-                    lambda hash_range, band=band: _bucket_name(band, hash_range), folder="buckets",
-                    band_key=bands[:, band], doc=keys)  # fmt: skip
+        save_routed(writer, _shard_name(shard_index), ranges[:, band], functools.partial(_bucket_name, band),
+                    folder="buckets", band_key=bands[:, band], doc=keys)  # fmt: skip
     stats = flow_stats(report, 0, 0)
     stats["docs_without_signature"] = int(documents - len(keys))
     return stats
