@@ -230,8 +230,10 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
             beat.raise_if_lost()
             if error is None:
                 write_manifest(task.output_path)
-                success = StatusEvent(StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id,
-                                      details={"code_fingerprint": task.fingerprint})  # fmt: skip
+                fingerprint = {"code_fingerprint": task.fingerprint}
+                success = StatusEvent(
+                    StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id, details=fingerprint
+                )
                 _append_holding(task.output_path, lease, beat, success)
                 logger.info("%s: SUCCESS %s", task.label, task.output_path)
                 return StepResult(Outcome.SUCCEEDED)
@@ -248,8 +250,9 @@ def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     details: dict[str, Any] = {"run": task.run_id}
     if task.force and attempt.in_run == 1:
         details["force_run"] = True  # sharded steps redo every shard committed before this attempt
-    started = StatusEvent(StepStatus.RUNNING, attempt=attempt.number, worker=lease.worker_id, details=details,
-                          lease=lease.number)  # fmt: skip
+    started = StatusEvent(
+        StepStatus.RUNNING, attempt=attempt.number, worker=lease.worker_id, details=details, lease=lease.number
+    )
     info = {**task.info, "worker": lease.worker_id, "started": started.time}
     storage.write_json_atomic(info_path(task.output_path), info)
     append_event(task.output_path, started)
@@ -276,9 +279,9 @@ def _record_interrupt(
 ) -> StepResult:
     """FAILED "interrupted by the user", so the next run starts at once (the lease is freed after)."""
     message = "interrupted by the user"
+    failed = StatusEvent(StepStatus.FAILED, attempt=attempt.number, worker=lease.worker_id, message=message)
     try:
-        _append_holding(task.output_path, lease, beat, StatusEvent(StepStatus.FAILED, attempt=attempt.number,
-                                                       worker=lease.worker_id, message=message))  # fmt: skip
+        _append_holding(task.output_path, lease, beat, failed)
     except LeaseLostError:
         pass  # the step is someone else's now; they record its outcome
     if isinstance(interrupted, KeyboardInterrupt):
@@ -295,16 +298,19 @@ def _record_failure(
     if task.retry.should_retry(error, attempt.in_run):
         wait_s = task.retry.backoff_s(attempt.in_run)
         kind = "transient" if is_transient(error) else "retryable"
-        logger.warning("%s: attempt %d failed (%s %s); retrying in %.1fs", task.label, attempt.number, kind, message,
-                       wait_s)  # fmt: skip
+        logger.warning(
+            "%s: attempt %d failed (%s %s); retrying in %.1fs", task.label, attempt.number, kind, message, wait_s
+        )
         note = f"attempt {attempt.number} failed ({kind}): {message}; retrying in {wait_s:.1f}s"
-        waiting = StatusEvent(StepStatus.WAITING, attempt=attempt.number, worker=lease.worker_id, message=note,
-                              details=details)  # fmt: skip
+        waiting = StatusEvent(
+            StepStatus.WAITING, attempt=attempt.number, worker=lease.worker_id, message=note, details=details
+        )
         _append_holding(task.output_path, lease, beat, waiting)
         return _Retry(wait_s)
     logger.error("%s: FAILED (attempt %d): %s", task.label, attempt.number, message)
-    failed = StatusEvent(StepStatus.FAILED, attempt=attempt.number, worker=lease.worker_id, message=message,
-                         details=details)  # fmt: skip
+    failed = StatusEvent(
+        StepStatus.FAILED, attempt=attempt.number, worker=lease.worker_id, message=message, details=details
+    )
     _append_holding(task.output_path, lease, beat, failed)
     return StepResult(Outcome.FAILED, message)
 

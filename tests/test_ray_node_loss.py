@@ -37,7 +37,7 @@ def two_node_cluster(monkeypatch):
 
 def test_losing_the_node_mid_step_is_survived_by_retry(tmp_path, two_node_cluster, monkeypatch):
     monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.2")
-    monkeypatch.setenv("EXECUTOR_LEASE_STALE_S", "2.0")
+    monkeypatch.setenv("EXECUTOR_LEASE_STALE_S", "4.0")
     first_node = two_node_cluster.add_node(num_cpus=1, resources={"step_node": 1})
     gate, records = tmp_path / "gate", tmp_path / "records"
     step = ExecutorStep(
