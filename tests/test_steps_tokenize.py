@@ -350,6 +350,7 @@ def test_levanter_train_lm_trains_on_the_cache_without_building_one(tokenized, t
         log_dir=tmp_path / "logs",
         checkpointer=CheckpointerConfig(base_path=str(tmp_path / "checkpoints")),
         log_jaxprs=False,
+        require_accelerator=False,
         log_xla_hlo=False,
     )
     before = sorted(path.relative_to(tokenized) for path in Path(tokenized).rglob("*"))
