@@ -295,7 +295,8 @@ def fails_n_times(config: FlakyTimesConfig) -> None:
     CALLS.record("fails_n_times")
     if seen < config.failures:
         FAILURES_SEEN[config.output_path] = seen + 1
-        raise {"timeout": TimeoutError, "conn": ConnectionResetError, "value": ValueError}[config.error](f"failure {seen + 1}")
+        error = {"timeout": TimeoutError, "conn": ConnectionResetError, "value": ValueError}[config.error]
+        raise error(f"failure {seen + 1}")
     Path(config.output_path).mkdir(parents=True, exist_ok=True)
     Path(config.output_path, "out.txt").write_text("ok")
 
