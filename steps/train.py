@@ -168,7 +168,8 @@ def _check_cache(label: str, component: str, split_path: str, tokenizer_vocab: i
             f"{label}: component {component!r} has no Levanter cache at {split_path} (no {LEDGER_FILE}); "
             "run its tokenize step first, or fix the path"
         )
-    cache_vocab = (ledger.get("metadata") or {}).get("vocab_size")
+    # Levanter's CacheLedger keeps the tokenizer's figures under metadata.preprocessor_metadata.
+    cache_vocab = ((ledger.get("metadata") or {}).get("preprocessor_metadata") or {}).get("vocab_size")
     if cache_vocab is not None and cache_vocab != tokenizer_vocab:
         raise TrainInputError(
             f"{label}: component {component!r} at {split_path} was tokenized with a {cache_vocab}-token vocabulary "
