@@ -56,8 +56,15 @@ def _http_status(error: BaseException) -> int | None:
     return None
 
 
+def _is_lost_upload_session(error: BaseException) -> bool:
+    # gcsfs reports a resumable upload whose session the server (or a proxy) dropped as a 404, raised
+    # as FileNotFoundError naming the session URL: the upload is redone by another attempt, the user's
+    # file was never missing.
+    return isinstance(error, FileNotFoundError) and "uploadType=resumable" in str(error)
+
+
 def _is_transient_one(error: BaseException) -> bool:
-    if isinstance(error, (TransientError, ConnectionError, TimeoutError)):
+    if isinstance(error, (TransientError, ConnectionError, TimeoutError)) or _is_lost_upload_session(error):
         return True
     name, module = type(error).__name__, type(error).__module__
     if module.startswith("ray") and name in _RAY_TRANSIENT:

@@ -77,10 +77,10 @@ def calls() -> CallLog:
 
 @pytest.fixture
 def fast_leases(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A holder stops its step when it could not renew for half the stale interval: 2 s leaves room
-    # for renewals delayed on a loaded test machine (many threads, few cores).
-    monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.1")
-    monkeypatch.setenv("EXECUTOR_LEASE_STALE_S", "4.0")
+    # A holder stops its step when it could not renew for half the stale interval: 4 s leaves room
+    # for renewals delayed on a loaded test machine (many threads, few cores, moto answering slowly).
+    monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.2")
+    monkeypatch.setenv("EXECUTOR_LEASE_STALE_S", "8.0")
 
 
 def race(count: int, attempt: Callable[[int], bool]) -> list[int]:

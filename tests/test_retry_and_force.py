@@ -17,7 +17,7 @@ from s3fs.errors import translate_boto_error
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, read_status
 from executor.records import verify_manifest
-from executor.retry import DEFAULT_RETRY, RetryPolicy
+from executor.retry import DEFAULT_RETRY, RetryPolicy, is_transient
 from executor.shards import Shard, read_shard_markers, run_sharded
 from executor.status import read_events
 
@@ -149,3 +149,9 @@ def test_force_run_redoes_every_shard_and_a_resume_keeps_the_forced_runs_shards(
     assert parts_text(output) == ["new 0\n", "new 1\n", "new 2\n", "new 3\n"]
     assert read_status(output) == "SUCCESS" and verify_manifest(output) == []
     assert {marker["generation"] for marker in read_shard_markers(output).values()} == {2}
+
+
+def test_a_lost_gcs_upload_session_is_transient_but_a_missing_file_is_not() -> None:
+    session = "http://127.0.0.1:1/upload/storage/v1/b/bucket/o?name=x%2Fout.txt&uploadType=resumable&upload_id=7"
+    assert is_transient(FileNotFoundError(session))
+    assert not is_transient(FileNotFoundError("bucket/x/out.txt"))
