@@ -127,8 +127,11 @@ def test_the_heldout_split_keeps_copies_of_a_text_on_one_side(corpus, tmp_path):
     """Split by id, exact copies landed on both sides and inflated held-out accuracy."""
     documents = rows(f"{corpus}/reference_pydoc.parquet")[:40]
     variants = [[document["text"], document["text"].replace(" ", "  ") + "\n"] for document in documents]
-    copies = [{"id": f"{document['id']}-{number}", "text": text}
-              for document, texts in zip(documents, variants, strict=True) for number, text in enumerate(texts)]  # fmt: skip
+    copies = [
+        {"id": f"{document['id']}-{number}", "text": text}
+        for document, texts in zip(documents, variants, strict=True)
+        for number, text in enumerate(texts)
+    ]
     (tmp_path / "copies.jsonl").write_text("".join(json.dumps(copy) + "\n" for copy in copies))
     train, heldout = _split([str(tmp_path / "copies.jsonl")], 1000, 0.3, POSITIVE)
     assert len(train) + len(heldout) == 80 and heldout
