@@ -30,7 +30,7 @@ RAY_IN_FULL_SUITE = pytest.mark.skip(reason="fails after the rest of the suite, 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "backend",
-    ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow, pytest.mark.skip(reason="fails in the full suite (not alone) since this session's Ray backend changes; issue 8 note")])],
+    ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow, RAY_IN_FULL_SUITE])],
 )
 def test_the_data_demo_runs_and_a_rerun_skips_everything(tmp_path, backend, request):
     if backend == "ray":
