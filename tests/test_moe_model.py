@@ -1,0 +1,250 @@
+"""steps/moe_model.py on CPU: a tiny MoE (d_model 32, 2 layers, 8 experts, top-2, seq 32) trained by
+Levanter's own train-state code path (`TrainerState.take_step`: gradient, optimizer, overwrite of carried
+state) with AdamW from Levanter's `AdamConfig`. Compiling the train step dominates the time, so one
+compiled step per config serves several tests."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from levanter.grad_accum import microbatched
+from levanter.models.lm_model import LmExample
+from levanter.optim.config import AdamConfig
+from levanter.trainer_state import InsideJitInfo, TrainerState
+from levanter.utils.tree_utils import inference_mode
+
+from steps.moe_model import (
+    MoeBlock,
+    MoeConfig,
+    MoeLMHeadModel,
+    MoeWatchConfig,
+    RouterBalance,
+    balanced_bias,
+    router_figures,
+)
+
+EXPERTS, TOP_K, LAYERS, D_MODEL, SEQ, VOCAB, BATCH = 8, 2, 2, 32, 32, 128, 8
+STEPS = 30
+Z_LOSS = 1e-2
+Vocab = hax.Axis("vocab", VOCAB)
+Batch = hax.Axis("batch", BATCH)
+DATA_PARALLEL = {"batch": "data"}
+
+
+def tiny_config(**changes) -> MoeConfig:
+    fields = dict(max_seq_len=SEQ, hidden_dim=D_MODEL, intermediate_dim=64, moe_intermediate_dim=64,
+                  num_layers=LAYERS, num_heads=2, head_dim=16, num_kv_heads=1, num_experts=EXPERTS,
+                  num_experts_per_tok=TOP_K, router_aux_loss_coef=None, router_z_loss_weight=Z_LOSS,
+                  num_shared_experts=1, shared_expert_intermediate_dim=32, gradient_checkpointing=False,
+                  tokenizer="unused", reference_checkpoint="unused")  # fmt: skip
+    return MoeConfig(**{**fields, **changes})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mesh():
+    """Levanter's MoE permutation runs under shard_map, which needs a device mesh (one CPU device here)."""
+    with hax.partitioning.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))):
+        yield
+
+
+def batches(count: int) -> list[LmExample]:
+    keys = jax.random.split(jax.random.PRNGKey(7), count)
+    tokens = [hax.random.randint(key, (Batch, hax.Axis("position", SEQ)), 0, VOCAB) for key in keys]
+    return [hax.vmap(LmExample.causal, Batch)(ids) for ids in tokens]
+
+
+def skewed_model(config: MoeConfig) -> MoeLMHeadModel:
+    """Every token embedding shares one large direction u, and experts 0 and 1 of every layer's router look
+    along u: nearly every token picks those two."""
+    model = config.build(Vocab, key=jax.random.PRNGKey(0))
+    direction = jax.random.normal(jax.random.PRNGKey(3), (D_MODEL,))
+    direction = direction / jnp.linalg.norm(direction)
+    embeddings = model.embeddings.token_embeddings.weight
+    shifted = (embeddings + 0.5 * hax.named(direction, config.Embed)).rearrange(embeddings.axes)
+    gate = model.transformer.layers.stacked.mlp.gate.weight
+    favoured = (jnp.arange(EXPERTS) < 2).astype(jnp.float32)
+    skew = hax.named(jnp.einsum("e,d->ed", favoured, direction), (config.Experts, config.Embed))
+    model = eqx.tree_at(lambda m: m.embeddings.token_embeddings.weight, model, shifted)
+    return eqx.tree_at(
+        lambda m: m.transformer.layers.stacked.mlp.gate.weight, model, (gate + skew).rearrange(gate.axes)
+    )
+
+
+def loss_fn(model: MoeLMHeadModel, example: LmExample) -> jax.Array:
+    return model.compute_next_token_loss(example).scalar()
+
+
+def train(config: MoeConfig) -> tuple[list[dict[str, float]], TrainerState, TrainerState, dict]:
+    """STEPS AdamW steps (weight decay 0.5) on a skewed start; the router figures of every step's gradient
+    (loads of that batch), the states before and after the last step and the last step's watch figures."""
+    optimizer = AdamConfig(learning_rate=1e-3, weight_decay=0.5, warmup=0.0, lr_schedule="constant").build(STEPS)
+    state = TrainerState.init(optimizer, skewed_model(config), key=jax.random.PRNGKey(1), is_trainable=True)
+    watch = MoeWatchConfig(include_per_parameter_norms=False).build()
+
+    @eqx.filter_jit
+    def step(state: TrainerState, example: LmExample):
+        _, grads = eqx.filter_value_and_grad(loss_fn)(state.model, example)
+        new_state, updates = state.take_step(grads, key=state.training_key)
+        return new_state, router_figures(grads), watch.inside_step(state, InsideJitInfo(grads=grads, updates=updates))
+
+    figures = []
+    for example in batches(4) * (STEPS // 4) + batches(4)[: STEPS % 4]:
+        previous = state
+        state, step_figures, watched = step(state, example)
+        figures.append({name: float(value) for name, value in step_figures.items()})
+    return figures, previous, state, watched
+
+
+@pytest.fixture(scope="module")
+def balanced_run() -> tuple[list[dict[str, float]], TrainerState, TrainerState, dict]:
+    return train(tiny_config(router_bias_balancing=True))
+
+
+def late_mean(figures: list[dict[str, float]], name: str) -> float:
+    """The mean of `name` over the last 10 steps: one batch's load is noisy (256 tokens on 8 experts)."""
+    return float(np.mean([step[name] for step in figures[-10:]]))
+
+
+@pytest.mark.slow
+def test_bias_balancing_brings_load_toward_balance(balanced_run) -> None:
+    unbalanced = train(tiny_config(router_bias_balancing=False))[0]
+    balanced = balanced_run[0]
+    start = unbalanced[0]["router/load/max_over_mean"]
+    assert balanced[0]["router/load/max_over_mean"] == pytest.approx(start)  # same start, same first batch
+    assert start > 3.5  # nearly every token on 2 of 8 experts (4.0 = all of them); a fair share is 1.0
+    assert late_mean(unbalanced, "router/load/max_over_mean") > 3.0
+    assert late_mean(unbalanced, "router/load/max_over_min") > 20.0  # inf: some expert gets no token at all
+    assert late_mean(balanced, "router/load/max_over_mean") < 2.2
+    assert late_mean(balanced, "router/load/max_over_mean") < 0.6 * late_mean(unbalanced, "router/load/max_over_mean")
+    assert late_mean(balanced, "router/load/max_over_min") < 8.0
+
+
+@pytest.mark.slow
+def test_bias_is_not_decayed_nor_in_trained_norms(balanced_run) -> None:
+    _, previous, state, watched = balanced_run
+    balance = state.model.transformer.layers.stacked.mlp.balance
+    # After the last step the bias is the rule's value for the last batch, centred: no decay, no Adam.
+    assert np.abs(balance.bias.array.sum(axis=-1)).max() < 1e-5
+    assert float(watched["router/bias/norm"]) == pytest.approx(float(jnp.linalg.norm(balance.bias.array)), rel=1e-5)
+    assert float(watched["router/bias/norm"]) > 0.1
+    # The watch reads the state the step started from.
+    trained = eqx.tree_at(lambda m: m.transformer.layers.stacked.mlp.balance, previous.model, replace=None)
+    trained_norm = jnp.sqrt(
+        sum(jnp.sum(leaf**2) for leaf in jax.tree.leaves(eqx.filter(trained, eqx.is_inexact_array)))
+    )
+    assert float(watched["params/norm/total"]) == pytest.approx(float(trained_norm), rel=1e-4)
+    assert "router/load/max_over_min" in watched and "grad/norm/total" in watched
+
+
+@pytest.mark.slow
+def test_bias_rule_on_hand_made_logits() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(64, EXPERTS)).astype(np.float32) + np.linspace(0, 2, EXPERTS, dtype=np.float32)
+    bias = rng.normal(size=EXPERTS).astype(np.float32)
+    block = MoeBlock.init(tiny_config(router_bias_balancing=True), key=jax.random.PRNGKey(0))
+    block = eqx.tree_at(lambda b: b.balance, block, RouterBalance(hax.named(bias, "experts"), *_zeros()))
+    chosen, weights, next_bias = block._select(jnp.asarray(logits))
+
+    scores = logits + bias
+    order = np.argsort(-scores, axis=1)
+    threshold = np.take_along_axis(scores, order[:, TOP_K : TOP_K + 1], axis=1)
+    margin = np.quantile(logits - threshold, 1 - TOP_K / EXPERTS, axis=0)
+    expected = -(margin - margin.mean())
+    np.testing.assert_allclose(np.asarray(next_bias), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(balanced_bias(jnp.asarray(logits), jnp.asarray(threshold[:, 0]), TOP_K)),
+                               expected, rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert np.array_equal(np.sort(np.asarray(chosen), axis=1), np.sort(order[:, :TOP_K], axis=1))
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    picked = np.take_along_axis(probs, np.asarray(chosen), axis=1)
+    np.testing.assert_allclose(np.asarray(weights), picked / picked.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def _zeros() -> tuple:
+    return hax.zeros(hax.Axis("experts", EXPERTS)), hax.named(jnp.ones(()), ())
+
+
+def test_carried_state_gradient_is_its_next_value_and_microbatches_fold() -> None:
+    experts = hax.Axis("experts", EXPERTS)
+    state = RouterBalance(hax.named(jnp.arange(EXPERTS, dtype=jnp.float32), experts), *_zeros())
+    new_bias, new_load = hax.named(jnp.linspace(-1, 1, EXPERTS), experts), hax.named(jnp.full(EXPERTS, 5.0), experts)
+    value, grad = eqx.filter_value_and_grad(lambda s: s.carry_term(new_bias, new_load).scalar())(state)
+    assert float(value) == 0.0  # the loss is unchanged
+    np.testing.assert_allclose(grad.bias.array, new_bias.array)
+    np.testing.assert_allclose(grad.load.array, new_load.array)
+    # Levanter folds microbatches into a zero accumulator: loads add up, the bias is the estimates' mean.
+    other = RouterBalance(new_bias * 3, new_load, hax.named(jnp.ones(()), ()))
+    zero = jax.tree.map(jnp.zeros_like, grad)
+    folded = zero.accumulate(grad).accumulate(other)
+    np.testing.assert_allclose(folded.bias.array, (new_bias.array + 3 * new_bias.array) / 2, rtol=1e-6)
+    np.testing.assert_allclose(folded.load.array, 2 * new_load.array)
+
+
+def loss_and_no_metrics(model: MoeLMHeadModel, example: LmExample) -> tuple[jax.Array, dict]:
+    return loss_fn(model, example), {}
+
+
+def half_batch(example: LmExample, half: int) -> LmExample:
+    def take(leaf):
+        if isinstance(leaf, hax.NamedArray) and leaf.has_axis("batch"):
+            return leaf["batch", half * BATCH // 2 : (half + 1) * BATCH // 2]
+        return leaf
+
+    return jax.tree.map(take, example, is_leaf=lambda leaf: isinstance(leaf, hax.NamedArray))
+
+
+@pytest.mark.slow
+def test_microbatched_gradients_average_the_bias_and_add_loads(balanced_run) -> None:
+    """Levanter's gradient accumulation (`microbatched`, what the trainer uses with per_device_parallelism)
+    gives the mean of the microbatches' bias estimates and the sum of their loads."""
+    model = balanced_run[2].model
+    example = batches(1)[0]
+    grad_fn = eqx.filter_value_and_grad(loss_and_no_metrics, has_aux=True)
+    _, accumulated = eqx.filter_jit(microbatched(grad_fn, Batch, BATCH // 2, DATA_PARALLEL, DATA_PARALLEL))(
+        model, example
+    )
+    halves = [eqx.filter_jit(grad_fn)(model, half_batch(example, half))[1] for half in range(2)]
+    balance = accumulated.transformer.layers.stacked.mlp.balance
+    separate = [grads.transformer.layers.stacked.mlp.balance for grads in halves]
+    np.testing.assert_allclose(balance.estimates.array, 2.0)
+    np.testing.assert_allclose(balance.bias.array, (separate[0].bias.array + separate[1].bias.array) / 2, atol=1e-5)
+    np.testing.assert_allclose(balance.load.array, separate[0].load.array + separate[1].load.array)
+    np.testing.assert_allclose(balance.load.array.sum(axis=-1), TOP_K * BATCH * SEQ)
+
+
+@pytest.mark.slow
+def test_z_loss_and_shared_experts_change_the_loss() -> None:
+    config = tiny_config()
+    model = config.build(Vocab, key=jax.random.PRNGKey(0))
+    zero_gate = eqx.tree_at(lambda m: m.transformer.layers.stacked.mlp.gate.weight.array, model,
+                            jnp.zeros_like(model.transformer.layers.stacked.mlp.gate.weight.array))  # fmt: skip
+    example = batches(1)[0]
+    loss = eqx.filter_jit(loss_fn)
+    # Zero router logits: logsumexp = log E for every token, so the z-loss adds Z_LOSS * layers * log(E)^2.
+    train_loss = float(loss(zero_gate, example))
+    eval_loss = float(loss(inference_mode(zero_gate, True), example))
+    assert train_loss - eval_loss == pytest.approx(Z_LOSS * LAYERS * np.log(EXPERTS) ** 2, rel=1e-3)
+    shared_out = model.transformer.layers.stacked.mlp.shared.down_proj.weight.array
+    no_shared = eqx.tree_at(
+        lambda m: m.transformer.layers.stacked.mlp.shared.down_proj.weight.array, model, jnp.zeros_like(shared_out)
+    )
+    assert abs(float(loss(model, example)) - float(loss(no_shared, example))) > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(num_experts_per_tok=9), "greater than num_experts"),
+        (dict(num_experts_per_tok=8, router_bias_balancing=True), "needs top_k < n_experts"),
+        (dict(router_z_loss_weight=-1.0), "router_z_loss_weight"),
+        (dict(num_shared_experts=2, shared_expert_intermediate_dim=0), "shared experts"),
+        (dict(num_shared_experts=0, shared_expert_intermediate_dim=16), "shared experts"),
+        (dict(dense_router_gradient=True), "dense_router_gradient"),
+    ],
+)
+def test_impossible_configs_are_refused(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**changes)
