@@ -1,4 +1,8 @@
 # Every target uses the virtual environment in .venv (made by `make install`).
+# Python caches bytecode in .venv even where the environment says not to: else every process (Ray's agents
+# and workers, each test subprocess, each spawned shard worker) recompiles Ray, JAX and Levanter on import,
+# ~20 s each on 2 cores, which is enough to time out Ray's node startup.
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell infra/find_python312.sh)
@@ -6,9 +10,7 @@ PYTHON ?= $(shell infra/find_python312.sh)
 .PHONY: install lock demo test lint bench status dashboard clean
 
 # Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
-# dependencies. Bytecode is compiled at install time: with PYTHONDONTWRITEBYTECODE set (as on CI) every
-# Python process (Ray's agents and workers, each test subprocess) would otherwise recompile Ray, JAX and
-# Levanter from source on import, ~20 s each on 2 cores, enough to time out Ray's node startup. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
+# dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
 EXTRAS := --extra steps --extra train --extra bench --extra test --extra lint
 UV := $(VENV)/bin/uv
 
@@ -16,8 +18,8 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -n "$(PYTHON)" || { infra/find_python312.sh; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	$(UV) pip sync --quiet --compile-bytecode --python $(PY) requirements.lock
-	$(UV) pip install --quiet --compile-bytecode --python $(PY) --no-deps -e .
+	$(UV) pip sync --quiet --python $(PY) requirements.lock
+	$(UV) pip install --quiet --python $(PY) --no-deps -e .
 	@touch $@
 
 install: $(VENV)/.installed

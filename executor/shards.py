@@ -21,21 +21,25 @@ manifest reuses the markers' checksums instead of reading every file again. Whil
 `<output>/.executor_progress` holds shards done / total, rows and bytes for `status` and the dashboard.
 
 Shards run in Ray tasks when Ray is initialized (the `ray` backend), else in a process pool
-(functions must be importable, i.e. module-level), or in threads for I/O-bound work.
+(functions must be importable, i.e. module-level; the pool's workers are kept for the next call),
+or in threads for I/O-bound work.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import IO, Any
@@ -287,15 +291,33 @@ def _execute(
         yield from _execute_ray(output_path, pending, fn, retry, generation, max_workers)
         return
     workers = max(1, min(max_workers or os.cpu_count() or 1, len(pending)))
-    pool: ThreadPoolExecutor | ProcessPoolExecutor
     if parallelism == "thread":
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard")
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
-    with pool:
-        queue = list(reversed(pending))
-        running: set[Future[dict[str, Any]]] = set()
-        failure: BaseException | None = None
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard") as threads:
+            yield from _drain(threads, workers, output_path, pending, fn, retry, generation)
+        return
+    pool = _PROCESS_POOLS.get(max_workers or os.cpu_count() or 1)  # workers start as tasks need them
+    try:
+        yield from _drain(pool, workers, output_path, pending, fn, retry, generation)
+    except BrokenProcessPool:
+        _PROCESS_POOLS.discard(pool)  # a worker died (killed, out of memory): the next call starts afresh
+        raise
+
+
+def _drain(
+    pool: Executor,
+    workers: int,
+    output_path: str,
+    pending: list[Shard],
+    fn: ShardFn,
+    retry: RetryPolicy,
+    generation: int | None,
+) -> Iterator[dict[str, Any] | None]:
+    """Run `pending` on `pool`, at most two per worker queued at a time; on failure, wait for the running
+    ones (they may commit) and start no more."""
+    queue = list(reversed(pending))
+    running: set[Future[dict[str, Any]]] = set()
+    failure: BaseException | None = None
+    try:
         while queue or running:
             while queue and failure is None and len(running) < 2 * workers:
                 running.add(pool.submit(run_one_shard, output_path, queue.pop(), fn, retry, generation))
@@ -310,6 +332,52 @@ def _execute(
                     failure = error
             if failure is not None and not running:
                 raise failure
+    finally:
+        for future in running:
+            future.cancel()
+        wait(running)  # an interrupted step returns only once its shards have stopped writing
+
+
+class _ProcessPools:
+    """Spawned shard workers, kept for the next `run_sharded` call of this process.
+
+    Starting a spawned worker re-imports the step's modules (numpy, pyarrow, tokenizers...): seconds per
+    worker, paid by every stage of a multi-stage step when each made its own pool. The pool is reused only
+    while the environment and import path it was started with are unchanged, since workers read them once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[int, int], ProcessPoolExecutor] = {}  # (max workers, context) -> pool
+        atexit.register(self.shutdown)
+
+    def get(self, workers: int) -> ProcessPoolExecutor:
+        context = hash((frozenset(os.environ.items()), tuple(sys.path)))
+        with self._lock:
+            for (size, started_in), pool in list(self._pools.items()):
+                if started_in != context:
+                    del self._pools[(size, started_in)]
+                    pool.shutdown(wait=False, cancel_futures=True)
+            key = (workers, context)
+            if key not in self._pools:
+                self._pools[key] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+            return self._pools[key]
+
+    def discard(self, pool: ProcessPoolExecutor) -> None:
+        with self._lock:
+            for key, cached in list(self._pools.items()):
+                if cached is pool:
+                    del self._pools[key]
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+_PROCESS_POOLS = _ProcessPools()
 
 
 def _execute_ray(
