@@ -5,9 +5,12 @@ FLOPs calculator) and data by the tokenize step's output folders; Levanter wants
 `LmDataConfig`. These two translations live here, once, so that the model trained and the model evaluated
 can never differ.
 
-The model is Levanter's `qwen3_moe`: routed SwiGLU experts, top-k routing with renormalised weights and
-the HF load-balancing auxiliary loss. It has no shared experts, no latent projection and no sliding
-window, so a shape asking for them is refused rather than silently trained as something else.
+The model is steps/moe_model.py's `MoeConfig`: Levanter's `qwen3_moe` (routed SwiGLU experts, top-k routing
+with renormalised weights, the HF load-balancing auxiliary loss) plus shared experts, a router z-loss and the
+aux-loss-free router-bias balancing. Every run gets that model, whatever its options, so that a checkpoint
+always has the same tree (the bias and expert loads are carried even when balancing is off) and evaluation
+routes exactly as training did. It has no latent projection and no sliding window, so a shape asking for
+them is refused rather than silently trained as something else.
 
 Data: each component is a tokenize step's output (`train/` and `validation/` Levanter caches); Levanter
 opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never tokenizes at run time.
@@ -18,21 +21,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig
-from levanter.models.qwen3_moe import Qwen3MoeConfig
 
 from steps.model_size import MoeShape
+from steps.moe_model import MoeConfig
 
 
 def qwen3_moe_config(
-    shape: MoeShape, *, tokenizer_path: str, router_aux_loss_coef: float | None, step: str
-) -> Qwen3MoeConfig:
-    """Levanter's Qwen3-MoE config for `shape`; a shape Qwen3-MoE cannot express raises ValueError naming `step`.
+    shape: MoeShape,
+    *,
+    tokenizer_path: str,
+    router_aux_loss_coef: float | None,
+    step: str,
+    router_bias_balancing: bool = False,
+    router_z_loss_weight: float = 0.0,
+) -> MoeConfig:
+    """The MoE model config for `shape` (Levanter's Qwen3-MoE, extended by steps/moe_model.py); a shape it
+    cannot express, or impossible options, raise ValueError naming `step`.
 
     The tokenizer folder doubles as the HF reference checkpoint: Levanter builds an HF converter for every
     HF-compatible model and would otherwise fetch the Qwen3 reference's tokenizer from the hub."""
     unsupported = {
         "latent_dim": shape.latent_dim is not None,
-        "n_shared_experts": shape.n_shared_experts > 0,
         "sliding_window": shape.sliding_window is not None,
         "tied_embeddings": shape.tied_embeddings,
         "kv_heads_local != kv_heads_global": shape.kv_heads_local != shape.kv_heads_global,
@@ -41,13 +50,26 @@ def qwen3_moe_config(
     if asked:
         raise ValueError(
             f"{step}: Levanter's qwen3_moe cannot express {', '.join(asked)} of {shape}; "
-            "use a shape without them (every layer global, experts on d_model, no shared experts)"
+            "use a shape without them (every layer global, experts on d_model)"
         )
     if shape.n_heads % shape.kv_heads_global:
         raise ValueError(
             f"{step}: n_heads={shape.n_heads} is not a multiple of kv_heads_global={shape.kv_heads_global}"
         )
-    return Qwen3MoeConfig(
+    try:
+        return _moe_config(shape, tokenizer_path, router_aux_loss_coef, router_bias_balancing, router_z_loss_weight)
+    except ValueError as error:
+        raise ValueError(f"{step}: {error}") from error
+
+
+def _moe_config(
+    shape: MoeShape,
+    tokenizer_path: str,
+    router_aux_loss_coef: float | None,
+    router_bias_balancing: bool,
+    router_z_loss_weight: float,
+) -> MoeConfig:
+    return MoeConfig(
         max_seq_len=shape.seq_len,
         hidden_dim=shape.d_model,
         intermediate_dim=shape.expert_width,
@@ -59,6 +81,10 @@ def qwen3_moe_config(
         num_experts=shape.n_experts,
         num_experts_per_tok=shape.top_k,
         router_aux_loss_coef=router_aux_loss_coef,
+        router_bias_balancing=router_bias_balancing,
+        router_z_loss_weight=router_z_loss_weight,
+        num_shared_experts=shape.n_shared_experts,
+        shared_expert_intermediate_dim=shape.shared_width if shape.n_shared_experts else 0,
         max_window_layers=shape.n_layers,
         tokenizer=tokenizer_path,
         reference_checkpoint=tokenizer_path,

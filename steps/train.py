@@ -37,7 +37,6 @@ temporary MARIN_PREFIX) is set by `training_environment`, around the step, not r
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import tempfile
@@ -57,6 +56,7 @@ from executor import storage
 from steps.levanter_cache import LEDGER_FILE
 from steps.levanter_config import lm_data_config, qwen3_moe_config
 from steps.model_size import MoeShape, flops_per_token
+from steps.moe_model import MoeWatchConfig
 from steps.train_metrics import JsonlMetricsConfig
 from steps.train_tokenizer import load_tokenizer
 
@@ -96,6 +96,10 @@ class TrainConfig:
     """Levanter schedule name: cosine, linear, constant, inv_sqrt, wsd... Versioned."""
     router_aux_loss_coef: float | None = 0.001
     """Weight of the HF load-balancing loss (None: off). Versioned."""
+    router_bias_balancing: bool = False
+    """Aux-loss-free router-bias balancing, the hero's rule (steps/moe_model.py). Versioned."""
+    router_z_loss_weight: float = 0.0
+    """Weight of the router z-loss: logsumexp(router logits)^2, mean over tokens, summed over layers. Versioned."""
     z_loss_weight: float = 0.0
     """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
     seed: int = 0
@@ -193,7 +197,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         id=run_id,
         tracker=trackers,
         log_dir=Path(_local_dir(config.output_path, "logs")),
-        watch=dataclasses.replace(TrainerConfig().watch, interval=config.watch_interval),
+        watch=MoeWatchConfig(interval=config.watch_interval),
         train_batch_size=config.train_batch_size,
         per_device_parallelism=config.per_device_parallelism,
         per_device_eval_parallelism=config.per_device_parallelism,
@@ -225,6 +229,8 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             config.shape,
             tokenizer_path=config.tokenizer_path,
             router_aux_loss_coef=config.router_aux_loss_coef,
+            router_bias_balancing=config.router_bias_balancing,
+            router_z_loss_weight=config.router_z_loss_weight,
             step=label,
         ),
         optimizer=optimizer,
