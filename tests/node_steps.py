@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,10 +20,9 @@ class GateConfig:
 
 
 def wait_for_gate(config: GateConfig) -> None:
-    import ray
-
+    ray = sys.modules.get("ray")  # loaded in a Ray worker; a local run does not import it (seconds)
     os.makedirs(config.record_dir, exist_ok=True)
-    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else "local"
     record = {"node": node, "pid": os.getpid()}
     with open(os.path.join(config.record_dir, uuid.uuid4().hex), "w") as handle:
         json.dump(record, handle)
