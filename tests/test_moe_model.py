@@ -5,6 +5,8 @@ compiled step per config serves several tests."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import equinox as eqx
 import haliax as hax
 import jax
@@ -17,6 +19,8 @@ from levanter.optim.config import AdamConfig
 from levanter.trainer_state import InsideJitInfo, TrainerState
 from levanter.utils.tree_utils import inference_mode
 
+from steps.levanter_config import qwen3_moe_config
+from steps.model_size import MoeShape
 from steps.moe_model import (
     MoeBlock,
     MoeConfig,
@@ -203,10 +207,10 @@ def test_microbatched_gradients_average_the_bias_and_add_loads(balanced_run) -> 
     model = balanced_run[2].model
     example = batches(1)[0]
     grad_fn = eqx.filter_value_and_grad(loss_and_no_metrics, has_aux=True)
-    _, accumulated = eqx.filter_jit(microbatched(grad_fn, Batch, BATCH // 2, DATA_PARALLEL, DATA_PARALLEL))(
-        model, example
-    )
-    halves = [eqx.filter_jit(grad_fn)(model, half_batch(example, half))[1] for half in range(2)]
+    accumulate = microbatched(grad_fn, Batch, BATCH // 2, DATA_PARALLEL, DATA_PARALLEL)
+    accumulated = eqx.filter_jit(lambda m, ex: accumulate(m, ex)[1])(model, example)
+    gradients = eqx.filter_jit(lambda m, ex: grad_fn(m, ex)[1])
+    halves = [gradients(model, half_batch(example, half)) for half in range(2)]
     balance = accumulated.transformer.layers.stacked.mlp.balance
     separate = [grads.transformer.layers.stacked.mlp.balance for grads in halves]
     np.testing.assert_allclose(balance.estimates.array, 2.0)
@@ -232,6 +236,24 @@ def test_z_loss_and_shared_experts_change_the_loss() -> None:
         lambda m: m.transformer.layers.stacked.mlp.shared.down_proj.weight.array, model, jnp.zeros_like(shared_out)
     )
     assert abs(float(loss(model, example)) - float(loss(no_shared, example))) > 1e-4
+    weights = eqx.tree_at(lambda m: m.transformer.layers.stacked.mlp.balance, model, replace=None)
+    counted = sum(leaf.size for leaf in jax.tree.leaves(eqx.filter(weights, eqx.is_inexact_array)))
+    assert counted == config.total_trainable_params(VOCAB)  # shared experts counted: 3 x 32 x 32 per layer
+
+
+def test_train_shape_builds_the_moe_config() -> None:
+    shape = MoeShape(d_model=D_MODEL, n_layers=LAYERS, vocab_size=VOCAB, n_heads=2, head_dim=16, kv_heads_local=1,
+                     kv_heads_global=1, global_every=1, sliding_window=None, n_experts=EXPERTS, top_k=TOP_K,
+                     expert_width=64, latent_dim=None, n_shared_experts=2, shared_width=24, seq_len=SEQ)  # fmt: skip
+    config = qwen3_moe_config(shape, tokenizer_path="tok", router_aux_loss_coef=None, step="train step x",
+                              router_bias_balancing=True, router_z_loss_weight=1e-4)  # fmt: skip
+    assert isinstance(config, MoeConfig)
+    assert (config.num_shared_experts, config.shared_expert_intermediate_dim) == (2, 24)
+    assert config.router_bias_balancing and config.router_z_loss_weight == 1e-4
+    every_expert = dataclasses.replace(shape, top_k=EXPERTS)
+    with pytest.raises(ValueError, match="train step x: router-bias balancing needs top_k < n_experts"):
+        qwen3_moe_config(every_expert, tokenizer_path="tok", router_aux_loss_coef=None, step="train step x",
+                         router_bias_balancing=True)  # fmt: skip
 
 
 @pytest.mark.parametrize(
