@@ -252,6 +252,8 @@ def walk_files(path: str, skip: Callable[[str], bool] = lambda _name: False) -> 
         relative = full[len(root) :].lstrip("/")
         if not relative or skip(relative.split("/", 1)[0]) or info.get("type") == "directory":
             continue
+        if info.get("islink"):  # a local symlink (wandb's latest-run) is not content; its target is listed
+            continue
         files.append((relative, int(info.get("size") or 0)))
     return sorted(files)
 

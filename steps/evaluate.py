@@ -72,7 +72,10 @@ class EvaluateConfig:
 def evaluate(config: EvaluateConfig) -> dict:
     """The evaluate step: writes and returns results.json's content."""
     label = f"evaluate step {storage.basename(config.output_path)} ({config.output_path})"
-    checkpoint = latest_checkpoint_path(config.checkpoint_path)
+    try:
+        checkpoint = latest_checkpoint_path(config.checkpoint_path)
+    except FileNotFoundError:  # Levanter raises when it finds none (older versions returned None)
+        checkpoint = None
     if checkpoint is None:
         raise FileNotFoundError(f"{label}: no complete checkpoint under {config.checkpoint_path}; train first")
     model_config = qwen3_moe_config(

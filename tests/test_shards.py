@@ -142,3 +142,15 @@ def test_progress_of_a_running_sharded_step_shows_in_status(tmp_path, capsys):
         runner.join()
     assert len(read_shard_markers(executor.output_paths[step])) == 5
     assert sorted(p.name for p in Path(executor.output_paths[step], SHARD_DIR).iterdir())[0] == "0.json"
+
+
+def test_the_manifest_skips_symlinks_and_lists_their_targets(tmp_path):
+    """wandb leaves `wandb/latest-run` -> its run folder in a train step's output: the manifest must list the
+    run's files once and not try to hash the link (IsADirectoryError failed the step after training)."""
+    output = tmp_path / "train-abc"
+    (output / "wandb" / "run-1").mkdir(parents=True)
+    (output / "wandb" / "run-1" / "run.wandb").write_bytes(b"events")
+    (output / "wandb" / "latest-run").symlink_to(output / "wandb" / "run-1", target_is_directory=True)
+    manifest = write_manifest(str(output))
+    assert [entry["path"] for entry in manifest["files"]] == ["wandb/run-1/run.wandb"]
+    assert verify_manifest(str(output)) == []
