@@ -68,6 +68,10 @@ class LocalBackend:
         self._pool.shutdown(wait=not self._stop.is_set(), cancel_futures=True)
 
 
+LOCAL_RAY_START_ATTEMPTS = 3
+"""A local Ray's raylet gives its agents a fixed ~15 s to start; on a busy 2-core machine they can miss it."""
+
+
 def ray_temp_dir() -> str:
     """Our own folder for a local Ray's sessions, so they do not litter the system temp folder."""
     return os.path.join(tempfile.gettempdir(), f"executor-ray-{os.getuid()}")
@@ -89,11 +93,19 @@ def ensure_ray() -> None:
         # Local workers import step functions by module name: give them the driver's import path.
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}}
         num_cpus = os.cpu_count() or 1
-        logger.info("starting a local Ray with %d CPUs (temp dir %s)", num_cpus, ray_temp_dir())
-        ray.init(
-            num_cpus=num_cpus, include_dashboard=False, _temp_dir=ray_temp_dir(), runtime_env=runtime_env,
-            log_to_driver=True,
-        )  # fmt: skip
+        for attempt in range(1, LOCAL_RAY_START_ATTEMPTS + 1):
+            logger.info("starting a local Ray with %d CPUs (temp dir %s)", num_cpus, ray_temp_dir())
+            try:
+                ray.init(
+                    num_cpus=num_cpus, include_dashboard=False, _temp_dir=ray_temp_dir(), runtime_env=runtime_env,
+                    log_to_driver=True,
+                )  # fmt: skip
+                return
+            except Exception as error:  # Ray raises a bare Exception when its node times out during startup
+                ray.shutdown()
+                if attempt == LOCAL_RAY_START_ATTEMPTS or "timed out during startup" not in str(error):
+                    raise
+                logger.warning("the local Ray did not start (%s); starting it again", error)
 
 
 def ray_options(resources: ResourceConfig | None, max_attempts: int) -> dict[str, Any]:

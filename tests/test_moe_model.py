@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from levanter.grad_accum import microbatched
 from levanter.models.lm_model import LmExample
 from levanter.optim.config import AdamConfig
 from levanter.trainer_state import InsideJitInfo, TrainerState
@@ -31,12 +30,13 @@ from steps.moe_model import (
     router_figures,
 )
 
+pytestmark = pytest.mark.training
+
 EXPERTS, TOP_K, LAYERS, D_MODEL, SEQ, VOCAB, BATCH = 8, 2, 2, 32, 32, 128, 8
 STEPS = 30
 Z_LOSS = 1e-2
 Vocab = hax.Axis("vocab", VOCAB)
 Batch = hax.Axis("batch", BATCH)
-DATA_PARALLEL = {"batch": "data"}
 
 
 def tiny_config(**changes) -> MoeConfig:
@@ -151,7 +151,7 @@ def test_bias_rule_on_hand_made_logits() -> None:
     bias = rng.normal(size=EXPERTS).astype(np.float32)
     block = MoeBlock.init(tiny_config(router_bias_balancing=True), key=jax.random.PRNGKey(0))
     block = eqx.tree_at(lambda b: b.balance, block, RouterBalance(hax.named(bias, "experts"), *_zeros()))
-    chosen, weights, next_bias = block._select(jnp.asarray(logits))
+    chosen, weights, next_bias = eqx.filter_jit(block._select)(jnp.asarray(logits))  # one compile, not one per op
 
     scores = logits + bias
     order = np.argsort(-scores, axis=1)
@@ -185,38 +185,6 @@ def test_carried_state_gradient_is_its_next_value_and_microbatches_fold() -> Non
     folded = zero.accumulate(grad).accumulate(other)
     np.testing.assert_allclose(folded.bias.array, (new_bias.array + 3 * new_bias.array) / 2, rtol=1e-6)
     np.testing.assert_allclose(folded.load.array, 2 * new_load.array)
-
-
-def loss_and_no_metrics(model: MoeLMHeadModel, example: LmExample) -> tuple[jax.Array, dict]:
-    return loss_fn(model, example), {}
-
-
-def half_batch(example: LmExample, half: int) -> LmExample:
-    def take(leaf):
-        if isinstance(leaf, hax.NamedArray) and leaf.has_axis("batch"):
-            return leaf["batch", half * BATCH // 2 : (half + 1) * BATCH // 2]
-        return leaf
-
-    return jax.tree.map(take, example, is_leaf=lambda leaf: isinstance(leaf, hax.NamedArray))
-
-
-@pytest.mark.slow
-def test_microbatched_gradients_average_the_bias_and_add_loads(balanced_run) -> None:
-    """Levanter's gradient accumulation (`microbatched`, what the trainer uses with per_device_parallelism)
-    gives the mean of the microbatches' bias estimates and the sum of their loads."""
-    model = balanced_run[2].model
-    example = batches(1)[0]
-    grad_fn = eqx.filter_value_and_grad(loss_and_no_metrics, has_aux=True)
-    accumulate = microbatched(grad_fn, Batch, BATCH // 2, DATA_PARALLEL, DATA_PARALLEL)
-    accumulated = eqx.filter_jit(lambda m, ex: accumulate(m, ex)[1])(model, example)
-    gradients = eqx.filter_jit(lambda m, ex: grad_fn(m, ex)[1])
-    halves = [gradients(model, half_batch(example, half)) for half in range(2)]
-    balance = accumulated.transformer.layers.stacked.mlp.balance
-    separate = [grads.transformer.layers.stacked.mlp.balance for grads in halves]
-    np.testing.assert_allclose(balance.estimates.array, 2.0)
-    np.testing.assert_allclose(balance.bias.array, (separate[0].bias.array + separate[1].bias.array) / 2, atol=1e-5)
-    np.testing.assert_allclose(balance.load.array, separate[0].load.array + separate[1].load.array)
-    np.testing.assert_allclose(balance.load.array.sum(axis=-1), TOP_K * BATCH * SEQ)
 
 
 @pytest.mark.slow

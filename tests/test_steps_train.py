@@ -1,0 +1,262 @@
+"""The train and evaluate steps on real Levanter, on CPU: a tiny MoE (2 layers, 4 experts, top-2, router-bias
+balancing and router z-loss on) trains on two tokenized components of real text. One run serves most
+assertions, because Levanter's CPU compile is the slow part: it is started in an executor subprocess,
+SIGKILLed once a temporary checkpoint exists, and rerun to the end. From its metrics.jsonl and checkpoints
+the tests read that the loss falls, that the rerun resumed at the killed run's checkpoint step, that every
+promised metric was logged and that the caches were only read; the evaluate step then scores the final
+checkpoint and must agree with the train step's own last eval. Bad input is refused before any compute."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from steps.evaluate import EvaluateConfig, evaluate
+from steps.levanter_cache import load_cache
+from steps.model_size import MoeShape
+from steps.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.tokenize import TokenizeConfig, tokenize
+from steps.train import TrainConfig, TrainInputError, check_inputs, training_environment
+from steps.train_metrics import read_metrics
+from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+
+SOURCES = ("python_stdlib", "python_docstrings")
+STEPS = 40
+EVAL_BATCHES = 2  # of train_batch_size sequences: the stdlib validation split alone holds ~500
+# The shared run compiles the model twice (killed run, rerun): minutes on 2 busy cores.
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1500)]
+
+
+def tiny_shape(vocab_size: int, **changes: int) -> MoeShape:
+    fields = dict(d_model=32, n_layers=2, vocab_size=vocab_size, n_heads=2, head_dim=16, kv_heads_local=1,
+                  kv_heads_global=1, global_every=1, sliding_window=None, n_experts=4, top_k=2, expert_width=64,
+                  latent_dim=None, n_shared_experts=0, shared_width=0, seq_len=64)  # fmt: skip
+    return MoeShape(**{**fields, **changes})
+
+
+def build_data(root: Path) -> dict[str, str]:
+    """A tokenizer and two tokenize-step outputs (train/ and validation/ caches) of real text under `root`."""
+    for source in SOURCES:
+        build_text_corpus(TextCorpusConfig(source=source, max_docs=30, docs_per_shard=30,
+                                           output_path=str(root / "corpus" / source)))  # fmt: skip
+    tokenizer = str(root / "tokenizer")
+    train_tokenizer(TrainTokenizerConfig(input_paths=[str(root / "corpus" / s) for s in SOURCES], vocab_size=512,
+                                         sample_bytes=300_000, output_path=tokenizer))  # fmt: skip
+    paths = {"tokenizer": tokenizer}
+    for source in SOURCES:
+        paths[source] = str(root / "tokenized" / source)
+        documents = str(root / "corpus" / source / "shard-*.jsonl.gz")
+        tokenize(TokenizeConfig(input_paths=[documents], tokenizer_path=tokenizer, validation_fraction=0.2,
+                                output_path=paths[source], parallelism="thread"))  # fmt: skip
+    return paths
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return build_data(tmp_path_factory.mktemp("train-data"))
+
+
+def train_config(data: dict[str, str], output_path: str, **changes) -> TrainConfig:
+    vocab = load_tokenizer(data["tokenizer"]).get_vocab_size()
+    fields = dict(shape=tiny_shape(vocab), tokenizer_path=data["tokenizer"],
+                  components={source: data[source] for source in SOURCES}, output_path=output_path,
+                  num_train_steps=STEPS, train_batch_size=8, learning_rate=1e-2, steps_per_eval=STEPS // 2,
+                  max_eval_batches=EVAL_BATCHES, checkpoint_every_steps=STEPS // 2, temporary_checkpoint_seconds=3.0,
+                  watch_interval=5, peak_flops_per_second=1e11, router_bias_balancing=True,
+                  router_z_loss_weight=1e-4)  # fmt: skip
+    return TrainConfig(**{**fields, **changes})
+
+
+RUNNER = textwrap.dedent("""
+    import json, logging, sys
+    logging.basicConfig(level=logging.INFO)
+    from executor import Executor, ExecutorStep, THIS_OUTPUT_PATH
+    from steps.model_size import MoeShape
+    from steps.train import TrainConfig, train
+    fields = json.loads(sys.argv[2])
+    fields["shape"] = MoeShape(**fields["shape"])
+    fields["output_path"] = THIS_OUTPUT_PATH
+    step = ExecutorStep(name="train/tiny-moe", fn=train, config=TrainConfig(**fields))
+    executor = Executor(sys.argv[1])
+    executor.run([step])
+    print("OUTPUT", executor.output_paths[step], flush=True)
+""")
+
+
+def start_train(prefix: Path, config: TrainConfig, log: Path) -> subprocess.Popen:
+    fields = {name: getattr(config, name) for name in config.__dataclass_fields__ if name != "output_path"}
+    fields["shape"] = config.shape.__dict__
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-c", RUNNER, str(prefix), json.dumps(fields)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=Path(__file__).parent.parent,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def checkpoint_steps(output_path: Path) -> list[int]:
+    """Steps of the complete checkpoints (Levanter writes metadata.json last)."""
+    complete = output_path.glob("checkpoints/step-*/metadata.json")
+    return sorted(int(path.parent.name.removeprefix("step-")) for path in complete)
+
+
+def train_losses(records: list[dict]) -> list[tuple[int, float]]:
+    return [(record["step"], record["train/loss"]) for record in records if "train/loss" in record]
+
+
+def files_under(folders: list[str]) -> dict[str, int]:
+    return {str(path): path.stat().st_size for folder in folders for path in Path(folder).rglob("*") if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run the train step in an executor subprocess, SIGKILL it once a temporary checkpoint below the last
+    step is complete, rerun it to the end; return what both runs left."""
+    caches_before = files_under([data[source] for source in SOURCES])
+    prefix = tmp_path_factory.mktemp("train-prefix")
+    log = prefix / "runs.log"
+    config = train_config(data, "unused")
+    first = start_train(prefix, config, log)
+    killed_at: list[int] = []
+    deadline = time.monotonic() + 1800
+    while first.poll() is None and time.monotonic() < deadline:
+        outputs = list(prefix.glob("train/tiny-moe-*"))
+        steps = checkpoint_steps(outputs[0]) if outputs else []
+        if steps and 0 < steps[-1] < STEPS:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            killed_at = steps
+            break
+        time.sleep(0.05)
+    assert killed_at, f"no checkpoint appeared before the run ended; see {log}:\n{log.read_text()[-3000:]}"
+    output_path = next(prefix.glob("train/tiny-moe-*"))
+    records_before = len(read_metrics(str(output_path)))
+    second = start_train(prefix, config, log)
+    assert second.wait(timeout=1800) == 0, log.read_text()[-3000:]
+    return {"output_path": output_path, "killed_at": killed_at, "records_before": records_before,
+            "records": read_metrics(str(output_path)), "log": log, "caches_before": caches_before,
+            "caches_after": files_under([data[source] for source in SOURCES])}  # fmt: skip
+
+
+def test_moe_trains_and_its_loss_falls(killed_and_resumed):
+    losses = train_losses(killed_and_resumed["records"])
+    first_steps = [loss for step, loss in losses[:3]]
+    last_steps = [loss for step, loss in losses[-3:]]
+    assert max(step for step, _ in losses) == STEPS - 1
+    assert sum(last_steps) / 3 < 0.8 * sum(first_steps) / 3, losses
+
+
+def test_rerun_resumes_from_the_killed_runs_checkpoint(killed_and_resumed):
+    records = killed_and_resumed["records"]
+    before, after = records[: killed_and_resumed["records_before"]], records[killed_and_resumed["records_before"] :]
+    resumed_steps = [step for step, _ in train_losses(after)]
+    checkpoint = killed_and_resumed["killed_at"][-1]
+    # Levanter's checkpoint at step s holds the state after s optimizer steps; the next one logged is step s.
+    assert resumed_steps[0] == checkpoint, (checkpoint, resumed_steps[:5])
+    # Levanter logs the last step twice (its final hooks run again after the loop).
+    assert sorted(set(resumed_steps)) == list(range(checkpoint, STEPS)), resumed_steps
+    assert train_losses(before)[0][0] == 0
+    assert "Resuming training from step" in killed_and_resumed["log"].read_text()
+    final = checkpoint_steps(killed_and_resumed["output_path"])
+    assert final[-1] == STEPS - 1  # Levanter names the final checkpoint by the last step's index
+
+
+def test_metrics_jsonl_holds_what_the_dashboard_plots(killed_and_resumed):
+    keys = set().union(*(record.keys() for record in killed_and_resumed["records"]))
+    for key in ("train/loss", "optim/learning_rate", "grad/norm/total", "params/norm/total",
+                "throughput/tokens_per_second", "model_flops_per_second", "mfu"):  # fmt: skip
+        assert key in keys, sorted(keys)
+    assert {f"eval/{source}/loss" for source in SOURCES} <= keys, sorted(keys)
+    output_path = killed_and_resumed["output_path"]
+    assert list((output_path / "wandb").glob("**/*.wandb")), "wandb's offline run file is missing"
+    router = [record for record in killed_and_resumed["records"] if "router/bias/norm" in record]
+    assert router and router[-1]["router/bias/norm"] > 0, "the router bias never moved"
+    assert all(record["router/load/max_over_mean"] >= 1.0 for record in router)
+
+
+def test_training_reads_the_caches_and_builds_none(killed_and_resumed):
+    assert killed_and_resumed["caches_after"] == killed_and_resumed["caches_before"]
+
+
+def tokens_per_byte(data: dict[str, str], source: str, tokens: int) -> float:
+    """Predicted tokens over the UTF-8 bytes they decode to, for the first `tokens` tokens of the validation
+    split, which is what an eval of that many tokens reads (special tokens decode to no bytes, as Levanter
+    counts them)."""
+    tokenizer = load_tokenizer(data["tokenizer"])
+    cache = load_cache(f"{data[source]}/validation")
+    stream = np.concatenate([row["input_ids"] for row in cache.get_batch_sync(list(range(len(cache))))])[:tokens]
+    return (len(stream) - 1) / len(tokenizer.decode(stream[1:].tolist(), skip_special_tokens=True).encode())
+
+
+def test_evaluate_scores_the_final_checkpoint_as_the_train_steps_own_eval(data, killed_and_resumed, tmp_path):
+    vocab = load_tokenizer(data["tokenizer"]).get_vocab_size()
+    output_path = killed_and_resumed["output_path"]
+    config = EvaluateConfig(checkpoint_path=str(output_path / "checkpoints"), shape=tiny_shape(vocab),
+                            tokenizer_path=data["tokenizer"], components={source: data[source] for source in SOURCES},
+                            output_path=str(tmp_path / "eval-abc"), batch_size=8, max_batches=EVAL_BATCHES)  # fmt: skip
+    results = evaluate(config)
+    assert json.loads((tmp_path / "eval-abc" / "results.json").read_text()) == results
+    assert results["step"] == checkpoint_steps(output_path)[-1]
+    last_eval = [record for record in killed_and_resumed["records"] if f"eval/{SOURCES[0]}/loss" in record][-1]
+    for source in SOURCES:
+        figures = results["components"][source]
+        assert figures["loss"] == pytest.approx(last_eval[f"eval/{source}/loss"], rel=0.02), (figures, last_eval)
+        assert figures["loss"] < train_losses(killed_and_resumed["records"])[0][1] - 0.5, "not better than untrained"
+        evaluated_tokens = EVAL_BATCHES * 8 * config.shape.seq_len
+        expected_bpb = figures["loss"] / math.log(2) * tokens_per_byte(data, source, evaluated_tokens)
+        assert figures["bpb"] == pytest.approx(expected_bpb, rel=0.05), (figures, expected_bpb)
+    losses = [results["components"][source]["loss"] for source in SOURCES]
+    assert results["macro_loss"] == pytest.approx(float(np.mean(losses)))
+    bpbs = [results["components"][source]["bpb"] for source in SOURCES]
+    assert results["macro_bpb"] == pytest.approx(float(np.mean(bpbs)))
+    assert bpbs[0] != pytest.approx(bpbs[1], rel=1e-3), "code and docstrings have different bytes per token"
+
+
+def test_evaluate_refuses_a_missing_checkpoint(data, tmp_path):
+    vocab = load_tokenizer(data["tokenizer"]).get_vocab_size()
+    config = EvaluateConfig(checkpoint_path=str(tmp_path / "none"), shape=tiny_shape(vocab),
+                            tokenizer_path=data["tokenizer"], components={SOURCES[0]: data[SOURCES[0]]},
+                            output_path=str(tmp_path / "eval-xyz"))  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"evaluate step eval-xyz .*no complete checkpoint"):
+        evaluate(config)
+    assert not (tmp_path / "eval-xyz").exists()
+
+
+def test_training_environment_is_offline_and_restored(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    with training_environment(str(tmp_path / "out")):
+        assert os.environ["HF_HUB_OFFLINE"] == "1"
+        assert os.environ["WANDB_DIR"] == str(tmp_path / "out" / "wandb")
+        assert os.path.isdir(os.environ["MARIN_PREFIX"])
+    assert "HF_HUB_OFFLINE" not in os.environ and "WANDB_DIR" not in os.environ
+
+
+def test_bad_input_is_refused_before_any_compute(data, tmp_path):
+    output_path = str(tmp_path / "train-bad-abc123")
+    with pytest.raises(TrainInputError, match=r"train step train-bad-abc123 .*does not split"):
+        check_inputs(train_config(data, output_path, train_batch_size=7, per_device_parallelism=2))
+    missing = {"python_stdlib": data["python_stdlib"], "python_docstrings": str(tmp_path / "nowhere")}
+    with pytest.raises(TrainInputError, match=r"train-bad-abc123.*'python_docstrings' has no Levanter cache"):
+        check_inputs(train_config(data, output_path, components=missing))
+    vocab = load_tokenizer(data["tokenizer"]).get_vocab_size()
+    with pytest.raises(TrainInputError, match=rf"train-bad-abc123.*{vocab} tokens but the model shape says"):
+        check_inputs(train_config(data, output_path, shape=tiny_shape(vocab + 1)))
+    other_tokenizer = str(tmp_path / "tokenizer-256")
+    corpus = data["python_stdlib"].replace("tokenized", "corpus")
+    train_tokenizer(TrainTokenizerConfig(input_paths=[corpus], vocab_size=300, sample_bytes=100_000,
+                                         output_path=other_tokenizer))  # fmt: skip
+    other_vocab = load_tokenizer(other_tokenizer).get_vocab_size()
+    with pytest.raises(TrainInputError, match=rf"tokenized with a {vocab}-token vocabulary.*has {other_vocab}"):
+        check_inputs(train_config(data, output_path, tokenizer_path=other_tokenizer, shape=tiny_shape(other_vocab)))
+    with pytest.raises(ValueError, match="top_k=5 exceeds n_experts=4"):
+        tiny_shape(vocab, top_k=5)
+    assert not os.path.exists(output_path), "a refused run must leave nothing behind"
