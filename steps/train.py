@@ -22,7 +22,8 @@ The step translates its frozen config into Levanter's `TrainLmConfig` (model: `q
   is kept; they are what a preempted or killed run resumes from) and permanent ones every
   `checkpoint_every_steps`, plus the final one. Levanter writes a checkpoint's metadata last, so only
   complete checkpoints are found on resume. Rerunning the step (the executor does so after a failure)
-  restores the latest and continues at its step, with the data loader at the same batch.
+  restores the latest (`step-N`: the state after step N) and continues at step N + 1, the data loader
+  at the next batch.
 - `metrics.jsonl`: every metric Levanter logs, with MFU from steps/model_size.py (steps/train_metrics.py).
 - `wandb/`: wandb's offline run files (`wandb sync` uploads them); `logs/`: Levanter's log files.
 

@@ -159,10 +159,10 @@ def test_rerun_resumes_from_the_killed_runs_checkpoint(killed_and_resumed):
     before, after = records[: killed_and_resumed["records_before"]], records[killed_and_resumed["records_before"] :]
     resumed_steps = [step for step, _ in train_losses(after)]
     checkpoint = killed_and_resumed["killed_at"][-1]
-    # Levanter's checkpoint at step s holds the state after s optimizer steps; the next one logged is step s.
-    assert resumed_steps[0] == checkpoint, (checkpoint, resumed_steps[:5])
+    # Levanter's checkpoint step-N holds the state after optimizer step N: the rerun continues at N + 1.
+    assert resumed_steps[0] == checkpoint + 1, (checkpoint, resumed_steps[:5])
     # Levanter logs the last step twice (its final hooks run again after the loop).
-    assert sorted(set(resumed_steps)) == list(range(checkpoint, STEPS)), resumed_steps
+    assert sorted(set(resumed_steps)) == list(range(checkpoint + 1, STEPS)), resumed_steps
     assert train_losses(before)[0][0] == 0
     assert "Resuming training from step" in killed_and_resumed["log"].read_text()
     final = checkpoint_steps(killed_and_resumed["output_path"])
