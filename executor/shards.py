@@ -295,12 +295,14 @@ def _execute(
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard") as threads:
             yield from _drain(threads, workers, output_path, pending, fn, retry, generation)
         return
-    pool = _PROCESS_POOLS.get(max_workers or os.cpu_count() or 1)  # workers start as tasks need them
+    pool = _PROCESS_POOLS.acquire(max_workers or os.cpu_count() or 1)  # workers start as tasks need them
     try:
         yield from _drain(pool, workers, output_path, pending, fn, retry, generation)
     except BrokenProcessPool:
-        _PROCESS_POOLS.discard(pool)  # a worker died (killed, out of memory): the next call starts afresh
+        _PROCESS_POOLS.evict(pool)  # a worker died (killed, out of memory): the next call starts afresh
         raise
+    finally:
+        _PROCESS_POOLS.release(pool)
 
 
 def _drain(
@@ -342,37 +344,49 @@ class _ProcessPools:
     """Spawned shard workers, kept for the next `run_sharded` call of this process.
 
     Starting a spawned worker re-imports the step's modules (numpy, pyarrow, tokenizers...): seconds per
-    worker, paid by every stage of a multi-stage step when each made its own pool. The pool is reused only
-    while the environment and import path it was started with are unchanged, since workers read them once.
+    worker, paid by every stage of a multi-stage step when each made its own pool. A pool is reused only
+    while the environment and import path it was started with are unchanged, since workers read them once;
+    a pool no longer reusable is shut down once the steps still using it (other threads) have released it.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pools: dict[tuple[int, int], ProcessPoolExecutor] = {}  # (max workers, context) -> pool
+        self._users: dict[ProcessPoolExecutor, int] = {}
         atexit.register(self.shutdown)
 
-    def get(self, workers: int) -> ProcessPoolExecutor:
+    def acquire(self, workers: int) -> ProcessPoolExecutor:
         context = hash((frozenset(os.environ.items()), tuple(sys.path)))
         with self._lock:
-            for (size, started_in), pool in list(self._pools.items()):
-                if started_in != context:
-                    del self._pools[(size, started_in)]
-                    pool.shutdown(wait=False, cancel_futures=True)
-            key = (workers, context)
-            if key not in self._pools:
-                self._pools[key] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
-            return self._pools[key]
+            for key, pool in list(self._pools.items()):
+                if key[1] != context:
+                    self._evict_locked(pool)
+            if (workers, context) not in self._pools:
+                self._pools[(workers, context)] = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+            pool = self._pools[(workers, context)]
+            self._users[pool] = self._users.get(pool, 0) + 1
+            return pool
 
-    def discard(self, pool: ProcessPoolExecutor) -> None:
+    def release(self, pool: ProcessPoolExecutor) -> None:
         with self._lock:
-            for key, cached in list(self._pools.items()):
-                if cached is pool:
-                    del self._pools[key]
-        pool.shutdown(wait=False, cancel_futures=True)
+            self._users[pool] -= 1
+            if self._users[pool] == 0 and pool not in self._pools.values():
+                del self._users[pool]
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def evict(self, pool: ProcessPoolExecutor) -> None:
+        with self._lock:
+            self._evict_locked(pool)
+
+    def _evict_locked(self, pool: ProcessPoolExecutor) -> None:
+        self._pools = {key: cached for key, cached in self._pools.items() if cached is not pool}
+        if not self._users.get(pool):
+            self._users.pop(pool, None)
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def shutdown(self) -> None:
         with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
+            pools, self._pools, self._users = set(self._pools.values()) | set(self._users), {}, {}
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
 

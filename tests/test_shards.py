@@ -13,7 +13,15 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage
 from executor.cli import main as cli_main
 from executor.records import verify_manifest, write_manifest
 from executor.retry import RetryPolicy
-from executor.shards import SHARD_DIR, TEMP_DIR, Shard, ShardFailedError, read_shard_markers, run_sharded
+from executor.shards import (
+    SHARD_DIR,
+    TEMP_DIR,
+    Shard,
+    ShardFailedError,
+    _ProcessPools,
+    read_shard_markers,
+    run_sharded,
+)
 
 RUNS: list[str] = []
 
@@ -154,3 +162,22 @@ def test_the_manifest_skips_symlinks_and_lists_their_targets(tmp_path):
     manifest = write_manifest(str(output))
     assert [entry["path"] for entry in manifest["files"]] == ["wandb/run-1/run.wandb"]
     assert verify_manifest(str(output)) == []
+
+
+def test_a_worker_pool_in_use_survives_an_environment_change(monkeypatch):
+    """A step that changes the environment (the train step sets HF/wandb variables) must not shut down the
+    pool another step's shards are running on; the old pool closes when its last user releases it."""
+    pools = _ProcessPools()
+    try:
+        first = pools.acquire(1)
+        monkeypatch.setenv("EXECUTOR_TEST_POOL_CONTEXT", "changed")
+        second = pools.acquire(1)
+        assert second is not first
+        assert first.submit(abs, -3).result(timeout=120) == 3
+        pools.release(first)
+        with pytest.raises(RuntimeError, match="shutdown"):
+            first.submit(abs, -3)
+        assert second.submit(abs, -4).result(timeout=120) == 4
+        pools.release(second)
+    finally:
+        pools.shutdown()
