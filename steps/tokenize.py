@@ -64,6 +64,7 @@ from steps.train_tokenizer import SpecialTokenIds, load_tokenizer, special_token
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
+COMPONENTS_FILE = "components.json"
 NO_SOURCE = "(none)"
 _HASH_RANGE = float(1 << 64)
 
@@ -91,6 +92,10 @@ class TokenizeConfig:
     """How shard groups run: auto (Ray when initialized, else processes), ray, process or thread. Plain."""
     max_workers: int | None = None
     """Shard groups at once (default: the CPUs). Plain."""
+    per_folder: bool = False
+    """Each input file belongs to the component named by its parent folder (a cells step's `cells/<cell>/`):
+    every component gets its own `<name>/train` and `<name>/validation` caches, listed in components.json.
+    One step then tokenizes any number of cells. Versioned."""
 
 
 def tokenize(config: TokenizeConfig) -> None:
@@ -115,12 +120,10 @@ def tokenize(config: TokenizeConfig) -> None:
             f"{stats['bad_input']}); check the inputs {config.input_paths}, samples: {stats['bad_samples'][:3]}"
         )
     metadata = cache_metadata(config.tokenizer_path)
-    for split in SPLITS:
-        parts = [
-            PartFigures(f"part-{shard_id}", marker["stats"][f"{split}_docs"], marker["stats"][f"{split}_tokens"])
-            for shard_id, marker in sorted(report.markers.items())
-        ]
-        write_sharded_ledger(storage.join(config.output_path, split), parts, metadata)
+    if config.per_folder:
+        stats["components"] = _write_components(config.output_path, report, metadata)
+    else:
+        _write_ledgers(config.output_path, sorted(report.markers.items()), metadata)
     write_stats(config.output_path, stats)
     logger.info(
         "%s: %d documents, %d tokens (%.2f bytes per token)",
@@ -129,6 +132,50 @@ def tokenize(config: TokenizeConfig) -> None:
         stats["tokens"],
         stats["bytes_per_token"],
     )
+
+
+def _write_ledgers(cache_dir: str, markers: list[tuple[str, dict[str, Any]]], metadata: dict[str, Any]) -> None:
+    """One Levanter cache per split under `cache_dir` over the committed parts of `markers`' shard groups."""
+    for split in SPLITS:
+        parts = [
+            PartFigures(f"part-{shard_id}", marker["stats"][f"{split}_docs"], marker["stats"][f"{split}_tokens"])
+            for shard_id, marker in markers
+        ]
+        write_sharded_ledger(storage.join(cache_dir, split), parts, metadata)
+
+
+def _write_components(output_path: str, report: ShardReport, metadata: dict[str, Any]) -> dict[str, Any]:
+    """With `per_folder`: each component's two caches, and components.json naming those a trainer can use.
+
+    A component needs documents in both splits (Levanter trains on `train/` and evaluates every component's
+    `validation/`); one without is left out of `components` and listed under `excluded` with its figures."""
+    by_component: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for shard_id, marker in sorted(report.markers.items()):
+        by_component.setdefault(marker["stats"]["component"], []).append((shard_id, marker))
+    usable, excluded = {}, {}
+    for name, markers in sorted(by_component.items()):
+        figures = {f"{split}_{what}": sum(m["stats"][f"{split}_{what}"] for _, m in markers)
+                   for split in SPLITS for what in ("docs", "tokens")}  # fmt: skip
+        if figures["train_docs"] and figures["validation_docs"]:
+            _write_ledgers(storage.join(output_path, name), markers, metadata)
+            usable[name] = figures
+        else:
+            excluded[name] = figures
+    document = {"components": usable, "excluded": excluded}
+    storage.write_json_atomic(storage.join(output_path, COMPONENTS_FILE), document)
+    if excluded:
+        logger.warning("tokenize (%s): %d component(s) without documents in both splits left out: %s",
+                       output_path, len(excluded), sorted(excluded))  # fmt: skip
+    return document
+
+
+def load_components(tokenized_path: str) -> dict[str, str]:
+    """Component name -> cache folder of a `per_folder` tokenize output (those with both splits)."""
+    document = storage.read_json(storage.join(tokenized_path, COMPONENTS_FILE))
+    if document is None:
+        raise FileNotFoundError(f"no {COMPONENTS_FILE} under {tokenized_path}: point at a tokenize step run "
+                                "with per_folder=True")  # fmt: skip
+    return {name: storage.join(tokenized_path, name) for name in document["components"]}
 
 
 @functools.lru_cache(maxsize=4)
@@ -172,7 +219,8 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
     config = payload.config
     tokenizer, special = _framing(config.tokenizer_path)
     metadata = cache_metadata(config.tokenizer_path)
-    parts = {split: PartWriter(writer, f"{split}/part-{payload.shard_index:05d}", metadata) for split in SPLITS}
+    folder = f"{component_of(payload.path)}/" if config.per_folder else ""
+    parts = {split: PartWriter(writer, f"{folder}{split}/part-{payload.shard_index:05d}", metadata) for split in SPLITS}
     report = ReadReport()
     by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
     documents = read_documents(payload.path, report, config.raw_input)
@@ -195,7 +243,14 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
         stats[f"{split}_docs"], stats[f"{split}_tokens"] = part.rows, part.tokens
     stats.update({f"{what}_by_source": dict(counts) for what, counts in by_source.items()})
     stats["empty_files"] = int(report.docs == 0)
+    if config.per_folder:
+        stats["component"] = component_of(payload.path)
     return stats
+
+
+def component_of(path: str) -> str:
+    """The component a file belongs to with `per_folder`: the name of the folder holding it."""
+    return storage.basename(storage.dirname(path))
 
 
 def _stats(report: ShardReport, config: TokenizeConfig) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from executor.shards import read_shard_markers
 from steps.documents import ReadReport, list_input_files, read_documents
 from steps.levanter_cache import UnsupportedCachePathError, load_cache
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.tokenize import EmptyTokenizeOutputError, TokenizeConfig, in_validation, tokenize
+from steps.tokenize import EmptyTokenizeOutputError, TokenizeConfig, in_validation, load_components, tokenize
 from steps.train_tokenizer import (
     ExistingTokenizer,
     TrainTokenizerConfig,
@@ -309,3 +309,38 @@ def test_sigkill_mid_way_then_rerun_redoes_only_unfinished_groups(tmp_path, corp
     for split in ("train", "validation"):
         resumed, uninterrupted = rows(str(output / split)), rows(str(reference / split))
         assert [row.tolist() for row in resumed] == [row.tolist() for row in uninterrupted]
+
+
+def test_per_folder_gives_each_cell_its_own_caches_and_lists_the_usable_ones(corpus, tokenizer_path, tmp_path):
+    """A cells step's layout (`cells/<cell>/<file>`): one step, one pair of caches per cell; a cell whose documents
+    all fall in one split cannot be trained and evaluated on, so components.json leaves it out and says why."""
+    cells = tmp_path / "cells"
+    layout = {"code": sorted(Path(corpus, "python_stdlib").glob("shard-*.jsonl.gz")),
+              "prose": sorted(Path(corpus, "python_docstrings").glob("shard-*.jsonl.gz"))}  # fmt: skip
+    for cell, files in layout.items():
+        (cells / cell).mkdir(parents=True)
+        for file in files:
+            shutil.copy(file, cells / cell / file.name)
+    training_only = next(doc for doc in documents_of(document_files(corpus))
+                         if not in_validation(doc["id"], VALIDATION_FRACTION))  # fmt: skip
+    (cells / "lonely").mkdir()
+    (cells / "lonely" / "one.jsonl").write_text(json.dumps(training_only) + "\n")
+    output_path = str(tmp_path / "tokenized")
+    tokenize(TokenizeConfig(input_paths=[str(cells)], tokenizer_path=tokenizer_path, per_folder=True,
+                            validation_fraction=VALIDATION_FRACTION, output_path=output_path,
+                            parallelism="thread"))  # fmt: skip
+
+    listed = json.loads(Path(output_path, "components.json").read_text())
+    assert sorted(listed["components"]) == ["code", "prose"]
+    lonely = listed["excluded"]["lonely"]
+    assert list(listed["excluded"]) == ["lonely"] and lonely["train_tokens"] > 0
+    assert (lonely["train_docs"], lonely["validation_docs"], lonely["validation_tokens"]) == (1, 0, 0)
+    assert load_components(output_path) == {name: f"{output_path}/{name}" for name in ("code", "prose")}
+    for cell, files in layout.items():
+        documents = documents_of([str(file) for file in files])
+        for split in ("train", "validation"):
+            expected = [d for d in documents if in_validation(d["id"], VALIDATION_FRACTION) == (split == "validation")]
+            assert len(rows(f"{output_path}/{cell}/{split}")) == len(expected) > 0
+            assert listed["components"][cell][f"{split}_docs"] == len(expected)
+    assert not Path(output_path, "lonely", "train", "shard_ledger.json").exists()
+    assert not Path(output_path, "train").exists()
