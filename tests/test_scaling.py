@@ -94,3 +94,67 @@ def test_fits_it_cannot_make_are_refused() -> None:
     rung = RungCurve(name="d768", compute=1e19, tokens=[5e8, 1e9], loss=[3.0, 2.8])
     with pytest.raises(ValueError, match="d768 has no eval before 10%"):
         predict_loss_curve([rung, rung, rung], 1e24, 1e12, asymptote=1.0, fractions=[0.1])
+
+
+def write_rung(root, name: str, compute: float, tokens: float, tokens_per_step: float, steps_per_eval: int):
+    """A rung's train and evaluate outputs as the steps write them: metrics.jsonl with `eval/macro_loss` lines
+    (the loss at each fraction f of training is the law's at f x the compute; a resumed run repeats a step, with
+    a stale value first) and results.json with the final macro loss."""
+    import json
+
+    from steps.ladder import LadderRung
+
+    train, evaluate = root / f"train-{name}", root / f"eval-{name}"
+    train.mkdir()
+    evaluate.mkdir()
+    total_steps = int(tokens / tokens_per_step)
+    lines = []
+    for step in range(steps_per_eval, total_steps, steps_per_eval):
+        loss = float(law(compute * step / total_steps))
+        if step == 2 * steps_per_eval:
+            lines.append({"step": step, "eval/macro_loss": loss + 5.0})  # the killed run's line: superseded
+        lines.append({"step": step, "eval/macro_loss": loss, "train/loss": loss + 0.1})
+    (train / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (evaluate / "results.json").write_text(json.dumps({"macro_loss": float(law(compute))}))
+    return LadderRung(name=name, train_path=str(train), evaluate_path=str(evaluate), flops=compute, tokens=tokens,
+                      tokens_per_step=tokens_per_step)  # fmt: skip
+
+
+def test_the_scaling_step_predicts_the_target_from_rung_outputs(tmp_path) -> None:
+    import json
+
+    from steps.ladder import LadderConfig, LadderTarget, predict_from_ladder
+
+    rungs = [write_rung(tmp_path, f"r{i}", c, tokens=1e6 * (i + 1), tokens_per_step=1e4, steps_per_eval=10)
+             for i, c in enumerate(LADDER_COMPUTE)]  # fmt: skip
+    target = LadderTarget(name="hero", flops=HERO_COMPUTE, tokens=5e8, tokens_per_step=2e4)
+    out = tmp_path / "scaling"
+    document = predict_from_ladder(LadderConfig(rungs=rungs, target=target, output_path=str(out), asymptote=TRUE_E,
+                                                bootstrap_samples=50))  # fmt: skip
+    assert json.loads((out / "prediction.json").read_text()) == document
+    assert (out / "fit.png").read_bytes().startswith(b"\x89PNG")
+    assert document["prediction"]["loss"] == pytest.approx(law(HERO_COMPUTE), rel=1e-6)
+    assert document["target"]["name"] == "hero"
+    assert [rung["final_loss"] for rung in document["rungs"]] == pytest.approx(list(law(LADDER_COMPUTE)))
+    # The curve: the target's loss at fraction f is the law's at f x its compute; steps are tokens / tokens_per_step.
+    for point in document["curve"]:
+        fraction = point["tokens"] / target.tokens
+        assert point["step"] == pytest.approx(point["tokens"] / target.tokens_per_step)
+        assert point["loss"] == pytest.approx(law(HERO_COMPUTE * fraction), rel=5e-3)  # linear between evals
+    # Each rung's curve ends at its evaluate step's loss; the stale line of the killed run is not in it.
+    first = document["rungs"][0]["curve"]
+    assert first[-1] == {"tokens": 1e6, "loss": pytest.approx(law(LADDER_COMPUTE[0]))}
+    assert all(point["loss"] < law(LADDER_COMPUTE[0] * 0.05) for point in first)
+
+
+def test_the_scaling_step_names_the_rung_without_results(tmp_path) -> None:
+    from steps.ladder import LadderConfig, LadderTarget, predict_from_ladder
+
+    rungs = [write_rung(tmp_path, f"r{i}", c, tokens=1e6, tokens_per_step=1e4, steps_per_eval=10)
+             for i, c in enumerate(LADDER_COMPUTE[:3])]  # fmt: skip
+    (tmp_path / "eval-r1" / "results.json").unlink()
+    target = LadderTarget(name="hero", flops=HERO_COMPUTE, tokens=5e8, tokens_per_step=2e4)
+    with pytest.raises(FileNotFoundError, match=r"rung r1 has no results.json .*eval-r1; run its evaluate step"):
+        predict_from_ladder(LadderConfig(rungs=rungs, target=target, output_path=str(tmp_path / "out")))
+    with pytest.raises(ValueError, match=r"2 rung.* cannot fit a power law; give at least 3"):
+        predict_from_ladder(LadderConfig(rungs=rungs[:2], target=target, output_path=str(tmp_path / "out")))
