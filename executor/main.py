@@ -66,7 +66,8 @@ def executor_main(
     """Parse the command line into an `ExecutorMainConfig` and run `steps` (an `InputName` stands for its step)."""
     config = draccus.parse(ExecutorMainConfig, args=sys.argv[1:] if args is None else list(args))
     configure_logging()
-    caller = inspect.stack()[1].filename
+    frame = inspect.currentframe()
+    caller = frame.f_back.f_code.co_filename if frame is not None and frame.f_back is not None else "experiment"
     executor = Executor(
         prefix=resolve_prefix(config.prefix),
         executor_info_base_path=config.executor_info_base_path,

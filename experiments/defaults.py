@@ -60,18 +60,23 @@ def default_text_corpus(
 
 
 def default_tokenizer(
-    corpora: Sequence[ExecutorStep], vocab_size: int = 4096, min_frequency: int = 2
+    corpora: Sequence[ExecutorStep],
+    vocab_size: int = 4096,
+    min_frequency: int = 2,
+    sample_bytes: int | None = None,
+    name: str = "tokenizer/byte_bpe",
 ) -> ExecutorStep[TrainTokenizerConfig]:
-    """A byte-level BPE tokenizer trained on the union of `corpora`."""
+    """A byte-level BPE tokenizer trained on the union of `corpora` (text corpora, or document steps: their docs)."""
     return ExecutorStep(
-        name="tokenizer/byte_bpe",
+        name=name,
         fn=train_tokenizer,
         description=f"Byte-level BPE, {vocab_size} tokens, trained on {', '.join(c.name for c in corpora)}",
         config=TrainTokenizerConfig(
-            input_paths=[output_path_of(corpus) for corpus in corpora],
+            input_paths=[output_path_of(c) if c.fn is build_text_corpus else _docs_of(c) for c in corpora],
             vocab_size=versioned(vocab_size),
             min_frequency=versioned(min_frequency),
             special_tokens=versioned(["<|endoftext|>"]),
+            sample_bytes=versioned(sample_bytes) if sample_bytes is not None else None,
             output_path=THIS_OUTPUT_PATH,
         ),
     )
@@ -82,7 +87,7 @@ def default_tokenizer(
 
 
 def default_real_corpus(
-    docs_per_domain: int = 300, near_copies: int = 10, eval_docs: int = 0
+    docs_per_domain: int = 300, near_copies: int = 10, eval_docs: int = 0, domains: Sequence[str] | None = None
 ) -> ExecutorStep[RealCorpusConfig]:
     """The offline multi-domain corpus (KJV prose, stdlib code, pydoc reference) with planted duplicates,
     and with `eval_docs` > 0 an eval set per domain that quotes training documents (for decontamination)."""
@@ -95,6 +100,7 @@ def default_real_corpus(
             docs_per_domain=versioned(docs_per_domain),
             near_copies=versioned(near_copies),
             eval_docs=versioned(eval_docs),
+            domains=versioned(list(domains)) if domains is not None else None,
             # The stdlib's text is an input the executor cannot see; its version stands in for it.
             seed=versioned(0),
         ),
@@ -115,10 +121,11 @@ def default_download(
     )
 
 
-def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True) -> ExecutorStep[ExactDedupConfig]:
+def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True,
+                  name: str = "dedup/exact") -> ExecutorStep[ExactDedupConfig]:  # fmt: skip
     """Exact document- and paragraph-level dedup over `inputs` (downloads or document steps), first wins."""
     return ExecutorStep(
-        name="dedup/exact",
+        name=name,
         fn=exact_dedup,
         description="Exact dedup of documents" + (" and paragraphs" if paragraphs else ""),
         config=ExactDedupConfig(input_paths=[_docs_of(step) for step in inputs], paragraphs=versioned(paragraphs),
@@ -126,11 +133,11 @@ def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True) -> Ex
     )
 
 
-def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6,
-                        jaccard_threshold: float = 0.65) -> ExecutorStep[FuzzyDedupConfig]:  # fmt: skip
+def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6, jaccard_threshold: float = 0.65,
+                        name: str = "dedup/fuzzy") -> ExecutorStep[FuzzyDedupConfig]:  # fmt: skip
     """MinHash + LSH near-duplicate removal with verified pairs, one document kept per cluster."""
     return ExecutorStep(
-        name="dedup/fuzzy",
+        name=name,
         fn=fuzzy_dedup,
         description=f"MinHash LSH, 5-grams, {bands} bands x {rows} rows, pairs verified at Jaccard {jaccard_threshold}",
         config=FuzzyDedupConfig(input_paths=[_docs_of(input_step)], n_grams=versioned(5), bands=versioned(bands),
@@ -141,10 +148,10 @@ def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6
 
 
 def default_decontaminate(input_step: ExecutorStep, eval_sets: Sequence[Any], n_grams: int = 13,
-                          threshold: float = 0.0) -> ExecutorStep:  # fmt: skip
+                          threshold: float = 0.0, name: str = "dedup/decontaminate") -> ExecutorStep:  # fmt: skip
     """Drop documents sharing `n_grams`-word n-grams with the eval sets (paths inside step outputs)."""
     return ExecutorStep(
-        name="dedup/decontaminate",
+        name=name,
         fn=decontaminate,
         description=f"drop documents sharing {n_grams}-grams with the eval sets (threshold {threshold})",
         config=DecontaminateConfig(input_paths=[_docs_of(input_step)], eval_paths=list(eval_sets),
@@ -153,10 +160,11 @@ def default_decontaminate(input_step: ExecutorStep, eval_sets: Sequence[Any], n_
     )
 
 
-def default_quality_heuristics(input_step: ExecutorStep, skip_sources: Sequence[str] = ("code_*",)) -> ExecutorStep:
+def default_quality_heuristics(input_step: ExecutorStep, skip_sources: Sequence[str] = ("code_*",),
+                               name: str = "quality/heuristics") -> ExecutorStep:  # fmt: skip
     """datatrove's Gopher / C4 / FineWeb heuristics, with code sources passed through."""
     return ExecutorStep(
-        name="quality/heuristics",
+        name=name,
         fn=quality_heuristics,
         description=f"Gopher, C4 and FineWeb heuristics (sources {list(skip_sources)} pass through)",
         config=QualityHeuristicsConfig(input_paths=[_docs_of(input_step)], filters=versioned(list(FILTERS)),
@@ -179,10 +187,11 @@ def default_quality_classifier(positive: Any, negative: Any) -> ExecutorStep:
     )
 
 
-def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_fraction: float = 0.8) -> ExecutorStep:
+def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_fraction: float = 0.8,
+                            name: str = "quality/fasttext_filter") -> ExecutorStep:  # fmt: skip
     """Keep the top `keep_fraction` of documents by the classifier's positive score."""
     return ExecutorStep(
-        name="quality/fasttext_filter",
+        name=name,
         fn=fasttext_filter,
         description=f"Keep the top {keep_fraction:.0%} by fastText score",
         config=FasttextFilterConfig(input_paths=[_docs_of(input_step)], model_path=output_path_of(model),
@@ -308,14 +317,16 @@ def _describe_tokenizer(tokenizer: Any) -> str:
     return repr(key.name if isinstance(key, InputName) else key)
 
 
-def default_cells(documents: ExecutorStep, tokenizer: ExecutorStep, quality_model: ExecutorStep | None,
-                  topics: int = 40, quality_buckets: int = 5, sample_docs: int = 20_000) -> ExecutorStep:  # fmt: skip
-    """Topic x quality cells of `documents`' docs (40 x 5 in the hero)."""
+def default_cells(documents: ExecutorStep | Sequence[ExecutorStep], tokenizer: ExecutorStep,
+                  quality_model: ExecutorStep | None, topics: int = 40, quality_buckets: int = 5,
+                  sample_docs: int = 20_000) -> ExecutorStep:  # fmt: skip
+    """Topic x quality cells of the docs of `documents` (one step or several; 40 x 5 in the hero)."""
+    inputs = [documents] if isinstance(documents, ExecutorStep) else list(documents)
     return ExecutorStep(
         name="mix/cells",
         fn=build_cells,
         description=f"{topics} topics x {quality_buckets} quality buckets",
-        config=CellsConfig(input_paths=[_docs_of(documents)], tokenizer_path=output_path_of(tokenizer),
+        config=CellsConfig(input_paths=[_docs_of(step) for step in inputs], tokenizer_path=output_path_of(tokenizer),
                            quality_model_path=None if quality_model is None else output_path_of(quality_model),
                            topics=versioned(topics), quality_buckets=versioned(quality_buckets),
                            sample_docs=versioned(sample_docs), sample_files=versioned(64), embedding_dim=versioned(64),

@@ -43,6 +43,7 @@ from levanter.utils.tree_utils import inference_mode
 from executor import storage
 from steps.levanter_config import lm_data_config, qwen3_moe_config
 from steps.model_size import MoeShape
+from steps.tokenize import load_components
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class EvaluateConfig:
     """Component name -> tokenize step output; its `validation/` cache is evaluated. Dependencies."""
     output_path: str
     """Where results.json goes (THIS_OUTPUT_PATH)."""
+    components_path: str | None = None
+    """A `per_folder` tokenize output whose components.json adds components (as the train step's). A dependency."""
     batch_size: int = 8
     """Sequences per eval batch. Plain (the loss does not depend on it)."""
     max_batches: int | None = None
@@ -81,9 +84,14 @@ def evaluate(config: EvaluateConfig) -> dict:
     model_config = qwen3_moe_config(
         config.shape, tokenizer_path=config.tokenizer_path, router_aux_loss_coef=None, step=label
     )
-    data = lm_data_config(config.tokenizer_path, config.components)
+    components = dict(config.components)
+    if config.components_path is not None:
+        components.update(load_components(config.components_path))
+    if not components:
+        raise ValueError(f"{label}: no components to evaluate; give tokenize step outputs")
+    data = lm_data_config(config.tokenizer_path, components)
     trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
-    tagged_sets = [(data.validation_sets(model_config.max_Pos)[name], [name]) for name in config.components]
+    tagged_sets = [(data.validation_sets(model_config.max_Pos)[name], [name]) for name in components]
     max_examples = config.max_batches * config.batch_size if config.max_batches is not None else None
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.compute_axis_mapping):
         model = load_levanter_checkpoint(
@@ -105,7 +113,7 @@ def evaluate(config: EvaluateConfig) -> dict:
     assert result.tag_micro_bpb is not None  # TaggedEvaluator computes it whenever it has a tokenizer
     components = {
         name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
-        for name in config.components
+        for name in components
     }
     results = {
         "checkpoint": checkpoint,

@@ -18,7 +18,7 @@ opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig
 
@@ -96,14 +96,19 @@ def _moe_config(
 def lm_data_config(
     tokenizer_path: str,
     components: Mapping[str, str],
-    weights: Mapping[str, float] | None = None,
+    schedule: Sequence[tuple[int, Mapping[str, float]]] | None = None,
+    mixture_block_size: int = 2048,
 ) -> LmDataConfig:
     """A Levanter data config over tokenize-step outputs `components` (name -> folder holding `train/` and
-    `validation/`), mixed by `weights` (default: equal)."""
+    `validation/`), mixed by `schedule` = [(start_step, weights), ...] (default: equal weights throughout)."""
+    if schedule is None:
+        schedule = [(0, dict.fromkeys(components, 1.0))]
+    weights = [(start, dict(phase)) for start, phase in schedule]
     return LmDataConfig(
         tokenizer=tokenizer_path,
         cache_dir=None,
         auto_build_caches=False,
         components={name: DatasetComponent(cache_dir=path) for name, path in components.items()},
-        train_weights=dict(weights) if weights is not None else dict.fromkeys(components, 1.0),
+        train_weights=weights[0][1] if len(weights) == 1 else weights,
+        mixture_block_size=mixture_block_size,
     )

@@ -6,7 +6,11 @@ Domains, all read from what is installed here (nothing is downloaded):
 - `code_stdlib`: this interpreter's standard library `.py` files, one file per document;
 - `reference_pydoc`: the Python language reference topics shipped in `pydoc_data`, split into
   sections at blank-line-separated headings;
-- `reference_fortunes` / `reference_wordnet`: Debian's `fortunes` or `wordnet-base`, when installed.
+- `reference_fortunes` / `reference_wordnet`: Debian's `fortunes` or `wordnet-base`, when installed;
+- on request (`domains`): `math_docstrings`, the docstrings of sympy, mpmath and scipy's special and stats
+  (formulas and proofs in prose), and `web_docstrings`, the docstrings of installed third-party packages
+  (requests, urllib3, jinja2, click, rich, pandas, networkx, transformers: many authors, mixed quality), one
+  module per document. Both come from the project's pinned dependencies, read as source text, never imported.
 
 Planted duplicates (ids `dup-exact-N` / `dup-near-J-N`) are appended to each domain's file: exact
 copies, and near copies made by replacing random words until the exact Jaccard similarity of the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import itertools
 import json
 import logging
 import random
@@ -36,12 +41,18 @@ import zstandard
 from executor import storage
 from steps.documents import table_bytes, to_table
 from steps.minhash import jaccard
-from steps.text_corpus import stdlib_files
+from steps.text_corpus import module_prose, stdlib_files
 
 logger = logging.getLogger(__name__)
 
 _TOKENS = re.compile(r"(\s+)")
 _FORMATS = {"prose_kjv": "jsonl.gz", "code_stdlib": "jsonl.zst", "reference_pydoc": "parquet"}
+_PACKAGES = {
+    "math_docstrings": ("sympy", "mpmath", "scipy/special", "scipy/stats"),
+    "web_docstrings": ("requests", "urllib3", "jinja2", "click", "rich", "pandas", "networkx", "transformers"),
+}
+_MAX_MODULE_BYTES = 60_000
+_OPENS_WITH_DOCSTRING = re.compile(r"(?:\s*#[^\n]*\n)*\s*[rRuU]?(?:\"\"\"|''')")
 _OPTIONAL = {"reference_fortunes": Path("/usr/share/games/fortunes"), "reference_wordnet": Path("/usr/share/wordnet")}
 
 
@@ -61,6 +72,9 @@ class RealCorpusConfig:
     """Originals shorter than this (in words) are skipped: too short for near copies to mean much."""
     seed: int = 0
     """Seed for which documents are copied and which words replaced. Versioned."""
+    domains: list[str] | None = None
+    """Which domains to build (default: the three always installed plus the optional Debian ones found).
+    Versioned."""
     eval_docs: int = 0
     """Per domain, the last this-many originals also go, as 60-word excerpts, into eval/<domain>.jsonl:
     a benchmark that leaked into the training data, for decontamination to find. Versioned."""
@@ -75,7 +89,7 @@ def build_real_corpus(config: RealCorpusConfig) -> None:
     rng = random.Random(config.seed)
     truth: list[dict[str, Any]] = []
     stats: dict[str, Any] = {"domains": {}}
-    for domain in domains():
+    for domain in config.domains or domains():
         originals = [doc for doc in _read_domain(domain) if len(doc["text"].split()) >= config.min_words]
         originals = originals[: config.docs_per_domain]
         planted = _plant(originals, domain, config, rng)
@@ -172,7 +186,10 @@ def _encode(documents: list[dict[str, Any]], extension: str) -> bytes:
 def _read_domain(domain: str) -> Iterator[dict[str, Any]]:
     readers = {"prose_kjv": _kjv, "code_stdlib": _stdlib, "reference_pydoc": _pydoc,
                "reference_fortunes": _fortunes, "reference_wordnet": _wordnet}  # fmt: skip
-    for number, (doc_id, text) in enumerate(readers[domain]()):
+    if domain not in readers and domain not in _PACKAGES:
+        raise ValueError(f"unknown corpus domain {domain!r}; known: {sorted([*readers, *_PACKAGES])}")
+    documents = readers[domain]() if domain in readers else _package_prose(_PACKAGES[domain])
+    for number, (doc_id, text) in enumerate(documents):
         yield {"id": f"{domain}/{number:05d}-{doc_id}", "text": text, "source": domain, "metadata": None}
 
 
@@ -211,6 +228,30 @@ def _pydoc() -> Iterator[tuple[str, str]]:
         sections = re.split(r"\n(?=[A-Z][^\n]{2,60}\n\*{3,}\n)", topics[name])
         for index, section in enumerate(sections):
             yield f"{name}-{index}", section.strip() + "\n"
+
+
+def _package_prose(packages: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    """Every docstring of each module of `packages` (installed top-level packages, or a subfolder of one), one
+    module per document, modules without docstrings skipped; round-robin over the packages so that a cap on
+    documents still draws from each."""
+    per_package = []
+    for package in packages:
+        top, _, below = package.partition("/")
+        spec = importlib.util.find_spec(top)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"package {top!r} is not installed; install the project's pinned dependencies")
+        root = Path(next(iter(spec.submodule_search_locations))).parent
+        folder = root / top / below if below else root / top
+        per_package.append([(root, path) for path in sorted(folder.rglob("*.py"))])
+    for root, path in (item for group in itertools.zip_longest(*per_package) for item in group if item is not None):
+        if path.stat().st_size > _MAX_MODULE_BYTES:
+            continue  # generated tables and test suites: slow to parse, little prose
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not _OPENS_WITH_DOCSTRING.match(text):
+            continue  # no module docstring: module_prose would parse it only to say None
+        prose = module_prose(text, min_docstring_chars=0)
+        if prose:
+            yield path.relative_to(root).as_posix(), prose
 
 
 def _fortunes() -> Iterator[tuple[str, str]]:

@@ -56,8 +56,10 @@ from levanter.trainer import TrainerConfig
 from executor import storage
 from steps.levanter_cache import LEDGER_FILE
 from steps.levanter_config import lm_data_config, qwen3_moe_config
+from steps.mixture_weights import WEIGHTS_FILE, Schedule, phase_start
 from steps.model_size import MoeShape, flops_per_token
 from steps.moe_model import MoeWatchConfig
+from steps.tokenize import load_components
 from steps.train_metrics import JsonlMetricsConfig
 from steps.train_tokenizer import load_tokenizer
 
@@ -85,6 +87,18 @@ class TrainConfig:
     """Sequences per step; must split evenly over the devices (and microbatches). Versioned."""
     weights: Mapping[str, float] | None = None
     """Mixture weight per component (default: equal). Versioned."""
+    components_path: str | None = None
+    """A `per_folder` tokenize output (one cache pair per cell): its components.json adds components at run
+    time, so a DAG need not know how many cells came out non-empty. A dependency."""
+    mixture_weights_path: str | None = None
+    """A mixture_weights output: per-phase weights over the components, each phase starting at its share of
+    the steps (on a mixture block); replaces `weights`. Components it gives no weight are validation-only;
+    weighted names that are not components (cells left out by tokenize) are dropped. A dependency."""
+    mixture_block_size: int = 2048
+    """Sequences per block of Levanter's mixture (weights hold exactly within a block). Versioned."""
+    prediction_path: str | None = None
+    """A scaling step output whose predicted loss curve this run is watched against (the dashboard's run
+    view overlays it). A dependency: the prediction is registered before the run starts."""
     learning_rate: float = 3e-3
     """Peak learning rate. Versioned."""
     weight_decay: float = 0.1
@@ -149,21 +163,48 @@ def check_inputs(config: TrainConfig) -> None:
             f"{microbatch} sequences ({devices} devices x per_device_parallelism={config.per_device_parallelism}); "
             "use a multiple of it"
         )
-    if not config.components:
-        raise TrainInputError(f"{label}: no data components; give at least one tokenize step output")
-    if config.weights is not None and set(config.weights) != set(config.components):
-        raise TrainInputError(
-            f"{label}: weights name {sorted(config.weights)} but the components are {sorted(config.components)}"
-        )
+    components, _ = data_mixture(config)
     tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
     if tokenizer_vocab != config.shape.vocab_size:
         raise TrainInputError(
             f"{label}: the tokenizer at {config.tokenizer_path} has {tokenizer_vocab} tokens but the model shape "
             f"says vocab_size={config.shape.vocab_size}; make them equal"
         )
-    for name, path in config.components.items():
+    for name, path in components.items():
         for split in SPLITS:
             _check_cache(label, name, storage.join(path, split), tokenizer_vocab)
+
+
+def data_mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule]:
+    """The components (given ones plus a per-folder tokenize output's) and the weight schedule
+    `[(start_step, {component: weight}), ...]` the run trains on; refused with TrainInputError if unusable."""
+    label = _step_label(config)
+    components = dict(config.components)
+    if config.components_path is not None:
+        components.update(load_components(config.components_path))
+    if not components:
+        raise TrainInputError(f"{label}: no data components; give at least one tokenize step output")
+    if config.mixture_weights_path is None:
+        if config.weights is not None and set(config.weights) != set(components):
+            raise TrainInputError(f"{label}: weights name {sorted(config.weights)} but the components are "
+                                  f"{sorted(components)}")  # fmt: skip
+        return components, [(0, dict(config.weights) if config.weights else dict.fromkeys(components, 1.0))]
+    phases = storage.read_json(storage.join(config.mixture_weights_path, WEIGHTS_FILE))
+    if phases is None:
+        raise TrainInputError(f"{label}: no {WEIGHTS_FILE} under {config.mixture_weights_path}; run the "
+                              "mixture_weights step first")  # fmt: skip
+    schedule: Schedule = []
+    ended = 0.0
+    for number, phase in enumerate(phases["phases"]):
+        start = 0 if number == 0 else phase_start(config.num_train_steps, ended, config.train_batch_size,
+                                                  config.mixture_block_size)  # fmt: skip
+        ended += phase["fraction"]
+        weights = {name: float(phase["weights"].get(name, 0.0)) for name in components}
+        if sum(weights.values()) <= 0:
+            raise TrainInputError(f"{label}: phase {number + 1} of {config.mixture_weights_path} weighs none of "
+                                  f"the components {sorted(components)}")  # fmt: skip
+        schedule.append((start, weights))
+    return components, schedule
 
 
 def _check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int) -> None:
@@ -223,8 +264,9 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         lr_schedule=config.lr_schedule,
     )
     label = _step_label(config)
+    components, schedule = data_mixture(config)
     return train_lm.TrainLmConfig(
-        data=lm_data_config(config.tokenizer_path, config.components, config.weights),
+        data=lm_data_config(config.tokenizer_path, components, schedule, config.mixture_block_size),
         trainer=trainer,
         model=qwen3_moe_config(
             config.shape,

@@ -1,0 +1,192 @@
+"""Step builders for the training half of a DAG: tokenized cells, train, evaluate and the scaling ladder.
+
+A `Rung` is one training run of a ladder (a model shape, a batch size, a number of steps); a `Recipe`
+holds what every rung of a ladder shares (optimizer, schedule, routing, how often to evaluate and
+checkpoint). `default_train` / `default_evaluate` turn a rung into steps named after it
+(`train/d768`, `evaluate/d768`), and `default_scaling` fits the rungs and predicts the target.
+
+What changes a run's result is versioned (shape, steps, batch, optimizer, data); what only changes how
+it is watched or laid out (eval and checkpoint cadence, microbatching, the accelerator's peak) is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from executor import THIS_OUTPUT_PATH, ExecutorStep, ResourceConfig, output_path_of, versioned
+from steps.evaluate import EvaluateConfig, evaluate
+from steps.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
+from steps.model_size import MoeShape, active_params, total_params, training_flops
+from steps.tokenize import TokenizeConfig, tokenize
+from steps.train import TrainConfig, train
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One training run of a ladder."""
+
+    name: str
+    """The rung's label, in its steps' names (e.g. "d768")."""
+    shape: MoeShape
+    batch_size: int
+    """Sequences per optimizer step."""
+    steps: int
+    """Optimizer steps."""
+    resources: ResourceConfig = field(default_factory=ResourceConfig)
+    """What its train step asks the cluster for (accelerators on a real run)."""
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.steps * self.shape.seq_len
+
+    @property
+    def flops(self) -> float:
+        return training_flops(self.shape, self.tokens)
+
+    def figures(self) -> dict[str, float]:
+        """What the plan reports for the rung's train step."""
+        return {
+            "total_params": total_params(self.shape),
+            "active_params": active_params(self.shape),
+            "tokens": self.tokens,
+            "flops": self.flops,
+        }
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What every rung of a ladder shares."""
+
+    learning_rate: float
+    warmup: float = 0.01
+    min_lr_ratio: float = 0.1
+    lr_schedule: str = "cosine"
+    weight_decay: float = 0.1
+    router_bias_balancing: bool = True
+    router_aux_loss_coef: float | None = None
+    router_z_loss_weight: float = 1e-4
+    mixture_block_size: int = 2048
+    evals_per_run: int = 10
+    """Evaluations during each run (the predicted loss curve is read at these points)."""
+    max_eval_batches: int | None = None
+    eval_batches: int | None = None
+    """Batches per component in the evaluate step (None: every validation sequence)."""
+    checkpoints_per_run: int = 10
+    temporary_checkpoint_seconds: float = 600.0
+    peak_flops_per_second: float | None = None
+    """Peak FLOP/s of the devices a rung runs on, for MFU (None: not logged)."""
+
+
+def default_tokenize_cells(cells: ExecutorStep, tokenizer: ExecutorStep, validation_fraction: float) -> ExecutorStep:
+    """Every cell of a cells step tokenized by one step: `<cell>/train`, `<cell>/validation`, components.json."""
+    return ExecutorStep(
+        name="tokenized/cells",
+        fn=tokenize,
+        description=f"Each cell into its own Levanter cache pair ({validation_fraction:.1%} held out)",
+        config=TokenizeConfig(
+            input_paths=[output_path_of(cells, "cells")],
+            tokenizer_path=output_path_of(tokenizer),
+            validation_fraction=versioned(validation_fraction),
+            per_folder=versioned(True),
+            raw_input=False,
+            output_path=THIS_OUTPUT_PATH,
+        ),
+    )
+
+
+def default_train(
+    rung: Rung,
+    recipe: Recipe,
+    tokenizer: ExecutorStep,
+    tokenized: ExecutorStep,
+    weights: ExecutorStep,
+    prediction: ExecutorStep | None = None,
+) -> ExecutorStep:
+    """Train `rung` on the mixture `weights` over the cells in `tokenized`; watched against `prediction`."""
+    every_eval = max(1, rung.steps // recipe.evals_per_run)
+    return ExecutorStep(
+        name=f"train/{rung.name}",
+        fn=train,
+        description=f"{rung.name}: {rung.shape.n_layers} layers, d={rung.shape.d_model}, {rung.steps} steps of "
+        f"{rung.batch_size} x {rung.shape.seq_len} tokens",
+        config=TrainConfig(
+            shape=versioned(rung.shape),
+            tokenizer_path=output_path_of(tokenizer),
+            components={},
+            components_path=output_path_of(tokenized),
+            mixture_weights_path=output_path_of(weights),
+            mixture_block_size=versioned(recipe.mixture_block_size),
+            output_path=THIS_OUTPUT_PATH,
+            num_train_steps=versioned(rung.steps),
+            train_batch_size=versioned(rung.batch_size),
+            learning_rate=versioned(recipe.learning_rate),
+            warmup=versioned(recipe.warmup),
+            min_lr_ratio=versioned(recipe.min_lr_ratio),
+            lr_schedule=versioned(recipe.lr_schedule),
+            weight_decay=versioned(recipe.weight_decay),
+            router_aux_loss_coef=versioned(recipe.router_aux_loss_coef),
+            router_bias_balancing=versioned(recipe.router_bias_balancing),
+            router_z_loss_weight=versioned(recipe.router_z_loss_weight),
+            seed=versioned(0),
+            steps_per_eval=every_eval,
+            max_eval_batches=recipe.max_eval_batches,
+            checkpoint_every_steps=max(1, rung.steps // recipe.checkpoints_per_run),
+            temporary_checkpoint_seconds=recipe.temporary_checkpoint_seconds,
+            peak_flops_per_second=recipe.peak_flops_per_second,
+            prediction_path=None if prediction is None else output_path_of(prediction),
+        ),
+        resources=rung.resources,
+    )
+
+
+def default_evaluate(
+    rung: Rung, recipe: Recipe, trained: ExecutorStep, tokenizer: ExecutorStep, tokenized: ExecutorStep
+) -> ExecutorStep:
+    """Macro held-out loss and bits per byte of `trained`'s final checkpoint over every cell's validation split."""
+    return ExecutorStep(
+        name=f"evaluate/{rung.name}",
+        fn=evaluate,
+        description=f"{rung.name}: held-out loss per cell and the macro average",
+        config=EvaluateConfig(
+            checkpoint_path=output_path_of(trained, "checkpoints"),
+            shape=versioned(rung.shape),
+            tokenizer_path=output_path_of(tokenizer),
+            components={},
+            components_path=output_path_of(tokenized),
+            output_path=THIS_OUTPUT_PATH,
+            max_batches=versioned(recipe.eval_batches),
+        ),
+        resources=rung.resources,
+    )
+
+
+def default_scaling(rungs: Sequence[tuple[Rung, ExecutorStep, ExecutorStep]], target: Rung) -> ExecutorStep:
+    """Fit loss vs FLOPs over `rungs` (each with its train and evaluate steps) and predict `target`."""
+    return ExecutorStep(
+        name="scaling/ladder",
+        fn=predict_from_ladder,
+        description=f"L(C) = E + A C^-alpha over {len(rungs)} rungs -> {target.name} at {target.flops:.2g} FLOPs",
+        config=LadderConfig(
+            rungs=[
+                LadderRung(
+                    name=rung.name,
+                    train_path=output_path_of(trained),
+                    evaluate_path=output_path_of(evaluated),
+                    flops=versioned(rung.flops),
+                    tokens=versioned(rung.tokens),
+                    tokens_per_step=rung.batch_size * rung.shape.seq_len,
+                )
+                for rung, trained, evaluated in rungs
+            ],
+            target=versioned(
+                LadderTarget(
+                    name=target.name,
+                    flops=target.flops,
+                    tokens=target.tokens,
+                    tokens_per_step=target.batch_size * target.shape.seq_len,
+                )
+            ),
+            output_path=THIS_OUTPUT_PATH,
+        ),
+    )

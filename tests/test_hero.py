@@ -1,0 +1,66 @@
+"""experiments/hero_535b.py: the full plan reproduces the published ladder table, and the tiny DAG (what
+`make demo` runs) has the full DAG's steps and edges, so that what runs here is what would run on a cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_model_size import PUBLISHED
+
+from executor.plan import build_plan
+from experiments import hero_535b
+
+RUNG_NAMES = ["d768", "d1024", "d1536", "d2048", "d6144"]
+STANDS_FOR_THE_INTERNET = "raw/real_corpus"
+
+
+def structure(scale: hero_535b.Scale, prefix: Path) -> tuple[set[str], set[tuple[str, str]]]:
+    """Step names and (dependency, dependent) name pairs of the planned DAG."""
+    plan = build_plan(hero_535b.build_dag(scale).steps, str(prefix))
+    names = {planned.name for planned in plan.steps}
+    edges = {(dependency.name, planned.name) for planned in plan.steps for dependency in planned.dependencies}
+    return names, edges
+
+
+def test_full_plan_reproduces_the_published_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    plan_json = tmp_path / "plan.json"
+    prefix = tmp_path / "prefix"
+    hero_535b.main(["--scale", "full", "--dry_run", "true", "--plan_json", str(plan_json), "--prefix", str(prefix)])
+    entries = json.loads(plan_json.read_text())
+    assert not prefix.exists(), "a dry run wrote to the prefix"
+    assert all({"name", "hash", "output_path", "action"} <= set(entry) for entry in entries)
+    assert {entry["action"] for entry in entries} == {"run"}
+    assert all(entry["output_path"] == f"{prefix}/{entry['name']}-{entry['hash'][:8]}" for entry in entries)
+    trains = {entry["name"]: entry for entry in entries if entry["name"].startswith("train/")}
+    assert sorted(trains) == sorted(f"train/{rung}" for rung in RUNG_NAMES)
+    for rung, (_d, _layers, _batch, _steps, tokens, active, total, flops) in zip(RUNG_NAMES, PUBLISHED, strict=True):
+        figures = trains[f"train/{rung}"]
+        assert figures["total_params"] == pytest.approx(total, rel=0.03), rung
+        assert figures["active_params"] == pytest.approx(active, rel=0.03), rung
+        assert figures["tokens"] == pytest.approx(tokens, rel=0.02), rung
+        assert figures["flops"] == pytest.approx(flops, rel=0.10), rung
+    printed = capsys.readouterr().out
+    assert "planned 47 steps in" in printed and "H100-hours" in printed
+    assert "d6144:  535.193B total,  22.650B active" in printed
+
+
+def test_tiny_dag_has_the_full_dags_steps_and_edges(tmp_path: Path) -> None:
+    full_names, full_edges = structure(hero_535b.full_scale(), tmp_path / "full")
+    tiny_names, tiny_edges = structure(hero_535b.tiny_scale(), tmp_path / "tiny")
+    assert tiny_names - full_names == {STANDS_FOR_THE_INTERNET} and full_names <= tiny_names
+    assert {edge for edge in tiny_edges if edge[0] != STANDS_FOR_THE_INTERNET} == full_edges
+    # The prediction is registered before the hero starts; every rung is evaluated; the mixture has two phases.
+    assert ("scaling/ladder", "train/d6144") in full_edges
+    assert {(f"evaluate/{rung}", "scaling/ladder") for rung in RUNG_NAMES[:-1]} <= full_edges
+    assert {("mix/weights", f"train/{rung}") for rung in RUNG_NAMES} <= full_edges
+    assert len(hero_535b.PHASE_FRACTIONS) == 2
+
+
+def test_full_train_steps_ask_for_accelerators_and_tiny_ones_for_none() -> None:
+    full = hero_535b.build_dag(hero_535b.full_scale())
+    tiny = hero_535b.build_dag(hero_535b.tiny_scale())
+    for rung, step in full.trains.values():
+        assert step.resources.gpus >= 8 and step.resources.accelerator_type == "H100", rung.name
+    assert all(step.resources.gpus == 0 for _rung, step in tiny.trains.values())
