@@ -14,12 +14,15 @@ never writes. Modules, by concern:
     views.py        counts, the filtered/sorted/paginated step table, the (grouped) DAG graph
     step_view.py    one step: history, config with versioned fields, explain diff, drift, rerun command
     files.py        file listings, previews (JSONL / JSON / Parquet / text), log tail, metrics series
+    panels.py       views picked by a step's outputs; the run view (training curves + predicted curve)
+    ladder_view.py  the ladder view of prediction.json: rungs, fit, prediction, achieved loss downstream
+    composition_view.py  the composition view: topic x quality cells, weights per phase, samples
     app.py          routes -> JSON / page shells / packaged static assets (no HTTP here)
     server.py       stdlib ThreadingHTTPServer: GET/HEAD only, loopback by default, strict CSP
 
-The browser side is plain JavaScript in static/, with two vendored libraries (no CDN): dagre lays
-the DAG out left to right and uPlot draws metric curves. Pages poll the API every two seconds
-while anything runs, so they update without a reload.
+The browser side is plain JavaScript in static/ (panels.js and composition.js draw the views), with
+two vendored libraries (no CDN): dagre lays the DAG out left to right and uPlot draws metric curves.
+Pages poll the API every two seconds while anything runs, so they update without a reload.
 """
 
 from executor.dashboard.app import DashboardApp

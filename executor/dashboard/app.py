@@ -18,6 +18,10 @@ drawn by the package's JavaScript from the API, which they poll while steps run:
     /api/step/preview?path=R&file=F          first rows / bytes of one file
     /api/step/log?path=R                     the tail of logs/step.log
     /api/step/metrics?path=R[&file=metrics.jsonl]
+    /api/step/views?path=R                   which of the views below the step's outputs call for
+    /api/step/run?path=R                     run view: loss with the predicted curve, norms, load, throughput
+    /api/step/ladder?path=R[&experiment=F]   ladder view: rungs, fit, prediction, achieved loss downstream
+    /api/step/composition?path=R             composition view: topic x quality cells, weights per phase
 
 Experiment files are looked up by name in the index, never opened by a path from the request;
 step and file paths go through `safety.resolve_under`, so nothing outside the prefix is readable.
@@ -37,7 +41,10 @@ from typing import Any
 from executor import storage
 from executor.dashboard import files
 from executor.dashboard.cache import StatusCache
+from executor.dashboard.composition_view import composition_view
 from executor.dashboard.experiments import Experiment, ExperimentIndex
+from executor.dashboard.ladder_view import ladder_view
+from executor.dashboard.panels import PanelError, available, run_view
 from executor.dashboard.safety import UnsafePathError, check_relative, resolve_under
 from executor.dashboard.step_view import StepNotFoundError, live_state, step_detail
 from executor.dashboard.views import SORT_KEYS, StepQuery, experiment_summary, graph, shard_totals, steps_page
@@ -128,6 +135,10 @@ class DashboardApp:
             "/api/step/preview": self.api_step_preview,
             "/api/step/log": self.api_step_log,
             "/api/step/metrics": self.api_step_metrics,
+            "/api/step/views": self.api_step_views,
+            "/api/step/run": self.api_step_run,
+            "/api/step/ladder": self.api_step_ladder,
+            "/api/step/composition": self.api_step_composition,
         }
 
     def handle(self, path: str, query: Mapping[str, str]) -> Response:
@@ -138,6 +149,8 @@ class DashboardApp:
             return self.page_or_asset(path)
         except HTTPError as error:
             return json_response({"error": str(error)}, error.status)
+        except PanelError as error:  # a step's file is not what its view needs: say which, not a traceback
+            return json_response({"error": str(error)}, 422)
         except (UnsafePathError, ValueError, IsADirectoryError, NotADirectoryError) as error:
             return json_response({"error": str(error)}, 400)
         except (FileNotFoundError, StepNotFoundError) as error:
@@ -211,12 +224,15 @@ class DashboardApp:
             check_relative(part)
         return resolve_under(self.prefix, "/".join((relative, *sub)))
 
-    def api_step(self, query: Mapping[str, str]) -> Response:
+    def _step_experiment(self, query: Mapping[str, str]) -> tuple[str, Experiment | None]:
+        """The step's relative path and its experiment: the one named, else the newest holding the step."""
         relative = "/".join(check_relative(_param(query, "path")))
-        output_path = self._step_path(query)
         experiment = self.experiments.get(query["experiment"]) if query.get("experiment") else None
-        experiment = experiment or self.experiments.containing(relative)
-        return json_response(step_detail(self.prefix, relative, output_path, experiment))
+        return relative, experiment or self.experiments.containing(relative)
+
+    def api_step(self, query: Mapping[str, str]) -> Response:
+        relative, experiment = self._step_experiment(query)
+        return json_response(step_detail(self.prefix, relative, self._step_path(query), experiment))
 
     def api_step_live(self, query: Mapping[str, str]) -> Response:
         return json_response(live_state(self._step_path(query)))
@@ -233,3 +249,16 @@ class DashboardApp:
 
     def api_step_metrics(self, query: Mapping[str, str]) -> Response:
         return json_response(files.metrics(self._step_path(query, query.get("file", METRICS_FILE))))
+
+    def api_step_views(self, query: Mapping[str, str]) -> Response:
+        return json_response({"views": available(self._step_path(query))})
+
+    def api_step_run(self, query: Mapping[str, str]) -> Response:
+        return json_response(run_view(self.prefix, self._step_path(query)))
+
+    def api_step_ladder(self, query: Mapping[str, str]) -> Response:
+        relative, experiment = self._step_experiment(query)
+        return json_response(ladder_view(self.prefix, self._step_path(query), relative, experiment))
+
+    def api_step_composition(self, query: Mapping[str, str]) -> Response:
+        return json_response(composition_view(self.prefix, self._step_path(query)))

@@ -135,31 +135,38 @@ def log_tail(full_path: str, tail_bytes: int = LOG_TAIL_BYTES) -> dict[str, Any]
     return {"text": text, "size": size, "exists": True, "truncated": start > 0}
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
 
 
-def metrics(full_path: str) -> dict[str, Any]:
-    """metrics.jsonl as columns: every numeric key, x defaulting to "step", thinned to MAX_POINTS."""
+def metrics_records(full_path: str) -> list[dict[str, Any]] | None:
+    """The JSON object lines of a metrics.jsonl (its first MAX_METRICS_BYTES), or None if there is no file."""
     fs, fs_path = storage.filesystem(full_path)
     try:
         with fs.open(fs_path, "rb") as handle:
             data = handle.read(MAX_METRICS_BYTES)
     except FileNotFoundError:
-        return {"exists": False, "keys": [], "rows": 0}
+        return None
     lines = data.decode("utf-8", errors="replace").splitlines()
     if len(data) == MAX_METRICS_BYTES:
         lines = lines[:-1]  # cut mid-line by the read limit
-    records = [record for record in map(_parse_line, lines) if isinstance(record, dict)]
-    keys = sorted({key for record in records for key, value in record.items() if _number(value) is not None})
+    return [record for record in map(_parse_line, lines) if isinstance(record, dict)]
+
+
+def metrics(full_path: str) -> dict[str, Any]:
+    """metrics.jsonl as columns: every numeric key, x defaulting to "step", thinned to MAX_POINTS."""
+    records = metrics_records(full_path)
+    if records is None:
+        return {"exists": False, "keys": [], "rows": 0}
+    keys = sorted({key for record in records for key, value in record.items() if number(value) is not None})
     text_keys = sorted({key for record in records for key, value in record.items() if isinstance(value, str)})
     stride = max(1, math.ceil(len(records) / MAX_POINTS))
     kept = records[::stride]
     if records and kept[-1] is not records[-1]:
         kept.append(records[-1])
-    columns = {key: [_number(record.get(key)) for record in kept] for key in keys}
+    columns = {key: [number(record.get(key)) for record in kept] for key in keys}
     return {
         "exists": True,
         "rows": len(records),

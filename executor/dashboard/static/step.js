@@ -1,4 +1,5 @@
-// One step's page (/step/<relative output path>): history, config, why-this-hash, metrics, log, outputs.
+// One step's page (/step/<relative output path>): the views its outputs call for (panels.js), history, config,
+// why-this-hash, metrics, log, outputs.
 "use strict";
 
 function section(title, ...children) {
@@ -98,8 +99,9 @@ async function stepPage(main, path) {
   const logBox = h("pre", { class: "log", "data-testid": "log" }, "");
   const metricsBox = h("div", { "data-testid": "metrics" });
   const metricsView = new MetricsView(metricsBox);
+  const panels = new StepPanels(path, experiment);
   const statusBox = h("span", { "data-testid": "step-status" }), historyBox = h("div", {}), progressBox = h("div", {});
-  let lastStatus = null, lastEvents = -1, hasMetrics = false;
+  let lastStatus = null, lastEvents = -1;
 
   const refreshLog = async () => {
     const log = await api("/api/step/log", { path });
@@ -109,7 +111,6 @@ async function stepPage(main, path) {
   };
   const refreshMetrics = async () => {
     const metrics = await api("/api/step/metrics", { path });
-    hasMetrics = metrics.exists;
     metricsBox.closest("[data-section]").hidden = !metrics.exists;
     metricsView.update(metrics);
   };
@@ -143,6 +144,7 @@ async function stepPage(main, path) {
       failed && step.live.status !== "SUCCESS" ? h("div", { class: "error", "data-testid": "failure" }, failed.message || "failed",
         failed.details?.traceback ? h("details", {}, h("summary", {}, "traceback"), h("pre", {}, failed.details.traceback)) : "") : "",
       progressBox,
+      panels.element,
       h("div", { class: "grid2" },
         h("div", {}, section("Status history", historyBox), section("Rerun just this step", copyBox(step.rerun),
           h("p", { class: "muted" }, "Its dependencies are skipped when they already succeeded.")),
@@ -159,7 +161,7 @@ async function stepPage(main, path) {
       section("Outputs", files.element));
     showLive(step.live);
     lastStatus = step.live.status;
-    await Promise.all([refreshLog(), refreshMetrics(), files.open("")]);
+    await Promise.all([refreshLog(), refreshMetrics(), files.open(""), panels.refresh()]);
   };
 
   const files = new FileBrowser(path);
@@ -168,6 +170,6 @@ async function stepPage(main, path) {
     const live = await api("/api/step/live", { path });
     if (live.status !== lastStatus) { lastStatus = live.status; lastEvents = -1; await render(); return; }
     showLive(live);
-    if (live.status === "RUNNING") await Promise.all([refreshLog(), hasMetrics || live.status === "RUNNING" ? refreshMetrics() : null]);
+    if (live.status === "RUNNING") await Promise.all([refreshLog(), refreshMetrics(), panels.refresh()]);
   });
 }

@@ -1,0 +1,247 @@
+"""Views of the step page chosen by what a step's output holds, never by the step's name.
+
+    metrics.jsonl with train/loss rows    run view: loss with the predicted curve of the scaling step that
+                                          the config's `prediction_path` names, learning rate, gradient and
+                                          parameter norms, the router bias apart, expert load, throughput and
+                                          MFU, eval loss per component
+    prediction.json                       ladder view (ladder.py): the rungs' final losses against compute, the
+                                          fitted law out to the target, the prediction's band, the achieved loss
+    composition.json and/or weights.json  composition view: topic x quality cells with tokens, weights per
+                                          phase, expected epochs, top terms, samples; a weights step's config
+                                          names its cells step by `composition_path`
+
+The server aligns each chart's series on one x axis (`chart`), so the browser only draws. Paths a step's
+config names are full paths the executor wrote; they are read only when they lie under the prefix, through
+`resolve_under`, like any path from a request. Reads are bounded (MAX_JSON_BYTES, and files.py's metrics
+limit), and a file that is missing or not in the shape a view needs raises `PanelError` with the file and
+what to do, which the app answers as 422 with that message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from executor import storage
+from executor.dashboard import files
+from executor.dashboard.safety import relative_to, resolve_under
+from executor.status import INFO_FILE, METRICS_FILE
+
+MAX_JSON_BYTES = 16 * 1024 * 1024
+RUN_DETECT_BYTES = 1024 * 1024
+PREDICTION_FILE = "prediction.json"
+COMPOSITION_FILE = "composition.json"
+WEIGHTS_FILE = "weights.json"
+TRAIN_LOSS = "train/loss"
+
+RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("learning_rate", "learning rate", ("optim/learning_rate",)),
+    ("grad_norm", "gradient norm", ("grad/norm/total",)),
+    ("param_norm", "parameter norm", ("params/norm/total",)),
+    ("router_bias", "router bias norm (not trained by gradients)", ("router/bias/norm",)),
+    ("expert_load", "expert load", ("router/load/max_over_min", "router/load/max_over_mean")),
+    ("throughput", "throughput (tokens/s)", ("throughput/tokens_per_second",)),
+    ("mfu", "MFU", ("mfu",)),
+)
+"""The run view's charts after the loss, each (id, title, metric keys); a chart with no data is left out."""
+
+
+class PanelError(ValueError):
+    """A file a view draws is missing or not in the shape it needs; the message says which and what to do."""
+
+
+def read_json(full_path: str, where: str) -> Any | None:
+    """A JSON document of at most MAX_JSON_BYTES, or None when the file does not exist."""
+    fs, fs_path = storage.filesystem(full_path)
+    try:
+        with fs.open(fs_path, "rb") as handle:
+            data = handle.read(MAX_JSON_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > MAX_JSON_BYTES:
+        raise PanelError(f"{where}: {full_path} is over {MAX_JSON_BYTES >> 20} MiB; the dashboard does not draw it")
+    try:
+        return json.loads(data)
+    except ValueError as error:
+        raise PanelError(
+            f"{where}: {full_path} is not valid JSON ({error}); the step that writes it may have been cut off: "
+            "rerun that step"
+        ) from error
+
+
+def numbers(document: Any, keys: Iterable[str], where: str) -> dict[str, float]:
+    """`document[key]` for each key, each a finite number, or PanelError naming the first that is not."""
+    if not isinstance(document, Mapping):
+        raise PanelError(f"{where} is {type(document).__name__}, not an object")
+    values = {}
+    for key in keys:
+        value = files.number(document.get(key))
+        if value is None:
+            raise PanelError(f"{where} has no finite number {key!r} (got {document.get(key)!r})")
+        values[key] = value
+    return values
+
+
+def step_config(output_path: str) -> dict[str, Any]:
+    """The resolved config recorded in the step's `.executor_info` ({} when there is none)."""
+    info = read_json(storage.join(output_path, INFO_FILE), f"step at {output_path}")
+    config = info.get("config") if isinstance(info, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def config_path(prefix: str, output_path: str, field: str, file: str) -> str | None:
+    """`<config[field]>/<file>` under the prefix, None if the config has no such field; PanelError if it lies
+    outside the prefix (the dashboard reads nothing there)."""
+    target = step_config(output_path).get(field)
+    if not target:
+        return None
+    relative = relative_to(prefix, str(target)) if isinstance(target, str) else None
+    if relative is None:
+        raise PanelError(f"the step's config field {field} = {target!r} is not a path under the dashboard's prefix "
+                         f"{prefix}, so it is not read; open a dashboard on the prefix that holds it")  # fmt: skip
+    return resolve_under(prefix, f"{relative}/{file}")
+
+
+def available(output_path: str) -> list[str]:
+    """The views that apply to the step at `output_path`, by the files it holds."""
+    present = {name: storage.exists(storage.join(output_path, name))
+               for name in (PREDICTION_FILE, COMPOSITION_FILE, WEIGHTS_FILE)}  # fmt: skip
+    views = []
+    fs, fs_path = storage.filesystem(storage.join(output_path, METRICS_FILE))
+    try:
+        with fs.open(fs_path, "rb") as handle:
+            if f'"{TRAIN_LOSS}"'.encode() in handle.read(RUN_DETECT_BYTES):
+                views.append("run")
+    except FileNotFoundError:
+        pass  # no metrics.jsonl: no run view
+    if present[PREDICTION_FILE]:
+        views.append("ladder")
+    if present[COMPOSITION_FILE] or present[WEIGHTS_FILE]:
+        views.append("composition")
+    return views
+
+
+def chart(chart_id: str, title: str, series: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
+    """A chart whose series ({"label", "kind", "points": {x: y}}) share one sorted x axis (None where a series
+    has no point): what uPlot draws. Kinds: line, points, dashed, band_low / band_high (shaded between)."""
+    xs = sorted({x for entry in series for x in entry["points"]})
+    return {
+        "id": chart_id,
+        "title": title,
+        "x": xs,
+        "series": [
+            {"label": entry["label"], "kind": entry["kind"], "values": [entry["points"].get(x) for x in xs]}
+            for entry in series
+        ],
+        **options,
+    }
+
+
+def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """One row per step: the lines of a step merged in file order, so a resumed run's later line wins."""
+    rows: dict[int, dict[str, Any]] = {}
+    for record in records:
+        step = record.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            rows.setdefault(step, {}).update(record)
+    return rows
+
+
+def eval_components(rows: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    keys = {key for row in rows.values() for key in row}
+    return sorted(
+        key[5:-5] for key in keys if key.startswith("eval/") and key.endswith("/loss") and key.count("/") == 2
+    )
+
+
+def macro_eval(row: Mapping[str, Any], components: list[str]) -> float | None:
+    """Levanter's eval/macro_loss (the mean over components: what the ladder predicts), else the mean of the
+    eval/<component>/loss of the row, else eval/loss when the run has no components."""
+    if (macro := files.number(row.get("eval/macro_loss"))) is not None:
+        return macro
+    losses = [files.number(row.get(f"eval/{component}/loss")) for component in components]
+    if components and all(loss is not None for loss in losses):
+        return math.fsum(losses) / len(losses)  # type: ignore[arg-type]
+    return files.number(row.get("eval/loss")) if not components else None
+
+
+def series_of(rows: Mapping[int, Mapping[str, Any]], key: str) -> dict[int, float]:
+    return {step: value for step, row in rows.items() if (value := files.number(row.get(key))) is not None}
+
+
+def predicted_curve(prefix: str, output_path: str) -> tuple[list[dict[str, float]], str | None, str | None]:
+    """The predicted curve of the scaling step the config's `prediction_path` names: (points, its relative path,
+    a message when it cannot be drawn)."""
+    try:
+        path = config_path(prefix, output_path, "prediction_path", PREDICTION_FILE)
+        if path is None:
+            return [], None, None
+        where = f"prediction_path's {PREDICTION_FILE}"
+        document = read_json(path, where)
+        if document is None:
+            raise PanelError(f"{where}: no {path} yet; the scaling step has not finished")
+        curve = document.get("curve") if isinstance(document, dict) else None
+        if not isinstance(curve, list):
+            raise PanelError(f"{where}: {path} has no 'curve' list")
+        points = [
+            numbers(point, ("step", "loss", "low", "high"), f"{path} curve[{n}]") for n, point in enumerate(curve)
+        ]
+    except PanelError as error:
+        return [], None, str(error)
+    return points, relative_to(prefix, path.rsplit("/", 1)[0]), None
+
+
+def loss_chart(
+    train: dict[int, float], evals: dict[int, float], curve: list[dict[str, float]], eval_label: str
+) -> dict[str, Any]:
+    """Train loss, eval points and, when there is one, the predicted curve with its band."""
+    series: list[dict[str, Any]] = [
+        {"label": TRAIN_LOSS, "kind": "line", "points": train},
+        {"label": eval_label, "kind": "points", "points": evals},
+    ]
+    for label, kind, key in (("predicted", "dashed", "loss"), ("predicted low", "band_low", "low"),
+                             ("predicted high", "band_high", "high")):  # fmt: skip
+        if curve:
+            series.append({"label": label, "kind": kind, "points": {point["step"]: point[key] for point in curve}})
+    return chart("loss", "loss", series, x_label="step")
+
+
+def run_view(prefix: str, output_path: str) -> dict[str, Any]:
+    records = files.metrics_records(storage.join(output_path, METRICS_FILE))
+    rows = by_step(records or [])
+    train = series_of(rows, TRAIN_LOSS)
+    if not train:
+        raise PanelError(f"{storage.join(output_path, METRICS_FILE)} has no {TRAIN_LOSS} rows (yet): no run to show")
+    stride = max(1, math.ceil(len(rows) / files.MAX_POINTS))
+    steps = sorted(rows)
+    kept = set(steps[::stride]) | {steps[-1]}
+    thinned = {step: row for step, row in rows.items() if step in kept}
+    components = eval_components(rows)
+    evals = {step: loss for step, row in rows.items() if (loss := macro_eval(row, components)) is not None}
+    curve, prediction_source, prediction_error = predicted_curve(prefix, output_path)
+    train_kept = {step: loss for step, loss in train.items() if step in kept}
+    charts = [loss_chart(train_kept, evals, curve, "eval (macro)" if components else "eval/loss")]
+    for chart_id, title, keys in RUN_CHARTS:
+        series: list[dict[str, Any]] = [
+            {"label": key, "kind": "line", "points": series_of(thinned, key)} for key in keys
+        ]
+        if any(entry["points"] for entry in series):
+            charts.append(chart(chart_id, title, series, x_label="step"))
+    per_domain: list[dict[str, Any]] = [
+        {"label": c, "kind": "points", "points": series_of(rows, f"eval/{c}/loss")} for c in components
+    ]
+    if per_domain:
+        charts.append(chart("eval_domains", "eval loss per domain", per_domain, x_label="step"))
+    return {
+        "steps": len(rows),
+        "last_step": max(train),
+        "last_train_loss": train[max(train)],
+        "last_eval": evals[max(evals)] if evals else None,
+        "components": components,
+        "prediction": {"source": prediction_source, "points": len(curve)} if curve else None,
+        "prediction_error": prediction_error,
+        "thinned": stride > 1,
+        "charts": charts,
+    }
