@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell infra/find_python312.sh)
 
-.PHONY: install lock demo test lint bench status dashboard clean
+.PHONY: install lock demo data-demo test lint bench status dashboard clean
 
 # Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
 # dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
@@ -28,7 +28,11 @@ lock: $(VENV)/.installed
 	$(UV) pip compile pyproject.toml $(EXTRAS) --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
 		--quiet -o requirements.lock
 
+# The 535B-A23B DAG at tiny scale, on a local Ray under ./outputs (or $EXECUTOR_PREFIX).
 demo: install
+	$(PY) experiments/hero_535b.py --scale tiny --backend ray $(ARGS)
+
+data-demo: install
 	$(PY) experiments/data_demo.py --backend ray $(ARGS)
 
 test: install

@@ -1,8 +1,8 @@
 """The 535B-A23B MoE run as one DAG: data -> cells -> tokenize -> two-phase mixture -> 4-rung ladder -> hero.
 
-    data/<source>/download -> exact_dedup -> heuristics -> fasttext_filter -> fuzzy_dedup -> decontaminate
-        (sources: web, code, math, reference, books; the fastText classifier learns reference vs web;
-         decontamination against data/eval_sets/download)
+    download/<source> -> data/<source>/exact_dedup -> heuristics -> fasttext_filter -> fuzzy_dedup -> decontaminate
+        (sources: web, code, math, reference, books; quality/fasttext_model learns reference vs web;
+         decontamination against download/eval_sets)
     every source's clean docs -> tokenizer/hero (BPE) -> mix/cells (topic x quality) -> tokenized/cells
                                                           mix/cells -> mix/weights (two phases, exposure cap)
     train/d768, d1024, d1536, d2048 -> evaluate/<rung> -> scaling/ladder -> train/d6144 -> evaluate/d6144
@@ -98,17 +98,20 @@ class Scale:
 
 
 FULL_RUNGS = (
-    ("d768", 768, 8, 1024, 11_420, 8),
-    ("d1024", 1024, 12, 2048, 15_276, 16),
-    ("d1536", 1536, 16, 6144, 15_128, 64),
-    ("d2048", 2048, 22, 11_264, 20_072, 128),
+    ("d768", 768, 8, 1024, 11_420),
+    ("d1024", 1024, 12, 2048, 15_276),
+    ("d1536", 1536, 16, 6144, 15_128),
+    ("d2048", 2048, 22, 11_264, 20_072),
 )
-"""(rung, d_model, layers, batch, steps, H100s): the published ladder."""
-FULL_HERO = ("d6144", 6144, 48, 11_264, 390_251, 2048)
+"""(rung, d_model, layers, batch, steps): the published ladder."""
+FULL_HERO = ("d6144", 6144, 48, 11_264, 390_251)
+NODE = ResourceConfig(gpus=8, accelerator_type="H100")
+"""What a train or evaluate step asks Ray for at full scale: one 8 x H100 node (infra/README.md). A Ray task
+cannot span nodes; the hero and the larger rungs need Levanter's multi-host launch, which this does not do."""
 
 
-def _full_rung(name: str, d_model: int, layers: int, batch: int, steps: int, gpus: int) -> Rung:
-    return Rung(name, ladder_shape(d_model, layers), batch, steps, ResourceConfig(gpus=gpus, accelerator_type="H100"))
+def _full_rung(name: str, d_model: int, layers: int, batch: int, steps: int) -> Rung:
+    return Rung(name, ladder_shape(d_model, layers), batch, steps, NODE)
 
 
 def full_scale() -> Scale:
@@ -229,11 +232,11 @@ def build_dag(scale: Scale) -> HeroDag:
         steps.append(corpus)
 
     def download(name: str, spec: dict) -> ExecutorStep:
-        source = spec.get("source") or output_path_of(corpus, "eval" if name == "data/eval_sets" else "raw")
+        source = spec.get("source") or output_path_of(corpus, "eval" if name == "eval_sets" else "raw")
         return default_download(name, source, include=spec["include"])
 
-    evals = download("data/eval_sets", scale.eval_sets)
-    downloads = {source: download(f"data/{source}", spec) for source, spec in scale.sources.items()}
+    evals = download("eval_sets", scale.eval_sets)
+    downloads = {source: download(source, spec) for source, spec in scale.sources.items()}
     classifier = default_quality_classifier(
         positive=output_path_of(downloads["reference"], "files"), negative=output_path_of(downloads["web"], "files")
     )

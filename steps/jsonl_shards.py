@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from executor import storage
-from steps.documents import ReadReport, read_documents
+from steps.documents import ReadReport, list_input_files, read_documents
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,15 @@ def list_shards(input_path: str) -> list[str]:
 
 
 def read_records(input_path: str, report: ReadReport | None = None) -> Iterator[dict[str, Any]]:
-    """Every document (`id`, `text`, `source`, `metadata`) of every shard under `input_path`, in order,
-    through the one document reader (`steps/documents.py`): bad lines are counted in `report`, not raised."""
+    """Every document (`id`, `text`, `source`, `metadata`) under `input_path`, in order, through the one document
+    reader (`steps/documents.py`): bad lines are counted in `report`, not raised. A text corpus's shards are read
+    in shard order; any other folder (a data step's `docs/`) by its document files (JSONL or Parquet)."""
     report = report if report is not None else ReadReport()
-    for path in list_shards(input_path):
+    try:
+        paths = list_shards(input_path)
+    except FileNotFoundError:
+        paths = list_input_files(input_path)
+    for path in paths:
         yield from read_documents(path, report, raw=False)
 
 
