@@ -61,7 +61,7 @@ def _weights(weights: Any, path: str, names: set[str]) -> dict[str, Any]:
     return {
         "phases": checked,
         "expected_epochs": weights.get("expected_epochs") or {},
-        "capped": [set(names_) if isinstance(names_, list) else set() for names_ in capped],
+        "capped": [set(listed) if isinstance(listed, list) else set() for listed in capped],
         "max_epochs": weights.get("max_epochs"),
         "train_tokens": weights.get("train_tokens"),
     }

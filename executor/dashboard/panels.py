@@ -30,7 +30,8 @@ from executor.dashboard.safety import relative_to, resolve_under
 from executor.status import INFO_FILE, METRICS_FILE
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
-RUN_DETECT_BYTES = 1024 * 1024
+RUN_DETECT_BYTES = 256 * 1024
+"""How much of metrics.jsonl is searched for a train/loss key (it comes with the first logged step)."""
 PREDICTION_FILE = "prediction.json"
 COMPOSITION_FILE = "composition.json"
 WEIGHTS_FILE = "weights.json"

@@ -7,6 +7,7 @@ class CompositionPanel {
   constructor() {
     this.element = h("div", { "data-testid": "composition-view" });
     this.heat = "tokens";
+    this.chosen = false;  // once the user picks a shading, a refresh keeps it
     this.sort = { key: "tokens", descending: true };
     this.open = new Set();
     this.signature = null;
