@@ -54,6 +54,14 @@ def _line_fit(log_compute: np.ndarray, log_excess: np.ndarray) -> tuple[float, f
     return float(intercept), float(-slope), float(np.sqrt(np.mean(residual**2)))
 
 
+def _line_fit_residuals(log_compute: np.ndarray, log_excess: np.ndarray) -> np.ndarray:
+    """The rms residual of `_line_fit` for each row of `log_excess` at once (closed-form least squares)."""
+    centred = log_compute - log_compute.mean()
+    slope = (log_excess - log_excess.mean(axis=1, keepdims=True)) @ centred / (centred @ centred)
+    fitted = log_excess.mean(axis=1, keepdims=True) + slope[:, None] * centred[None, :]
+    return np.sqrt(np.mean((log_excess - fitted) ** 2, axis=1))
+
+
 def _check_points(compute: np.ndarray, loss: np.ndarray, needed: int) -> None:
     if compute.shape != loss.shape or compute.ndim != 1:
         raise ValueError(f"compute and loss must be 1-D and of one length, got {compute.shape} and {loss.shape}")
@@ -87,8 +95,7 @@ def fit_power_law(
     # The log residual is not unimodal in E (it dips sharply at the true E when the excess L - E is small
     # next to E), so scan candidates geometrically spaced below the lowest loss, then refine around the best.
     gaps = lowest * np.geomspace(1e-9, 1.0, 400)
-    scanned = [residual_at(lowest - gap) for gap in gaps]
-    best = int(np.argmin(scanned))
+    best = int(np.argmin(_line_fit_residuals(log_compute, np.log(loss_array[None, :] - (lowest - gaps)[:, None]))))
     bracket = (lowest - gaps[min(best + 1, len(gaps) - 1)], lowest - gaps[max(best - 1, 0)])
     searched = minimize_scalar(residual_at, bounds=bracket, method="bounded", options={"xatol": 1e-14 * lowest})
     log_a, alpha, _ = _line_fit(log_compute, np.log(loss_array - searched.x))
@@ -223,7 +230,8 @@ def plot_fit(compute: Sequence[float], loss: Sequence[float], fit: PowerLawFit, 
     axes.errorbar(
         [prediction.compute],
         [prediction.loss],
-        yerr=[[prediction.loss - prediction.low], [prediction.high - prediction.loss]],
+        # The central fit can fall outside its bootstrap band (few rungs): draw the band's side as empty then.
+        yerr=[[max(0.0, prediction.loss - prediction.low)], [max(0.0, prediction.high - prediction.loss)]],
         fmt="*",
         color="#d62728",
         markersize=12,

@@ -307,3 +307,29 @@ def test_big_dag_is_grouped_and_paginated(tmp_path: Path) -> None:
     assert page["matched"] == 248 and len(page["rows"]) == 48 and page["rows"][0]["name"].startswith("dedup/")
     summary = json.loads(app.handle("/api/experiment", {"file": file}).body)
     assert summary["running_shards"]["steps"] == summary["counts"]["RUNNING"] == 30
+
+
+def test_config_rows_tag_a_dotted_dict_key_as_versioned(tmp_path: Path) -> None:
+    """The step page keys config rows as the version does (identity.join_key), so a dict key holding a dot is
+    tagged versioned, not plain (a dotted-path join would give `opts.a.b`, which the version never names)."""
+    from dataclasses import dataclass
+
+    from executor import THIS_OUTPUT_PATH, ExecutorStep, versioned
+    from executor.dashboard.step_view import config_rows
+
+    @dataclass(frozen=True)
+    class DottedConfig:
+        opts: dict
+        output_path: str
+
+    config = DottedConfig(opts={"a.b": versioned(1), "c": 2}, output_path=THIS_OUTPUT_PATH)
+    step = ExecutorStep(name="dotted", fn=_write_nothing, config=config)
+    executor = Executor(str(tmp_path))
+    executor.run([step])
+    info = json.loads(Path(executor.output_paths[step], ".executor_info").read_text())
+    kinds = {row["key"]: row["kind"] for row in config_rows(info)}
+    assert kinds['opts.["a.b"]'] == "versioned" and kinds["opts.c"] == "plain", kinds
+
+
+def _write_nothing(config: Any) -> None:
+    pass

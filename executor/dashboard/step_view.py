@@ -22,6 +22,7 @@ from executor.dashboard.cache import json_or_none, state_from_status_file
 from executor.dashboard.experiments import Experiment
 from executor.errors import StorageError
 from executor.explain import explain, flatten_version
+from executor.identity import join_key
 from executor.status import INFO_FILE, MANIFEST_FILE, PROGRESS_FILE, STATS_FILE, STATUS_FILE, parse_events
 
 _DEPENDENCY = re.compile(r"^DEP\[(\d+)\](.*)$")
@@ -36,7 +37,8 @@ def flatten_config(config: Any, versioned_keys: set[str], prefix: str = "") -> l
     if isinstance(config, dict) and config:
         rows: list[tuple[str, Any]] = []
         for key, value in config.items():
-            rows.extend(flatten_config(value, versioned_keys, f"{prefix}.{key}" if prefix else str(key)))
+            # The version's own key encoding, so a key with a dot is quoted exactly as in version_config.
+            rows.extend(flatten_config(value, versioned_keys, join_key(prefix, str(key))))
         return rows
     if isinstance(config, list) and prefix and any(key.startswith(prefix + ".[") for key in versioned_keys):
         rows = []
