@@ -90,8 +90,8 @@ def build_real_corpus(config: RealCorpusConfig) -> None:
     truth: list[dict[str, Any]] = []
     stats: dict[str, Any] = {"domains": {}}
     for domain in config.domains or domains():
-        originals = [doc for doc in _read_domain(domain) if len(doc["text"].split()) >= config.min_words]
-        originals = originals[: config.docs_per_domain]
+        long_enough = (doc for doc in _read_domain(domain) if len(doc["text"].split()) >= config.min_words)
+        originals = list(itertools.islice(long_enough, config.docs_per_domain))  # read no further than needed
         planted = _plant(originals, domain, config, rng)
         truth.extend(record for _doc, record in planted)
         documents = _interleave(originals, [doc for doc, _record in planted], rng)
