@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell infra/find_python312.sh)
 
-.PHONY: install lock demo data-demo test lint bench status dashboard clean
+.PHONY: install lock demo data-demo test test-demo lint bench status dashboard clean
 
 # Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
 # dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
@@ -37,6 +37,10 @@ data-demo: install
 
 test: install
 	$(PY) -m pytest -q $(ARGS)
+
+# `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/test_hero_tiny.py): 30-40 min here.
+test-demo: install
+	$(PY) -m pytest -q -m demo tests/test_hero_tiny.py $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check executor steps experiments tests benchmarks

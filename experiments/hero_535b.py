@@ -95,6 +95,8 @@ class Scale:
     corpus: dict = field(default_factory=dict)
     """Tiny only: the offline corpus standing in for the sources (default_real_corpus arguments)."""
     fuzzy_bands: tuple[int, int] = (16, 6)
+    bootstrap_samples: int = 1000
+    """Resamples of the rungs behind the prediction's band."""
 
 
 FULL_RUNGS = (
@@ -169,9 +171,9 @@ def tiny_shape(d_model: int, layers: int, vocab_size: int) -> MoeShape:
 
 
 TINY_VOCAB = 1024
-TINY_RUNGS = (("d768", 32, 1, 20), ("d1024", 48, 1, 30), ("d1536", 64, 2, 40), ("d2048", 96, 2, 50))
+TINY_RUNGS = (("d768", 32, 1, 30), ("d1024", 48, 1, 45), ("d1536", 64, 2, 60), ("d2048", 96, 2, 80))
 """(rung it stands for, d_model, layers, steps), batch 8 of 64 tokens."""
-TINY_HERO = ("d6144", 128, 2, 80)
+TINY_HERO = ("d6144", 128, 2, 120)
 
 
 def tiny_scale() -> Scale:
@@ -202,12 +204,13 @@ def tiny_scale() -> Scale:
             mixture_block_size=8,
             evals_per_run=5,
             max_eval_batches=2,
-            eval_batches=4,
+            eval_batches=2,  # the batches of the train step's own evals: evaluate/<rung> must agree with them
             checkpoints_per_run=2,
             temporary_checkpoint_seconds=20,
         ),
         corpus={"docs_per_domain": 120, "near_copies": 2, "eval_docs": 4, "domains": list(corpus_domains.values())},
         fuzzy_bands=(16, 6),
+        bootstrap_samples=300,
     )
 
 
@@ -286,7 +289,7 @@ def build_dag(scale: Scale) -> HeroDag:
         trains[rung.name] = (rung, trained)
         ladder.append((rung, trained, evaluated))
         steps += [trained, evaluated]
-    scaling = default_scaling(ladder, scale.hero)
+    scaling = default_scaling(ladder, scale.hero, scale.bootstrap_samples)
     hero = default_train(scale.hero, scale.recipe, tokenizer, tokenized, weights, prediction=scaling)
     hero_eval = default_evaluate(scale.hero, scale.recipe, hero, tokenizer, tokenized)
     trains[scale.hero.name] = (scale.hero, hero)

@@ -161,7 +161,9 @@ def default_evaluate(
     )
 
 
-def default_scaling(rungs: Sequence[tuple[Rung, ExecutorStep, ExecutorStep]], target: Rung) -> ExecutorStep:
+def default_scaling(
+    rungs: Sequence[tuple[Rung, ExecutorStep, ExecutorStep]], target: Rung, bootstrap_samples: int = 1000
+) -> ExecutorStep:
     """Fit loss vs FLOPs over `rungs` (each with its train and evaluate steps) and predict `target`."""
     return ExecutorStep(
         name="scaling/ladder",
@@ -188,5 +190,6 @@ def default_scaling(rungs: Sequence[tuple[Rung, ExecutorStep, ExecutorStep]], ta
                 )
             ),
             output_path=THIS_OUTPUT_PATH,
+            bootstrap_samples=versioned(bootstrap_samples),
         ),
     )

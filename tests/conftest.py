@@ -14,7 +14,7 @@ import pytest
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
 
-pytest_plugins = ["services"]  # the gcs_emulator and s3_server fixtures
+pytest_plugins = ["services", "hero_run"]  # the gcs_emulator and s3_server fixtures; the tiny hero run
 
 
 class CallLog:

@@ -26,7 +26,7 @@ from steps.levanter_cache import load_cache
 from steps.model_size import MoeShape
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.tokenize import TokenizeConfig, tokenize
-from steps.train import TrainConfig, TrainInputError, check_inputs, training_environment
+from steps.train import TrainConfig, TrainInputError, check_inputs, data_mixture, training_environment
 from steps.train_metrics import read_metrics
 from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
 
@@ -260,3 +260,30 @@ def test_bad_input_is_refused_before_any_compute(data, tmp_path):
     with pytest.raises(ValueError, match="top_k=5 exceeds n_experts=4"):
         tiny_shape(vocab, top_k=5)
     assert not os.path.exists(output_path), "a refused run must leave nothing behind"
+
+
+def test_the_mixture_comes_from_a_per_cell_tokenize_output_and_a_two_phase_weights_file(data, tmp_path):
+    """Components listed in components.json join the given ones; each phase of weights.json starts at its share of
+    the steps (on a mixture block); a weighted cell that tokenize left out is dropped, an unweighted component
+    gets 0 (validation only); a phase weighing none of the components is refused."""
+    tokenized = tmp_path / "tokenized"
+    tokenized.mkdir()
+    (tokenized / "components.json").write_text(json.dumps({"components": {"cell_a": {}}, "excluded": {"cell_b": {}}}))
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    phases = [{"fraction": 0.8, "weights": {"cell_a": 0.5, "cell_b": 0.2, "python_stdlib": 0.3}},
+              {"fraction": 0.2, "weights": {"cell_a": 0.9, "cell_b": 0.1}}]  # fmt: skip
+    (weights / "weights.json").write_text(json.dumps({"phases": phases}))
+    config = train_config(data, str(tmp_path / "train-mix"), components={"python_stdlib": data["python_stdlib"]},
+                          components_path=str(tokenized), mixture_weights_path=str(weights), num_train_steps=50,
+                          train_batch_size=8, mixture_block_size=16)  # fmt: skip
+    components, schedule = data_mixture(config)
+    assert components == {"python_stdlib": data["python_stdlib"], "cell_a": str(tokenized / "cell_a")}
+    # 80% of 50 steps = step 40; 40 x 8 sequences is a whole number of 16-sequence blocks.
+    assert schedule == [(0, {"python_stdlib": 0.3, "cell_a": 0.5}), (40, {"python_stdlib": 0.0, "cell_a": 0.9})]
+    phases[1]["weights"] = {"cell_b": 1.0}
+    (weights / "weights.json").write_text(json.dumps({"phases": phases}))
+    with pytest.raises(TrainInputError, match=r"phase 2 of .*weights weighs none of the components"):
+        data_mixture(config)
+    with pytest.raises(TrainInputError, match=r"no weights.json under .*nowhere; run the mixture_weights step"):
+        data_mixture(train_config(data, "x", mixture_weights_path=str(tmp_path / "nowhere")))

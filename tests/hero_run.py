@@ -1,0 +1,101 @@
+"""The `hero_run` fixture: `make demo`'s DAG (experiments/hero_535b.py --scale tiny on a local Ray), run once
+per test session and shared by the tests that read its outputs (tests/test_hero_tiny.py, the dashboard's views).
+
+The first run is SIGKILLed (the driver's whole process group, its local Ray included) once the first train
+step has a complete checkpoint before its last step; the second run finishes the DAG, resuming that train
+step; the third must skip every step. Everything any test reads is recorded here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KILL_IN = "train/d768"
+TIMEOUT_S = 2400
+
+
+@dataclass
+class HeroRun:
+    prefix: Path
+    outputs: dict[str, Path]
+    """Step name -> output folder (as the final run planned them)."""
+    killed_step: Path
+    killed_at: list[int]
+    """The killed train step's complete checkpoints when it was killed."""
+    metrics_lines_before: int
+    """Lines of its metrics.jsonl written before the kill."""
+    cache_files_at_kill: dict[str, tuple[int, float]]
+    resumed_output: str
+    rerun_output: str
+
+
+def checkpoint_steps(output_path: Path) -> list[int]:
+    """Steps of the complete checkpoints (Levanter writes metadata.json last)."""
+    complete = output_path.glob("checkpoints/step-*/metadata.json")
+    return sorted(int(path.parent.name.removeprefix("step-")) for path in complete)
+
+
+def files_under(folder: Path) -> dict[str, tuple[int, float]]:
+    return {str(path): (path.stat().st_size, path.stat().st_mtime) for path in folder.rglob("*") if path.is_file()}
+
+
+def _start(prefix: Path, log: Path, *args: str) -> subprocess.Popen:
+    command = [sys.executable, "experiments/hero_535b.py", "--scale", "tiny", "--backend", "ray", "--prefix",
+               str(prefix), *args]  # fmt: skip
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def _run_to_end(prefix: Path, log: Path) -> str:
+    start = log.stat().st_size if log.exists() else 0
+    process = _start(prefix, log)
+    code = process.wait(timeout=TIMEOUT_S)
+    text = log.read_text(errors="replace")[start:]
+    assert code == 0, f"the tiny hero DAG failed (exit {code}); end of {log}:\n{text[-4000:]}"
+    return text
+
+
+def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], int, dict[str, tuple[int, float]]]:
+    process = _start(prefix, log)
+    deadline = time.monotonic() + TIMEOUT_S
+    while process.poll() is None and time.monotonic() < deadline:
+        trained = list(prefix.glob(f"{KILL_IN}-*"))
+        steps = checkpoint_steps(trained[0]) if trained else []
+        if steps and steps[-1] > 0:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            metrics = trained[0] / "metrics.jsonl"
+            lines = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+            caches = files_under(next(prefix.glob("tokenized/cells-*")))
+            return trained[0], checkpoint_steps(trained[0]), lines, caches
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"{KILL_IN} never wrote a checkpoint before the run ended; end of {log}:\n"
+                         f"{log.read_text(errors='replace')[-4000:]}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def hero_run(tmp_path_factory: pytest.TempPathFactory) -> HeroRun:
+    prefix = tmp_path_factory.mktemp("hero-tiny")
+    log = prefix.parent / f"{prefix.name}.log"
+    killed_step, killed_at, lines_before, caches = _kill_mid_training(prefix, log)
+    resumed = _run_to_end(prefix, log)
+    rerun = _run_to_end(prefix, log)
+    outputs = {}
+    for status in prefix.rglob(".executor_status"):
+        folder = status.parent
+        name = str(folder.relative_to(prefix)).rsplit("-", 1)[0]
+        outputs[name] = folder
+    return HeroRun(prefix=prefix, outputs=outputs, killed_step=killed_step, killed_at=killed_at,
+                   metrics_lines_before=lines_before, cache_files_at_kill=caches, resumed_output=resumed,
+                   rerun_output=rerun)  # fmt: skip

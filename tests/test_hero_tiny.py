@@ -1,0 +1,131 @@
+"""`make demo` end to end: the tiny 535B-A23B DAG on a local Ray, SIGKILLed while its first rung trains, rerun
+to the end, then rerun once more (tests/hero_run.py). Real everything: offline text through the data steps,
+a BPE tokenizer, topic x quality cells, per-cell Levanter caches, a two-phase mixture, five MoE models trained
+and evaluated on CPU, a scaling fit and the hero trained against its prediction. One run serves all the
+assertions because Levanter's CPU compiles are the slow part."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from hero_run import HeroRun, checkpoint_steps, files_under
+
+from executor import read_status
+from experiments.hero_535b import TINY_HERO, TINY_RUNGS
+from steps.levanter_cache import load_cache
+from steps.train_metrics import read_metrics
+from steps.train_tokenizer import load_tokenizer
+
+pytestmark = [pytest.mark.demo, pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(3600)]
+
+RUNGS = {name: steps for name, _d, _layers, steps in (*TINY_RUNGS, TINY_HERO)}
+
+
+def train_losses(records: list[dict]) -> list[tuple[int, float]]:
+    return [(record["step"], record["train/loss"]) for record in records if "train/loss" in record]
+
+
+def test_every_step_succeeded_and_the_summary_says_where_and_how_well(hero_run: HeroRun) -> None:
+    assert len(hero_run.outputs) == 48
+    assert {name: read_status(str(path)) for name, path in hero_run.outputs.items()} == dict.fromkeys(
+        hero_run.outputs, "SUCCESS"
+    )
+    summary = hero_run.resumed_output
+    predicted = re.search(r"predicted d6144 loss: ([\d.]+) \(band ([\d.]+) \.\. ([\d.]+)\)", summary)
+    achieved = re.search(r"achieved macro held-out loss: ([\d.]+)", summary)
+    assert predicted and achieved, summary[-3000:]
+    assert f"python -m executor dashboard --prefix {hero_run.prefix}" in summary
+    results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())
+    assert float(achieved.group(1)) == pytest.approx(results["macro_loss"], abs=1e-4)
+
+
+def test_a_rerun_skips_every_step(hero_run: HeroRun) -> None:
+    assert "0 step(s) ran, 48 were already done" in hero_run.rerun_output, hero_run.rerun_output[-2000:]
+
+
+def test_the_killed_train_step_resumed_from_its_checkpoint(hero_run: HeroRun) -> None:
+    records = read_metrics(str(hero_run.killed_step))
+    before, after = records[: hero_run.metrics_lines_before], records[hero_run.metrics_lines_before :]
+    checkpoint = hero_run.killed_at[-1]
+    resumed_steps = [step for step, _ in train_losses(after)]
+    # Levanter's checkpoint step-N holds the state after optimizer step N: the rerun continues at N + 1.
+    assert resumed_steps[0] == checkpoint + 1, (checkpoint, resumed_steps[:5])
+    steps = RUNGS["d768"]
+    assert sorted(set(resumed_steps)) == list(range(checkpoint + 1, steps)), resumed_steps
+    assert train_losses(before)[0][0] == 0
+    assert checkpoint_steps(hero_run.killed_step)[-1] == steps - 1
+
+
+def test_every_train_step_logged_what_the_run_view_plots(hero_run: HeroRun) -> None:
+    cells = json.loads((hero_run.outputs["tokenized/cells"] / "components.json").read_text())["components"]
+    for rung, steps in RUNGS.items():
+        records = read_metrics(str(hero_run.outputs[f"train/{rung}"]))
+        keys = set().union(*(record.keys() for record in records))
+        for key in ("train/loss", "optim/learning_rate", "grad/norm/total", "params/norm/total",
+                    "throughput/tokens_per_second", "model_flops_per_second", "eval/macro_loss",
+                    "router/bias/norm", "router/load/max_over_mean"):  # fmt: skip
+            assert key in keys, (rung, sorted(keys))
+        assert {f"eval/{cell}/loss" for cell in cells} <= keys, (rung, sorted(keys))
+        losses = train_losses(records)
+        assert max(step for step, _ in losses) == steps - 1
+        router = [record for record in records if "router/bias/norm" in record]
+        assert router[-1]["router/bias/norm"] > 0, f"{rung}: the router bias never moved"
+        assert list((hero_run.outputs[f"train/{rung}"] / "wandb").glob("**/*.wandb")), f"{rung}: no wandb run"
+    hero = train_losses(read_metrics(str(hero_run.outputs["train/d6144"])))
+    first, last = np.mean([loss for _, loss in hero[:3]]), np.mean([loss for _, loss in hero[-3:]])
+    assert last < 0.8 * first, hero
+
+
+def test_training_read_the_cell_caches_and_built_none(hero_run: HeroRun) -> None:
+    assert files_under(hero_run.outputs["tokenized/cells"]) == hero_run.cache_files_at_kill
+
+
+def tokens_per_byte(cache_dir: str, tokenizer_path: str, tokens: int) -> float:
+    """Predicted tokens over the UTF-8 bytes they decode to, for the first `tokens` tokens of a validation split,
+    which is what an eval of that many tokens reads (special tokens decode to no bytes, as Levanter counts)."""
+    tokenizer = load_tokenizer(tokenizer_path)
+    cache = load_cache(f"{cache_dir}/validation")
+    stream = np.concatenate([row["input_ids"] for row in cache.get_batch_sync(list(range(len(cache))))])[:tokens]
+    return (len(stream) - 1) / len(tokenizer.decode(stream[1:].tolist(), skip_special_tokens=True).encode())
+
+
+def test_each_evaluate_step_agrees_with_its_train_steps_last_eval(hero_run: HeroRun) -> None:
+    for rung, steps in RUNGS.items():
+        results = json.loads((hero_run.outputs[f"evaluate/{rung}"] / "results.json").read_text())
+        assert results["step"] == steps - 1
+        records = read_metrics(str(hero_run.outputs[f"train/{rung}"]))
+        last_eval = [record for record in records if "eval/macro_loss" in record][-1]
+        for cell, figures in results["components"].items():
+            assert figures["loss"] == pytest.approx(last_eval[f"eval/{cell}/loss"], rel=0.02), (rung, cell)
+        losses = [figures["loss"] for figures in results["components"].values()]
+        assert results["macro_loss"] == pytest.approx(float(np.mean(losses)))
+    # Bits per byte: the loss in bits over the bytes the evaluated tokens decode to (the biggest cell).
+    results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())
+    cells = json.loads((hero_run.outputs["tokenized/cells"] / "components.json").read_text())["components"]
+    cell = max(cells, key=lambda name: cells[name]["validation_tokens"])
+    figures = results["components"][cell]
+    evaluated = min(2 * 8 * 64, cells[cell]["validation_tokens"])
+    ratio = tokens_per_byte(str(hero_run.outputs["tokenized/cells"] / cell), str(hero_run.outputs["tokenizer/hero"]),
+                            evaluated)  # fmt: skip
+    assert figures["bpb"] == pytest.approx(figures["loss"] / math.log(2) * ratio, rel=0.05), figures
+
+
+def test_the_prediction_was_registered_before_the_hero_started_and_the_ladder_helps(hero_run: HeroRun) -> None:
+    prediction = json.loads((hero_run.outputs["scaling/ladder"] / "prediction.json").read_text())
+    assert [rung["name"] for rung in prediction["rungs"]] == [name for name, *_ in TINY_RUNGS]
+    assert prediction["target"]["name"] == "d6144" and prediction["curve"]
+    scaling_done = _event_time(hero_run.outputs["scaling/ladder"], "SUCCESS")
+    hero_started = _event_time(hero_run.outputs["train/d6144"], "RUNNING")
+    assert scaling_done < hero_started
+    smallest = json.loads((hero_run.outputs["evaluate/d768"] / "results.json").read_text())["macro_loss"]
+    hero = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())["macro_loss"]
+    assert hero < smallest, (hero, smallest)
+
+
+def _event_time(output_path, status: str) -> str:
+    events = [json.loads(line) for line in (output_path / ".executor_status").read_text().splitlines()]
+    return next(event["time"] for event in events if event["status"] == status)
