@@ -47,6 +47,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import jax
+import wandb
 from levanter.checkpoint import CheckpointerConfig
 from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
@@ -305,6 +306,9 @@ def training_environment(output_path: str) -> Iterator[None]:
     previous = {name: os.environ.get(name) for name in [*settings, "MARIN_PREFIX"]}
     with tempfile.TemporaryDirectory(prefix="marin-prefix-") as marin_prefix:
         os.environ.update(settings, MARIN_PREFIX=marin_prefix)
+        # wandb keeps one process-wide setup, made from the environment of its first run: a second train step
+        # in the same worker process (a Ray worker runs many) would write into the first step's WANDB_DIR.
+        wandb.teardown()
         try:
             yield
         finally:

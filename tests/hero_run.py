@@ -31,8 +31,6 @@ class HeroRun:
     killed_step: Path
     killed_at: list[int]
     """The killed train step's complete checkpoints when it was killed."""
-    metrics_lines_before: int
-    """Lines of its metrics.jsonl written before the kill."""
     cache_files_at_kill: dict[str, tuple[int, float]]
     resumed_output: str
     rerun_output: str
@@ -65,7 +63,7 @@ def _run_to_end(prefix: Path, log: Path) -> str:
     return text
 
 
-def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], int, dict[str, tuple[int, float]]]:
+def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], dict[str, tuple[int, float]]]:
     process = _start(prefix, log)
     deadline = time.monotonic() + TIMEOUT_S
     while process.poll() is None and time.monotonic() < deadline:
@@ -74,10 +72,8 @@ def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], int, d
         if steps and steps[-1] > 0:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            metrics = trained[0] / "metrics.jsonl"
-            lines = len(metrics.read_text().splitlines()) if metrics.exists() else 0
             caches = files_under(next(prefix.glob("tokenized/cells-*")))
-            return trained[0], checkpoint_steps(trained[0]), lines, caches
+            return trained[0], checkpoint_steps(trained[0]), caches
         time.sleep(0.1)
     process.kill()
     raise AssertionError(f"{KILL_IN} never wrote a checkpoint before the run ended; end of {log}:\n"
@@ -88,7 +84,7 @@ def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], int, d
 def hero_run(tmp_path_factory: pytest.TempPathFactory) -> HeroRun:
     prefix = tmp_path_factory.mktemp("hero-tiny")
     log = prefix.parent / f"{prefix.name}.log"
-    killed_step, killed_at, lines_before, caches = _kill_mid_training(prefix, log)
+    killed_step, killed_at, caches = _kill_mid_training(prefix, log)
     resumed = _run_to_end(prefix, log)
     rerun = _run_to_end(prefix, log)
     outputs = {}
@@ -97,5 +93,5 @@ def hero_run(tmp_path_factory: pytest.TempPathFactory) -> HeroRun:
         name = str(folder.relative_to(prefix)).rsplit("-", 1)[0]
         outputs[name] = folder
     return HeroRun(prefix=prefix, outputs=outputs, killed_step=killed_step, killed_at=killed_at,
-                   metrics_lines_before=lines_before, cache_files_at_kill=caches, resumed_output=resumed,
+                   cache_files_at_kill=caches, resumed_output=resumed,
                    rerun_output=rerun)  # fmt: skip

@@ -240,6 +240,21 @@ def test_training_environment_is_offline_and_restored(tmp_path, monkeypatch):
     assert "HF_HUB_OFFLINE" not in os.environ and "WANDB_DIR" not in os.environ
 
 
+
+def test_each_training_environment_gets_its_own_wandb_files(tmp_path, monkeypatch):
+    """Two runs in one process (a Ray worker runs many steps): each run's offline wandb files land under its own
+    output path, not under the first one's."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("first", "second"):
+        with training_environment(str(tmp_path / name)):
+            run = wandb.init(project="p", id=f"run-{name}", name=name)
+            run.finish()
+        assert list((tmp_path / name / "wandb").glob(f"**/run-run-{name}.wandb")), name
+    assert not list((tmp_path / "first" / "wandb").glob("**/run-run-second.wandb"))
+
+
 def test_bad_input_is_refused_before_any_compute(data, tmp_path):
     output_path = str(tmp_path / "train-bad-abc123")
     with pytest.raises(TrainInputError, match=r"train step train-bad-abc123 .*does not split"):
