@@ -132,3 +132,27 @@ def test_the_prediction_was_registered_before_the_hero_started_and_the_ladder_he
 def _event_time(output_path, status: str) -> str:
     events = [json.loads(line) for line in (output_path / ".executor_status").read_text().splitlines()]
     return next(event["time"] for event in events if event["status"] == status)
+
+
+def test_the_dashboard_views_read_the_run(hero_run: HeroRun) -> None:
+    """The run, ladder and composition views of the real run: the hero's loss curve with the ladder's prediction
+    overlaid, the ladder with the hero's achieved loss, the mixture's cells."""
+    from executor.dashboard import DashboardApp
+
+    app = DashboardApp(str(hero_run.prefix))
+
+    def view(route: str, step: str) -> dict:
+        relative = str(hero_run.outputs[step].relative_to(hero_run.prefix))
+        experiment = next((hero_run.prefix / "experiments").glob("hero_535b-*.json")).name
+        response = app.handle(route, {"path": relative, "experiment": experiment})
+        assert response.status == 200, (route, step, response.body[:500])
+        return json.loads(response.body)
+
+    assert view("/api/step/views", "train/d6144")["views"] == ["run"]
+    run = view("/api/step/run", "train/d6144")
+    assert run["prediction"]["source"].startswith("scaling/ladder-") and run["prediction"]["points"] > 0
+    ladder = view("/api/step/ladder", "scaling/ladder")
+    achieved = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())["macro_loss"]
+    assert ladder["achieved"]["loss"] == pytest.approx(achieved)
+    assert [rung["name"] for rung in ladder["rungs"]] == [name for name, *_ in TINY_RUNGS]
+    assert view("/api/step/views", "mix/weights")["views"] == ["composition"]
