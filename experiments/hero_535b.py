@@ -36,10 +36,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from executor import ExecutorStep, ResourceConfig, executor_main, output_path_of, storage
+from executor.errors import ConfigError
 from executor.executor import Executor
 from experiments.defaults import (
     default_cells,
@@ -235,7 +237,11 @@ def build_dag(scale: Scale) -> HeroDag:
         steps.append(corpus)
 
     def download(name: str, spec: dict) -> ExecutorStep:
-        source = spec.get("source") or output_path_of(corpus, "eval" if name == "eval_sets" else "raw")
+        if "source" in spec:
+            return default_download(name, spec["source"], include=spec["include"])
+        if corpus is None:
+            raise ConfigError(f"scale {scale.name}: download {name} names no source and the scale has no corpus")
+        source = output_path_of(corpus, "eval" if name == "eval_sets" else "raw")
         return default_download(name, source, include=spec["include"])
 
     evals = download("eval_sets", scale.eval_sets)
@@ -303,7 +309,7 @@ def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
     entries = []
     for decision in executor.decisions:
         planned = decision.planned
-        entry = {
+        entry: dict[str, Any] = {
             "name": planned.step.name,
             "hash": planned.hash,
             "output_path": planned.output_path,

@@ -84,14 +84,14 @@ def evaluate(config: EvaluateConfig) -> dict:
     model_config = qwen3_moe_config(
         config.shape, tokenizer_path=config.tokenizer_path, router_aux_loss_coef=None, step=label
     )
-    components = dict(config.components)
+    caches = dict(config.components)
     if config.components_path is not None:
-        components.update(load_components(config.components_path))
-    if not components:
+        caches.update(load_components(config.components_path))
+    if not caches:
         raise ValueError(f"{label}: no components to evaluate; give tokenize step outputs")
-    data = lm_data_config(config.tokenizer_path, components)
+    data = lm_data_config(config.tokenizer_path, caches)
     trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
-    tagged_sets = [(data.validation_sets(model_config.max_Pos)[name], [name]) for name in components]
+    tagged_sets = [(data.validation_sets(model_config.max_Pos)[name], [name]) for name in caches]
     max_examples = config.max_batches * config.batch_size if config.max_batches is not None else None
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.compute_axis_mapping):
         model = load_levanter_checkpoint(
@@ -113,7 +113,7 @@ def evaluate(config: EvaluateConfig) -> dict:
     assert result.tag_micro_bpb is not None  # TaggedEvaluator computes it whenever it has a tokenizer
     components = {
         name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
-        for name in components
+        for name in caches
     }
     results = {
         "checkpoint": checkpoint,

@@ -132,7 +132,7 @@ def predict_from_ladder(config: LadderConfig) -> dict:
                                       samples=config.bootstrap_samples)  # fmt: skip
     # The curve starts where every rung has been evaluated at least once.
     first = max(rung.tokens[0] / rung.tokens[-1] for rung in rungs)
-    fractions = [f for f in np.linspace(0.1, 1.0, 19) if f >= first] or [1.0]
+    fractions = [float(f) for f in np.linspace(0.1, 1.0, 19) if f >= first] or [1.0]
     # Along the curve the irreducible loss is the final fit's: the loss at any fraction of training tends to the
     # same E as compute grows. Fixing it makes each of the curve's bootstrap fits a closed-form line.
     curve = predict_loss_curve(rungs, target.flops, target.tokens, fit.asymptote, fractions=fractions,
