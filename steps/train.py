@@ -312,6 +312,10 @@ def training_environment(output_path: str) -> Iterator[None]:
         try:
             yield
         finally:
+            # Stop the wandb service this run started and drop its WANDB_SERVICE token from the environment:
+            # left there, every process started later from this one (an executor subprocess, a rerun after a
+            # kill) would join this service, which still holds a killed run's id ("run ID is in use").
+            wandb.teardown()
             for name, value in previous.items():
                 if value is None:
                     os.environ.pop(name, None)

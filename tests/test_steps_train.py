@@ -247,11 +247,13 @@ def test_each_training_environment_gets_its_own_wandb_files(tmp_path, monkeypatc
     import wandb
 
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     for name in ("first", "second"):
         with training_environment(str(tmp_path / name)):
             run = wandb.init(project="p", id=f"run-{name}", name=name)
             run.finish()
         assert list((tmp_path / name / "wandb").glob(f"**/run-run-{name}.wandb")), name
+        assert "WANDB_SERVICE" not in os.environ, "processes started from here would join this run's wandb service"
     assert not list((tmp_path / "first" / "wandb").glob("**/run-run-second.wandb"))
 
 
