@@ -1,7 +1,7 @@
 """The `hero_run` fixture: `make demo`'s DAG (experiments/hero_535b.py --scale tiny on a local Ray), run once
 per test session and shared by the tests that read its outputs (tests/test_hero_tiny.py, the dashboard's views).
 
-The first run is SIGKILLed (the driver's whole process group, its local Ray included) once the first train
+The first run is SIGKILLed (the driver's process group, then every Ray process on the machine) once the first train
 step has a complete checkpoint before its last step; the second run finishes the DAG, resuming that train
 step; the third must skip every step. Everything any test reads is recorded here.
 """
@@ -72,6 +72,11 @@ def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], dict[s
         if steps and steps[-1] > 0:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            # The driver's local Ray outlives its process group, and its worker would finish the step on its own
+            # (on a fast machine, before any rerun): stop every Ray process here, as a power cut would. This is
+            # why the demo test runs alone (`make test-demo`), never next to other Ray tests.
+            subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True,
+                           timeout=120, check=False)  # fmt: skip
             caches = files_under(next(prefix.glob("tokenized/cells-*")))
             return trained[0], checkpoint_steps(trained[0]), caches
         time.sleep(0.1)
