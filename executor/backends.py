@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from executor import storage
 from executor.errors import ConfigError
-from executor.step_runner import StepResult, StepTask, StopSignal, run_step
+from executor.interrupts import StopSignal
+from executor.step_runner import StepResult, StepTask, run_step
 from executor.step_spec import ResourceConfig
 
 logger = logging.getLogger(__name__)

@@ -15,12 +15,8 @@ Every status event carries the writer's lease number, so a taken-over holder's l
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
-import os
-import tempfile
-import threading
 import traceback
 import uuid
 from collections.abc import Callable
@@ -30,11 +26,11 @@ from typing import Any
 
 from executor import storage
 from executor.errors import LeaseLostError
+from executor.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
 from executor.lease import Heartbeat, Lease, LeaseSettings
 from executor.records import info_path, write_manifest
 from executor.retry import RetryPolicy, is_transient
 from executor.status import (
-    LOG_FILE,
     StatusEvent,
     StepStatus,
     append_event,
@@ -42,51 +38,9 @@ from executor.status import (
     parse_time,
     read_events,
 )
+from executor.step_log import StepLog
 
 logger = logging.getLogger(__name__)
-
-
-class StepAborted(BaseException):
-    """Raised inside a step's thread when its lease is lost."""
-
-
-class StepInterrupted(BaseException):
-    """Raised inside a step's thread when the user interrupts the executor (Ctrl-C)."""
-
-
-class StopSignal:
-    """Set when the user interrupts a run: running steps are interrupted, waiting ones give up.
-
-    Each backend owns one; `run_step` registers the step it is running with it.
-    """
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
-        self._running: set[_Interrupter] = set()
-
-    def set(self) -> None:
-        with self._lock:
-            self._event.set()
-            for interrupter in self._running:
-                interrupter.interrupt(StepInterrupted)
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep, waking early if the signal is set."""
-        self._event.wait(seconds)
-
-    def register(self, interrupter: _Interrupter) -> None:
-        with self._lock:
-            self._running.add(interrupter)
-            if self._event.is_set():
-                interrupter.interrupt(StepInterrupted)
-
-    def unregister(self, interrupter: _Interrupter) -> None:
-        with self._lock:
-            self._running.discard(interrupter)
 
 
 class Outcome(StrEnum):
@@ -219,8 +173,8 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
     Raises LeaseLostError (having written nothing more) if the lease is lost on the way.
     """
     attempt = _record_start(task, lease)
-    with _StepLog(task.output_path) as step_log:
-        interrupter = _Interrupter()
+    with StepLog(task.output_path) as step_log:
+        interrupter = Interrupter()
 
         def stop_step(_lost: LeaseLostError) -> None:
             interrupter.interrupt(StepAborted)
@@ -260,7 +214,7 @@ def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     return attempt
 
 
-def _call_step_fn(task: StepTask, stop: StopSignal, interrupter: _Interrupter) -> BaseException | None:
+def _call_step_fn(task: StepTask, stop: StopSignal, interrupter: Interrupter) -> BaseException | None:
     """Run the step function; what it raised (or what interrupted it), or None if it returned."""
     try:
         with interrupter:
@@ -341,71 +295,3 @@ def record_dep_failed(output_path: str, worker_id: str, settings: LeaseSettings,
         return True
     finally:
         lease.release()
-
-
-class _Interrupter:
-    """Raises an exception inside the step's thread, but only while the step function runs."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._thread_id: int | None = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self._thread_id = threading.get_ident()
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._lock:
-            if self._thread_id is not None:
-                # Clear an interrupt that was sent but not yet raised: from here on we are our own code.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
-            self._thread_id = None
-
-    def interrupt(self, exception: type[BaseException]) -> None:
-        with self._lock:
-            if self._thread_id is not None:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(exception))
-
-
-class _StepLog:
-    """Captures log records from the step's thread into `<output>/logs/step.log`."""
-
-    def __init__(self, output_path: str):
-        self.target = storage.join(output_path, LOG_FILE)
-        self._thread_id = threading.get_ident()
-        handle, self._local = tempfile.mkstemp(prefix="executor-step-", suffix=".log")
-        os.close(handle)
-        existing = storage.read_bytes(self.target)  # keep earlier attempts' logs
-        if existing:
-            with open(self._local, "wb") as out:
-                out.write(existing)
-        self._handler = logging.FileHandler(self._local, encoding="utf-8")
-        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        self._handler.addFilter(lambda record: record.thread == self._thread_id)
-        self._upload_lock = threading.Lock()
-
-    def __enter__(self) -> _StepLog:
-        logging.getLogger().addHandler(self._handler)
-        return self
-
-    def write_exception(self, error: BaseException) -> None:
-        self._handler.acquire()
-        try:
-            with open(self._local, "a", encoding="utf-8") as out:
-                self._handler.flush()
-                out.write("".join(traceback.format_exception(error)))
-        finally:
-            self._handler.release()
-
-    def upload(self) -> None:
-        with self._upload_lock:
-            self._handler.flush()
-            storage.upload_file(self._local, self.target)
-
-    def __exit__(self, *exc_info: object) -> None:
-        logging.getLogger().removeHandler(self._handler)
-        try:
-            self.upload()
-        finally:
-            self._handler.close()
-            os.unlink(self._local)

@@ -1,0 +1,79 @@
+"""Stopping a step's thread from outside: the user's Ctrl-C (`StopSignal`) and a lost lease.
+
+A step function is ordinary Python running in a worker thread; the only way to stop it without its
+cooperation is an exception raised asynchronously in that thread (`PyThreadState_SetAsyncExc`).
+`Interrupter` aims that exception at the thread only while the step function runs, so the runner's
+own bookkeeping (status writes, lease release) is never cut in half.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+
+class StepAborted(BaseException):
+    """Raised inside a step's thread when its lease is lost."""
+
+
+class StepInterrupted(BaseException):
+    """Raised inside a step's thread when the user interrupts the executor (Ctrl-C)."""
+
+
+class StopSignal:
+    """Set when the user interrupts a run: running steps are interrupted, waiting ones give up.
+
+    Each backend owns one; `run_step` registers the step it is running with it.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._running: set[Interrupter] = set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            for interrupter in self._running:
+                interrupter.interrupt(StepInterrupted)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, waking early if the signal is set."""
+        self._event.wait(seconds)
+
+    def register(self, interrupter: Interrupter) -> None:
+        with self._lock:
+            self._running.add(interrupter)
+            if self._event.is_set():
+                interrupter.interrupt(StepInterrupted)
+
+    def unregister(self, interrupter: Interrupter) -> None:
+        with self._lock:
+            self._running.discard(interrupter)
+
+
+class Interrupter:
+    """Raises an exception inside the step's thread, but only while the step function runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread_id: int | None = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._thread_id = threading.get_ident()
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            if self._thread_id is not None:
+                # Clear an interrupt that was sent but not yet raised: from here on we are our own code.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+            self._thread_id = None
+
+    def interrupt(self, exception: type[BaseException]) -> None:
+        with self._lock:
+            if self._thread_id is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(exception))
