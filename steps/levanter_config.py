@@ -6,11 +6,11 @@ FLOPs calculator) and data by the tokenize step's output folders; Levanter wants
 can never differ.
 
 The model is steps/moe_model.py's `MoeConfig`: Levanter's `qwen3_moe` (routed SwiGLU experts, top-k routing
-with renormalised weights, the HF load-balancing auxiliary loss) plus shared experts, a router z-loss and the
-aux-loss-free router-bias balancing. Every run gets that model, whatever its options, so that a checkpoint
-always has the same tree (the bias and expert loads are carried even when balancing is off) and evaluation
-routes exactly as training did. It has no latent projection and no sliding window, so a shape asking for
-them is refused rather than silently trained as something else.
+with renormalised weights, the HF load-balancing auxiliary loss) plus local sliding-window and global attention
+layers with their own KV widths, latent experts, shared experts, a router z-loss and the aux-loss-free
+router-bias balancing. Every run gets that model, whatever its options, so that a checkpoint always has the
+same tree (the bias and expert loads are carried even when balancing is off) and evaluation routes exactly as
+training did. It holds exactly the weights steps/model_size.py counts for the shape.
 
 Data: each component is a tokenize step's output (`train/` and `validation/` Levanter caches); Levanter
 opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never tokenizes at run time.
@@ -35,27 +35,11 @@ def qwen3_moe_config(
     router_bias_balancing: bool = False,
     router_z_loss_weight: float = 0.0,
 ) -> MoeConfig:
-    """The MoE model config for `shape` (Levanter's Qwen3-MoE, extended by steps/moe_model.py); a shape it
-    cannot express, or impossible options, raise ValueError naming `step`.
+    """The MoE model config for `shape` (Levanter's Qwen3-MoE, extended by steps/moe_model.py); an impossible
+    shape or options raise ValueError naming `step`.
 
     The tokenizer folder doubles as the HF reference checkpoint: Levanter builds an HF converter for every
     HF-compatible model and would otherwise fetch the Qwen3 reference's tokenizer from the hub."""
-    unsupported = {
-        "latent_dim": shape.latent_dim is not None,
-        "sliding_window": shape.sliding_window is not None,
-        "tied_embeddings": shape.tied_embeddings,
-        "kv_heads_local != kv_heads_global": shape.kv_heads_local != shape.kv_heads_global,
-    }
-    asked = [name for name, present in unsupported.items() if present]
-    if asked:
-        raise ValueError(
-            f"{step}: Levanter's qwen3_moe cannot express {', '.join(asked)} of {shape}; "
-            "use a shape without them (every layer global, experts on d_model)"
-        )
-    if shape.n_heads % shape.kv_heads_global:
-        raise ValueError(
-            f"{step}: n_heads={shape.n_heads} is not a multiple of kv_heads_global={shape.kv_heads_global}"
-        )
     try:
         return _moe_config(shape, tokenizer_path, router_aux_loss_coef, router_bias_balancing, router_z_loss_weight)
     except ValueError as error:
@@ -78,6 +62,11 @@ def _moe_config(
         num_heads=shape.n_heads,
         head_dim=shape.head_dim,
         num_kv_heads=shape.kv_heads_global,
+        num_kv_heads_local=shape.kv_heads_local,
+        sliding_window=shape.sliding_window,
+        global_every=shape.global_every,
+        expert_latent_dim=shape.latent_dim,
+        tie_word_embeddings=shape.tied_embeddings,
         num_experts=shape.n_experts,
         num_experts_per_tok=shape.top_k,
         router_aux_loss_coef=router_aux_loss_coef,
@@ -85,7 +74,6 @@ def _moe_config(
         router_z_loss_weight=router_z_loss_weight,
         num_shared_experts=shape.n_shared_experts,
         shared_expert_intermediate_dim=shape.shared_width if shape.n_shared_experts else 0,
-        max_window_layers=shape.n_layers,
         tokenizer=tokenizer_path,
         reference_checkpoint=tokenizer_path,
         # Rematerialisation trades compute for memory; tiny CPU runs have memory to spare.

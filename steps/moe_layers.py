@@ -1,0 +1,153 @@
+"""The layer stack of the MoE model: local (sliding-window) and global attention layers, scanned by period.
+
+Layer `i` (0-based) is global when `(i + 1) % global_every == 0` or it is the last layer; the others are
+local: they attend within `sliding_window` positions (Levanter's `AttentionConfig.sliding_window`, which
+narrows the causal `AttentionMask` the model is called with) and have `num_kv_heads_local` KV heads. Without
+a window every layer is global. This is steps/model_size.py's `MoeShape.is_global`, the calculator's rule.
+
+Local and global layers hold differently shaped K/V projections, so one `Stacked` cannot hold them all. The
+pattern repeats every `global_every` layers, so the stack is a `Stacked` of **periods**, each a `Stacked` of
+`global_every - 1` local layers followed by one global layer, plus a shorter **tail** period when the layer
+count is not a multiple (22 layers, every 4th global: five periods, then one local and the last, global).
+The compiled graph holds one period and the tail, whatever the depth (the hero's 48 layers are one scan over
+12 periods), and a checkpoint is one eqx tree like any other. Without a window the period is one global
+layer, so an all-global model is a plain scan over its layers.
+
+`MoeTransformer.layers_in_order` unstacks the tree (a model, or a gradient of one) into its layers in depth
+order, which is how the router figures name layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import equinox as eqx
+import haliax as hax
+import haliax.nn as hnn
+import jax
+import jax.random as jrandom
+from haliax import Axis, NamedArray
+from haliax.jax_utils import maybe_rng_split, shaped_rng_split
+from haliax.nn.scan import BlockSeq, Stacked
+from levanter.layers.attention import Attention, AttentionMask
+from levanter.models.qwen3_moe import Qwen3MoeDecoderLayer
+
+from steps.moe_block import MoeBlock
+
+if TYPE_CHECKING:
+    from steps.moe_model import MoeConfig
+
+Extras = dict[str, NamedArray]
+
+
+class MoeDecoderLayer(Qwen3MoeDecoderLayer):
+    """Qwen3's decoder layer around a `MoeBlock`, with local or global attention."""
+
+    config: MoeConfig = eqx.field(static=True)
+    mlp: MoeBlock
+
+    @staticmethod
+    def init(config: MoeConfig, is_global: bool, *, key: jax.Array) -> MoeDecoderLayer:
+        k_attn, k_mlp = jrandom.split(key, 2)
+        attention_config = config.attention_config()
+        if not is_global:
+            attention_config = dataclasses.replace(
+                attention_config, num_kv_heads=config.local_kv_heads, sliding_window=config.sliding_window
+            )
+        attention = Attention.init(attention_config, key=k_attn)
+        mlp = MoeBlock.init(config, key=k_mlp)
+        return MoeDecoderLayer(
+            config, attention, mlp, config.mk_LayerNorm(config.Embed), config.mk_LayerNorm(config.Embed)
+        )
+
+
+def _stack(config: MoeConfig) -> type[Stacked] | type[BlockSeq]:
+    return Stacked if config.scan_layers else BlockSeq
+
+
+def _sum_over(extras: Extras, axis: Axis) -> Extras:
+    return {name: hax.sum(term, axis=axis) for name, term in extras.items()}
+
+
+class MoePeriod(eqx.Module):
+    """`local` layers (none when the period is one layer) followed by one global layer."""
+
+    local: Stacked[MoeDecoderLayer] | BlockSeq[MoeDecoderLayer] | None
+    global_layer: MoeDecoderLayer
+
+    @staticmethod
+    def init(config: MoeConfig, num_local: int, *, key: jax.Array) -> MoePeriod:
+        k_local, k_global = jrandom.split(key, 2)
+        local = None
+        if num_local:
+            # Rematerialisation is the outer stack's (per period): nesting it would recompute twice.
+            local = _stack(config).init(Axis("local_layers", num_local), MoeDecoderLayer, gradient_checkpointing=False)(
+                config, False, key=shaped_rng_split(k_local, num_local)
+            )
+        return MoePeriod(local, MoeDecoderLayer.init(config, True, key=k_global))
+
+    def __call__(
+        self, x: NamedArray, mask: AttentionMask | None, *, key: jax.Array | None, pos_ids: NamedArray | None
+    ) -> tuple[NamedArray, Extras]:
+        k_local, k_global = maybe_rng_split(key, 2)
+        local_extras: Extras = {}
+        if self.local is not None:
+            keys = maybe_rng_split(k_local, self.local.Block.size) if k_local is not None else None
+            x, stacked = self.local.scan(x, mask=mask, key=keys, pos_ids=pos_ids)
+            local_extras = _sum_over(stacked, self.local.Block)
+        x, extras = self.global_layer(x, mask, key=k_global, pos_ids=pos_ids)
+        return x, {name: term + local_extras.get(name, 0.0) for name, term in extras.items()}
+
+    def layers_in_order(self) -> list[MoeDecoderLayer]:
+        local = list(self.local.unstacked()) if self.local is not None else []
+        return [*local, self.global_layer]
+
+
+class MoeTransformer(eqx.Module):
+    """The layer stack: `periods` (a stack of full periods) then `tail` (a shorter period), then the final
+    norm. Every per-layer loss term is summed over layers."""
+
+    config: MoeConfig = eqx.field(static=True)
+    periods: Stacked[MoePeriod] | BlockSeq[MoePeriod] | None
+    tail: MoePeriod | None
+    norm: hnn.RmsNorm
+
+    @staticmethod
+    def init(config: MoeConfig, *, key: jax.Array) -> MoeTransformer:
+        period = config.layers_per_period
+        num_periods, tail_layers = divmod(config.num_layers, period)
+        k_periods, k_tail = jrandom.split(key, 2)
+        periods = tail = None
+        if num_periods:
+            periods = _stack(config).init(
+                Axis("periods", num_periods), MoePeriod, gradient_checkpointing=config.gradient_checkpointing
+            )(config, period - 1, key=shaped_rng_split(k_periods, num_periods))
+        if tail_layers:
+            tail = MoePeriod.init(config, tail_layers - 1, key=k_tail)
+        return MoeTransformer(config, periods, tail, config.mk_LayerNorm(config.Embed))
+
+    def __call__(
+        self,
+        x: NamedArray,
+        attn_mask: AttentionMask | None,
+        *,
+        key: jax.Array | None,
+        pos_ids: NamedArray | None = None,
+    ) -> tuple[NamedArray, Extras]:
+        k_periods, k_tail = maybe_rng_split(key, 2)
+        extras: Extras = {}
+        if self.periods is not None:
+            keys = maybe_rng_split(k_periods, self.periods.Block.size) if k_periods is not None else None
+            x, stacked = self.periods.scan(x, mask=attn_mask, key=keys, pos_ids=pos_ids)
+            extras = _sum_over(stacked, self.periods.Block)
+        if self.tail is not None:
+            x, tail_extras = self.tail(x, attn_mask, key=k_tail, pos_ids=pos_ids)
+            extras = {name: term + extras.get(name, 0.0) for name, term in tail_extras.items()}
+        return self.norm(x), extras
+
+    def layers_in_order(self) -> list[MoeDecoderLayer]:
+        """Every decoder layer, first to last (slices of the stacked tree: for reading, not for training)."""
+        periods = list(self.periods.unstacked()) if self.periods is not None else []
+        tail = [self.tail] if self.tail is not None else []
+        return [layer for period in [*periods, *tail] for layer in period.layers_in_order()]
