@@ -24,7 +24,8 @@ from levanter.trainer_state import InsideJitInfo, TrainerState
 from test_moe_model import BATCH, SEQ, VOCAB, Vocab, batches, loss_fn, mesh  # noqa: F401 (mesh: a fixture)
 
 from steps.levanter_config import qwen3_moe_config
-from steps.model_size import MoeShape, active_params, total_params
+from steps.model_size import MoeShape, active_params, ladder_shape, total_params
+from steps.moe_block import RouterBalance
 from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, router_figures
 
 pytestmark = pytest.mark.training
@@ -43,10 +44,15 @@ def hero_config(shape: MoeShape = HERO_SHAPE) -> MoeConfig:
 
 
 def weight_count(tree: object) -> int:
-    """Trained weights: every inexact array but the carried router state (bias, loads)."""
-    layers = tree.transformer.layers_in_order() if isinstance(tree, MoeLMHeadModel) else []
-    carried = sum(leaf.size for layer in layers for leaf in jax.tree.leaves(layer.mlp.balance))
-    return sum(leaf.size for leaf in jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))) - carried
+    """Trained weights (arrays or abstract shapes): every floating leaf but the carried router state."""
+    balances = jax.tree.leaves(tree, is_leaf=lambda node: isinstance(node, RouterBalance))
+    carried = [leaf for balance in balances if isinstance(balance, RouterBalance) for leaf in jax.tree.leaves(balance)]
+
+    def size(leaves: list) -> int:
+        floating = [leaf for leaf in leaves if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+        return sum(int(np.prod(leaf.shape)) for leaf in floating)
+
+    return size(jax.tree.leaves(tree)) - size(carried)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -70,6 +76,18 @@ def test_parameter_counts_match_the_calculator(tied: bool) -> None:
     assert weight_count(model) - embeddings - idle == active_params(shape)
     assert layers[0].mlp.experts.gate_proj.weight.resolve_axis("latent").size == 16  # experts read the latent
     assert layers[0].mlp.shared.gate_proj.weight.resolve_axis("embed").size == 32  # shared experts read d_model
+
+
+@pytest.mark.parametrize(("d_model", "layers"), [(2048, 22), (6144, 48)])
+def test_full_scale_models_build_with_the_calculators_size(d_model: int, layers: int) -> None:
+    """The ladder's largest rung (five periods and a tail) and the hero, built abstractly (shapes only)."""
+    shape = ladder_shape(d_model, layers)
+    config = qwen3_moe_config(shape, tokenizer_path="unused", router_aux_loss_coef=None, step=f"train/d{d_model}",
+                              router_bias_balancing=True, router_z_loss_weight=1e-4)  # fmt: skip
+    model = eqx.filter_eval_shape(config.build, hax.Axis("vocab", shape.vocab_size), key=jax.random.PRNGKey(0))
+    assert weight_count(model) == total_params(shape)  # the hero: 535,192,737,792
+    assert model.transformer.periods.Block.size == layers // 4  # periods of local, local, local, global
+    assert (model.transformer.tail is not None) == (layers % 4 > 0)  # d2048: then one local and the last
 
 
 def test_local_layers_see_only_their_window() -> None:
