@@ -220,6 +220,7 @@ def _call_step_fn(task: StepTask, stop: StopSignal, interrupter: Interrupter) ->
         with interrupter:
             stop.register(interrupter)
             try:
+                storage.forget_listings(task.output_path, everything=True)
                 task.fn(task.config)
             finally:
                 stop.unregister(interrupter)

@@ -225,12 +225,36 @@ def list_names(path: str) -> list[str]:
         except FileNotFoundError:
             return []
 
-    entries = call_with_retry(listing, f"list {path}")
+    try:
+        entries = call_with_retry(listing, f"list {path}")
+    finally:
+        forget_listings(path)  # s3fs lists (and caches) the parent when `path` is empty
     return sorted(posixpath.basename(entry.rstrip("/")) for entry in entries)
 
 
 def _supports_refresh(fs: fsspec.AbstractFileSystem) -> bool:
     return not isinstance(fs, (LocalFileSystem, MemoryFileSystem))
+
+
+def forget_listings(path: str, everything: bool = False) -> None:
+    """Drop the listings this thread's client cached at, above and below `path` (all of them if `everything`).
+
+    fsspec keeps one client per thread, and s3fs / gcsfs answer `open`, `info` and `exists` from a cached
+    listing of the parent folder when they hold one: a file another worker wrote after that listing is
+    then "not found". So the executor's own listings leave nothing cached behind (a worker that polled a
+    dependency's lease folder must still see the output written later), and each step starts with no
+    cached listing at all (its thread may have listed anything, for an earlier step or while waiting).
+    """
+    fs, fs_path = filesystem(path)
+    if not _supports_refresh(fs):
+        return
+    if everything:
+        fs.invalidate_cache()
+        return
+    root = fs._strip_protocol(fs_path).rstrip("/")
+    fs.invalidate_cache(root)  # the folder and its ancestors
+    for key in [key for key in fs.dircache if key.startswith(root + "/")]:
+        fs.dircache.pop(key, None)
 
 
 def walk_files(path: str, skip: Callable[[str], bool] = lambda _name: False) -> list[tuple[str, int]]:
@@ -240,13 +264,15 @@ def walk_files(path: str, skip: Callable[[str], bool] = lambda _name: False) -> 
 
     def find() -> dict[str, Any]:
         try:
-            if _supports_refresh(fs):
-                fs.invalidate_cache(root)
+            forget_listings(path)
             return fs.find(root, detail=True)
         except FileNotFoundError:
             return {}
 
-    found = call_with_retry(find, f"walk {path}")
+    try:
+        found = call_with_retry(find, f"walk {path}")
+    finally:
+        forget_listings(path)  # find caches a listing of every folder it walked
     files = []
     for full, info in found.items():
         relative = full[len(root) :].lstrip("/")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
+from dataclasses import dataclass
 
+import fsspec
 import pytest
 from conftest import make_step, plant_crashed_holder, run_in_threads
 
-from executor import Executor, StepFailedError, read_status, storage
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, output_path_of, read_status, storage
 from executor.explain import explain_output
 from executor.lease import Lease, LeaseSettings
 from executor.records import verify_manifest
@@ -79,3 +82,66 @@ def test_a_stale_lease_is_taken_over_and_explain_diffs_versions(prefix, calls, f
     assert Lease(output, "observer", LeaseSettings()).current()["number"] == 1
     [other] = explain_output(output).others
     assert [(d.key, d.other, d.this) for d in other.differences] == [("config.text", "old", "new")]
+
+
+def _write_from_another_thread(path: str, text: str) -> None:
+    """A write by another worker: fsspec gives each thread its own client (and listing cache)."""
+    writer = threading.Thread(target=lambda: storage.write_atomic(path, text))
+    writer.start()
+    writer.join()
+
+
+def test_the_executors_listings_never_hide_a_file_written_later(prefix):
+    # A worker waiting for step `a` lists a's empty lease folder while a's folder holds only its WAITING
+    # status; s3fs then lists and caches a's folder. a's output, written later by another worker, must
+    # still be found by that worker when it runs a's dependent.
+    a = f"{prefix}/a"
+    storage.write_atomic(f"{a}/.executor_status", "{}\n")
+    assert storage.list_names(f"{a}/.executor_lease") == []
+    _write_from_another_thread(f"{a}/out.txt", "A")
+    with fsspec.open(f"{a}/out.txt", "r") as handle:
+        assert handle.read() == "A"
+    # The manifest's walk caches every folder it walked.
+    storage.write_atomic(f"{a}/sub/old.txt", "old")
+    assert [relative for relative, _ in storage.walk_files(a)] == [".executor_status", "out.txt", "sub/old.txt"]
+    _write_from_another_thread(f"{a}/sub/new.txt", "new")
+    assert fsspec.open(f"{a}/sub/new.txt", "r").open().read() == "new"
+
+
+@dataclass(frozen=True)
+class ListConfig:
+    folder: str
+
+
+def list_then_let_another_worker_write(config: ListConfig) -> None:
+    fs, path = fsspec.core.url_to_fs(config.folder)
+    assert [name.rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)] == ["old.txt"]  # user code; the client caches it
+    _write_from_another_thread(f"{config.folder}/new.txt", "new")
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    path: str
+    output_path: str
+    after: str
+    """The lister's output: a dependency, so the reader runs second."""
+
+
+def read_into_output(config: ReadConfig) -> None:
+    storage.write_atomic(f"{config.output_path}/copy.txt", fsspec.open(config.path, "r").open().read())
+
+
+def test_each_step_starts_with_no_cached_listing(prefix):
+    # Both steps run in the one worker thread (max_concurrent=1), so they share its fsspec client: the
+    # first step's listing must not make the second step miss a file written in between.
+    folder = f"{prefix}/shared"
+    storage.write_atomic(f"{folder}/old.txt", "old")
+    lister = ExecutorStep(name="lister", fn=list_then_let_another_worker_write, config=ListConfig(folder))
+    reader = ExecutorStep(
+        name="reader",
+        fn=read_into_output,
+        config=ReadConfig(f"{folder}/new.txt", THIS_OUTPUT_PATH, output_path_of(lister)),
+    )
+    executor = Executor(prefix)
+    executor.run([reader], max_concurrent=1)
+    assert storage.read_text(executor.output_paths[reader] + "/copy.txt") == "new"
