@@ -18,12 +18,8 @@ in a d/2 latent, 2 shared experts, sliding-window attention with every 4th layer
 hero's ~292 (their URLs are where such data lives; the real run listed each). Tiny scale keeps every step,
 edge and name; it swaps the data for offline text (steps/real_corpus.py: web <- docstrings of installed
 packages, code <- the stdlib, math <- sympy/mpmath/scipy docstrings, reference <- pydoc topics, books <-
-the KJV, eval sets quoting some of them) and the models for ones a CPU trains in a minute. The one extra
-step, `raw/offline_corpus`, stands in for the internet.
-
-Training at full scale needs what steps/levanter_config.py cannot express yet (latent expert projections
-and sliding-window layers): its train steps refuse to start with that message rather than train a
-different model. The plan, the FLOPs and the data half are the real thing.
+the KJV, eval sets quoting some of them) and the models for ones a CPU trains in a minute, of the same
+architecture (`tiny_shape`). The one extra step, `raw/real_corpus`, stands in for the internet.
 """
 
 from __future__ import annotations
@@ -151,30 +147,34 @@ def full_scale() -> Scale:
 
 
 def tiny_shape(d_model: int, layers: int, vocab_size: int) -> MoeShape:
-    """A shape steps/levanter_config.py trains as is: heads of 16, 8 experts (top-2), one shared expert."""
+    """The hero's recipe (`ladder_shape`) in small: heads of 8; KV heads 2 on local layers (window 16 of the
+    64-token sequence) and 1 on global ones (every 4th and the last); 8 routed experts (top-2), each a SwiGLU
+    of width d/2 inside a d/2 latent; two shared experts of width d/2."""
+    half = d_model // 2
     return MoeShape(
         d_model=d_model,
         n_layers=layers,
         vocab_size=vocab_size,
-        n_heads=d_model // 16,
-        head_dim=16,
-        kv_heads_local=1,
+        n_heads=d_model // 8,
+        head_dim=8,
+        kv_heads_local=2,
         kv_heads_global=1,
-        global_every=1,
-        sliding_window=None,
+        global_every=4,
+        sliding_window=16,
         n_experts=8,
         top_k=2,
-        expert_width=d_model,
-        latent_dim=None,
-        n_shared_experts=1,
-        shared_width=d_model,
+        expert_width=half,
+        latent_dim=half,
+        n_shared_experts=2,
+        shared_width=half,
         seq_len=64,
     )
 
 
 TINY_VOCAB = 1024
-TINY_RUNGS = (("d768", 32, 1, 30), ("d1024", 48, 1, 45), ("d1536", 64, 2, 60), ("d2048", 96, 2, 80))
-"""(rung it stands for, d_model, layers, steps), batch 8 of 64 tokens."""
+TINY_RUNGS = (("d768", 32, 2, 30), ("d1024", 48, 2, 45), ("d1536", 64, 2, 60), ("d2048", 96, 2, 80))
+"""(rung it stands for, d_model, layers, steps), batch 8 of 64 tokens. Two layers, so that every model has a
+local layer and a global one (the last)."""
 TINY_HERO = ("d6144", 128, 2, 120)
 
 

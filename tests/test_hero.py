@@ -11,6 +11,8 @@ from test_model_size import PUBLISHED
 
 from executor.plan import build_plan
 from experiments import hero_535b
+from steps.levanter_config import qwen3_moe_config
+from steps.model_size import total_params
 
 RUNG_NAMES = ["d768", "d1024", "d1536", "d2048", "d6144"]
 STANDS_FOR_THE_INTERNET = "raw/real_corpus"
@@ -64,3 +66,20 @@ def test_full_train_steps_ask_for_accelerators_and_tiny_ones_for_none() -> None:
     for rung, step in full.trains.values():
         assert step.resources.gpus >= 8 and step.resources.accelerator_type == "H100", rung.name
     assert all(step.resources.gpus == 0 for _rung, step in tiny.trains.values())
+
+
+def test_tiny_models_have_the_heros_architecture() -> None:
+    """`make demo` trains the hero's kind of model in small: a local layer and a global last one, local layers
+    with more KV heads than global ones, routed experts of width d/2 inside a d/2 latent, two shared experts."""
+    tiny, full = hero_535b.tiny_scale(), hero_535b.full_scale()
+    for small, large in zip((*tiny.rungs, tiny.hero), (*full.rungs, full.hero), strict=True):
+        shape, reference = small.shape, large.shape
+        is_global = [shape.is_global(layer) for layer in range(shape.n_layers)]
+        assert not all(is_global) and is_global[-1], small.name
+        assert shape.sliding_window is not None and shape.sliding_window < shape.seq_len
+        assert shape.kv_heads_local > shape.kv_heads_global  # d/512 vs d/1024 at full scale (equal below d1024)
+        assert shape.latent_dim == shape.expert_width == shape.shared_width == shape.d_model // 2
+        assert reference.latent_dim == reference.expert_width == reference.shared_width == reference.d_model // 2
+        assert (shape.global_every, shape.n_shared_experts) == (reference.global_every, reference.n_shared_experts)
+        config = qwen3_moe_config(shape, tokenizer_path="unused", router_aux_loss_coef=None, step=small.name)
+        assert config.total_trainable_params(shape.vocab_size) == total_params(shape)
