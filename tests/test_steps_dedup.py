@@ -14,7 +14,7 @@ from steps.dedup_eval import evaluate_fuzzy_dedup
 from steps.dedup_exact import ExactDedupConfig, _cut, exact_dedup, paragraph_spans
 from steps.dedup_fuzzy import FuzzyDedupConfig, bucket_pairs, fuzzy_dedup
 from steps.documents import ReadReport, list_input_files, read_documents, read_shard_table
-from steps.minhash import MinHasher, jaccard, normalize, shingles
+from steps.minhash import MinHasher, jaccard, normalize, normalized_bytes, shingles
 from steps.real_corpus import RealCorpusConfig, build_real_corpus, read_ground_truth
 
 
@@ -45,6 +45,17 @@ def test_normalisation_turns_punctuation_into_spaces_and_folds_diacritics():
     assert normalize("Café NAÏVE").split() == normalize("cafe\u0301 naive").split() == ["cafe", "naive"]
     assert jaccard("a state-of-the-art model, for x=1+2 here", "A state of the art model for x = 1 + 2 here") == 1.0
     assert jaccard("one two three four five six", "one two three four five sixty") < 1.0
+
+
+def test_batch_normalisation_is_normalize_on_every_text():
+    # Shingling normalizes a whole batch at once (numbers collapsed in numpy, not by a regex per text).
+    texts = [
+        "1,000.5 apples", "x=1+2", "a1b22c333", "1..2", ".5", "5.", "3,", ",3", "\u0663\u0664 and \u0661,\u0662",
+        "v2.0.1-rc", "pi 3.14159, e 2.71", "", "   ", "00.00,00", "a.b,c", "1\n2", "Café 1.2.3 NAÏVE", "9",
+    ]  # fmt: skip
+    expected = ("\n".join(normalize(text) for text in texts) + "\n").encode()
+    assert normalized_bytes(texts).tobytes() == expected
+    assert normalize("\u0663\u0664 and \u0661,\u0662 1..2").split() == ["0", "and", "0", "0", "0"]
 
 
 def test_minhash_estimates_jaccard():
