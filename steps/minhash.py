@@ -151,17 +151,22 @@ def _position_constants(n_grams: int) -> np.ndarray:
     return generator.integers(0, 2**63, size=n_grams, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
-_POWERS: dict[str, np.ndarray] = {}
+_POWER_TABLES = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
 
 
 def _powers(length: int) -> tuple[np.ndarray, np.ndarray]:
-    """B^k and B^-k (mod 2^64) for k in [0, length]; kept for the next batch (cumprod is a slow serial pass)."""
-    if len(_POWERS.get("forward", ())) <= length:
+    """B^k and B^-k (mod 2^64) for k in [0, length]; kept for the next batch (cumprod is a slow serial pass).
+
+    Shards may hash in threads: the pair is read and replaced as one tuple, never one table at a time."""
+    global _POWER_TABLES
+    forward, backward = _POWER_TABLES
+    if len(forward) <= length:
         inverse = np.uint64(pow(int(_BASE), -1, 1 << 64))
         one = np.ones(1, dtype=np.uint64)
-        _POWERS["forward"] = np.concatenate([one, np.cumprod(np.full(length, _BASE, dtype=np.uint64))])
-        _POWERS["backward"] = np.concatenate([one, np.cumprod(np.full(length, inverse, dtype=np.uint64))])
-    return _POWERS["forward"][: length + 1], _POWERS["backward"][: length + 1]
+        forward = np.concatenate([one, np.cumprod(np.full(length, _BASE, dtype=np.uint64))])
+        backward = np.concatenate([one, np.cumprod(np.full(length, inverse, dtype=np.uint64))])
+        _POWER_TABLES = forward, backward
+    return forward[: length + 1], backward[: length + 1]
 
 
 def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
