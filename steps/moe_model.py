@@ -1,7 +1,8 @@
 """The MoE language model the train step builds: Levanter's qwen3_moe plus what the hero run used.
 
-Attention, experts, the token permutation and the LM head are Levanter's `qwen3_moe` classes, subclassed;
-this module and its two parts add, each an option of `MoeConfig`:
+Attention, experts and the LM head are Levanter's `qwen3_moe` classes, subclassed (its token permutation is
+rewritten for any feature axis, the latent included); this module and its two parts add, each an option of
+`MoeConfig`:
 
 - **Local and global attention layers** (`sliding_window`, `global_every`, `num_kv_heads_local`;
   steps/moe_layers.py): every `global_every`-th layer and the last attend over the whole sequence with

@@ -230,6 +230,10 @@ def test_train_shape_builds_the_moe_config() -> None:
         (dict(num_shared_experts=2, shared_expert_intermediate_dim=0), "shared experts"),
         (dict(num_shared_experts=0, shared_expert_intermediate_dim=16), "shared experts"),
         (dict(dense_router_gradient=True), "dense_router_gradient"),
+        (dict(sliding_window=8, global_every=0), "global_every"),
+        (dict(sliding_window=0), "sliding_window"),
+        (dict(expert_latent_dim=0), "expert_latent_dim"),
+        (dict(sliding_window=8, global_every=2, num_kv_heads_local=3), "num_kv_heads_local=3"),
     ],
 )
 def test_impossible_configs_are_refused(changes: dict, message: str) -> None:
