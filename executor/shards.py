@@ -20,9 +20,10 @@ shard is redone; a forced run that is interrupted and resumed keeps its own shar
 manifest reuses the markers' checksums instead of reading every file again. While shards run,
 `<output>/.executor_progress` holds shards done / total, rows and bytes for `status` and the dashboard.
 
-Shards run in Ray tasks when Ray is initialized (the `ray` backend), else in a process pool
-(functions must be importable, i.e. module-level; the pool's workers are kept for the next call),
-or in threads for I/O-bound work.
+Shards run in Ray tasks when Ray is initialized (the `ray` backend; executor/shards_ray.py), else in a
+process pool (functions must be importable, i.e. module-level; the pool's workers are kept for the next
+call), or in threads for I/O-bound work. A step that sizes its shards for a memory budget passes it
+(`memory_bytes`): Ray reserves it per task, and a local pool runs no more shards at once than fit in RAM.
 """
 
 from __future__ import annotations
@@ -226,8 +227,12 @@ def run_sharded(
     max_workers: int | None = None,
     retry: RetryPolicy | None = None,
     description: str | None = None,
+    memory_bytes: int | None = None,
 ) -> ShardReport:
-    """Run `fn` on every shard not yet committed under `output_path`; raise if any shard fails."""
+    """Run `fn` on every shard not yet committed under `output_path`; raise if any shard fails.
+
+    `memory_bytes`: the working set one shard is sized for. Ray reserves it for each shard task (a node
+    runs only as many as its memory holds); a local pool runs no more shards at once than fit in RAM."""
     ids = [shard.shard_id for shard in shards]
     bad = [shard_id for shard_id in ids if not _SHARD_ID.match(shard_id)]
     if bad:
@@ -249,7 +254,8 @@ def run_sharded(
     progress = _Progress(output_path, report, description)
     try:
         chosen = _choose_parallelism(parallelism)
-        for marker in _execute(output_path, pending, fn, retry, generation, chosen, max_workers):
+        workers = _memory_cap(max_workers, memory_bytes) if chosen != "ray" else max_workers
+        for marker in _execute(output_path, pending, fn, retry, generation, chosen, workers, memory_bytes):
             if marker is None:
                 progress.update()
                 continue
@@ -275,6 +281,14 @@ def _current_markers(output_path: str, generation: int | None) -> dict[str, dict
     return {shard_id: marker for shard_id, marker in markers.items() if shard_id not in outdated}
 
 
+def _memory_cap(max_workers: int | None, memory_bytes: int | None) -> int | None:
+    """`max_workers`, lowered so that that many shards of `memory_bytes` each fit in this machine's RAM."""
+    if memory_bytes is None:
+        return max_workers
+    fitting = max(1, (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // memory_bytes)
+    return min(max_workers or os.cpu_count() or 1, fitting)
+
+
 def _execute(
     output_path: str,
     pending: list[Shard],
@@ -283,12 +297,15 @@ def _execute(
     generation: int | None,
     parallelism: str,
     max_workers: int | None,
+    memory_bytes: int | None,
 ) -> Iterator[dict[str, Any] | None]:
     """Markers of shards as they commit, and None now and then while none does."""
     if not pending:
         return
     if parallelism == "ray":
-        yield from _execute_ray(output_path, pending, fn, retry, generation, max_workers)
+        from executor.shards_ray import execute_ray
+
+        yield from execute_ray(output_path, pending, fn, retry, generation, max_workers, memory_bytes)
         return
     workers = max(1, min(max_workers or os.cpu_count() or 1, len(pending)))
     if parallelism == "thread":
@@ -392,39 +409,6 @@ class _ProcessPools:
 
 
 _PROCESS_POOLS = _ProcessPools()
-
-
-def _execute_ray(
-    output_path: str,
-    pending: list[Shard],
-    fn: ShardFn,
-    retry: RetryPolicy,
-    generation: int | None,
-    max_workers: int | None,
-) -> Iterator[dict[str, Any] | None]:
-    import ray
-
-    remote = ray.remote(run_one_shard).options(num_cpus=1, max_retries=retry.max_attempts, retry_exceptions=False)
-    queue = list(reversed(pending))
-    running: list[Any] = []
-    failure: BaseException | None = None
-    while queue or running:
-        # Recomputed as the autoscaler adds nodes: keep every CPU of the cluster busy, plus a queue.
-        limit = max_workers or max(2, int(ray.cluster_resources().get("CPU", 1)) * 2)
-        while queue and failure is None and len(running) < limit:
-            running.append(remote.remote(output_path, queue.pop(), fn, retry, generation))
-        done, running = ray.wait(running, num_returns=1, timeout=PROGRESS_INTERVAL_S)
-        if not done:
-            yield None
-        for ref in done:
-            try:
-                yield ray.get(ref)
-            except ray.exceptions.RayTaskError as error:
-                failure = failure or error.as_instanceof_cause()
-            except Exception as error:  # a lost worker past its retries
-                failure = failure or error
-        if failure is not None and not running:
-            raise failure
 
 
 class _Progress:

@@ -10,22 +10,39 @@ is how a consumer learns which producers sent it anything. The reads then go out
 
 Partition counts (hash ranges, node partitions, exact-dedup partitions) default to a size derived
 from the input so that no shard's working set exceeds a memory budget: see `partitions_for` and the
-memory model in `steps/README.md`.
+memory model in `steps/README.md`. Each stage runs through `run_stage`, which hands that budget to
+`run_sharded`: Ray reserves it per shard task, so a node never starts more shards than its memory holds.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from executor import storage
-from executor.shards import ShardWriter
+from executor.shards import Shard, ShardFn, ShardReport, ShardWriter, run_sharded
 
 DEFAULT_SHARD_MEMORY_BYTES = 2 * 1024**3
 """The working set a shard of a data step is sized to stay under, unless its config says otherwise."""
+
+
+class StageSettings(Protocol):
+    @property
+    def parallelism(self) -> str: ...
+    @property
+    def shard_memory_bytes(self) -> int: ...
+
+
+def run_stage(
+    config: StageSettings, folder: str, shards: Sequence[Shard], fn: ShardFn, description: str
+) -> ShardReport:
+    """`run_sharded` with the step's parallelism and its shards' memory budget."""
+    return run_sharded(folder, shards, fn, parallelism=config.parallelism, memory_bytes=config.shard_memory_bytes,
+                       description=description)  # fmt: skip
 
 
 def save_arrays(writer: ShardWriter, relative: str, **arrays: np.ndarray) -> None:

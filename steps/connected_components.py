@@ -126,25 +126,32 @@ def _round_shard(payload: _RoundPayload, writer: ShardWriter) -> dict[str, int]:
 
 
 def _run_round(work_path: str, number: int, input_folder: str, kind: str, partitions: int,
-               parallelism: str) -> tuple[str, int]:  # fmt: skip
+               parallelism: str, memory_bytes: int | None) -> tuple[str, int]:  # fmt: skip
     folder = storage.join(work_path, f"round-{number:03d}-{kind}")
     shards = [Shard(_partition_name(p), _RoundPayload(input_folder, p, partitions, kind)) for p in range(partitions)]
-    report = run_sharded(folder, shards, _round_shard, parallelism=parallelism,
-                         description=f"components round {number} ({kind} star)")
+    report = run_sharded(
+        folder,
+        shards,
+        _round_shard,
+        parallelism=parallelism,
+        memory_bytes=memory_bytes,
+        description=f"components round {number} ({kind} star)",
+    )
     violations = sum(marker["stats"].get("violations", 0) for marker in report.markers.values())
     return folder, violations
 
 
 def connected_components(work_path: str, edges_folder: str, partitions: int, max_rounds: int = 64,
-                         parallelism: str = "auto") -> str:  # fmt: skip
-    """Run rounds until the edges under `edges_folder` form stars; returns the converged folder."""
+                         parallelism: str = "auto", memory_bytes: int | None = None) -> str:  # fmt: skip
+    """Run rounds until the edges under `edges_folder` form stars; returns the converged folder.
+    `memory_bytes`: what one partition's shard is sized for (see `run_sharded`)."""
     folder = edges_folder
     for number in range(max_rounds):
-        output, violations = _run_round(work_path, 2 * number, folder, "large", partitions, parallelism)
+        output, violations = _run_round(work_path, 2 * number, folder, "large", partitions, parallelism, memory_bytes)
         logger.info("components round %d: %d violating node(s)", number, violations)
         if violations == 0:
             return folder
-        folder, _ = _run_round(work_path, 2 * number + 1, output, "small", partitions, parallelism)
+        folder, _ = _run_round(work_path, 2 * number + 1, output, "small", partitions, parallelism, memory_bytes)
     raise ComponentsDidNotConvergeError(f"{work_path}: no convergence in {max_rounds} rounds; see its round-* folders")
 
 

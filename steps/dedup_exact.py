@@ -36,8 +36,8 @@ import pyarrow as pa
 import xxhash
 
 from executor import storage
-from executor.shards import Shard, ShardWriter, run_sharded
-from steps.arrays import DEFAULT_SHARD_MEMORY_BYTES, column, load_routed, partitions_for, save_routed
+from executor.shards import Shard, ShardWriter
+from steps.arrays import DEFAULT_SHARD_MEMORY_BYTES, column, load_routed, partitions_for, run_stage, save_routed
 from steps.documents import (
     MEAN_DOC_BYTES_FLOOR,
     FileShard,
@@ -219,13 +219,10 @@ def exact_dedup(config: ExactDedupConfig) -> None:
     per_file = file_shards(config, files)
     hashes_folder = storage.join(work, "hashes")
     hash_shards = [Shard(shard.shard_id, _HashPayload(shard.payload, partitions)) for shard in per_file]
-    run_sharded(hashes_folder, hash_shards, _hash_shard, parallelism=config.parallelism,
-                description="exact dedup: hash")  # fmt: skip
+    run_stage(config, hashes_folder, hash_shards, _hash_shard, "exact dedup: hash")
     partition_shards = [Shard(_partition_name(p), _PartitionPayload(hashes_folder, p)) for p in range(partitions)]
-    run_sharded(storage.join(work, "removals"), partition_shards, _resolve_shard, parallelism=config.parallelism,
-                description="exact dedup: resolve")  # fmt: skip
-    report = run_sharded(config.output_path, per_file, _rewrite_shard, parallelism=config.parallelism,
-                         description="exact dedup: rewrite")  # fmt: skip
+    run_stage(config, storage.join(work, "removals"), partition_shards, _resolve_shard, "exact dedup: resolve")
+    report = run_stage(config, config.output_path, per_file, _rewrite_shard, "exact dedup: rewrite")
     stats = merge_stats(report)
     stats["layout"] = {"partitions": partitions}
     stats["settings"] = {"paragraphs": config.paragraphs, "min_paragraph_chars": config.min_paragraph_chars}

@@ -52,13 +52,14 @@ import numpy as np
 import pyarrow as pa
 
 from executor import storage
-from executor.shards import Shard, ShardWriter, run_sharded
+from executor.shards import Shard, ShardWriter
 from steps.arrays import (
     DEFAULT_SHARD_MEMORY_BYTES,
     column,
     load_arrays,
     load_routed,
     partitions_for,
+    run_stage,
     save_arrays,
     save_routed,
 )
@@ -317,12 +318,10 @@ def _verify(config: FuzzyDedupConfig, files: int, candidates_folder: str, node_p
     routed_folder, edges_folder = storage.join(work, "verify-first"), storage.join(work, "edges")
     first_shards = [Shard(_shard_name(i), _VerifyPayload(config, i, candidates_folder, node_partitions))
                     for i in range(files)]  # fmt: skip
-    routed = run_sharded(routed_folder, first_shards, _verify_first_shard, parallelism=config.parallelism,
-                         description="verify pairs (first side)")  # fmt: skip
+    routed = run_stage(config, routed_folder, first_shards, _verify_first_shard, "verify pairs (first side)")
     second_shards = [Shard(_shard_name(i), _VerifyPayload(config, i, routed_folder, node_partitions))
                      for i in range(files)]  # fmt: skip
-    verified = run_sharded(edges_folder, second_shards, _verify_second_shard, parallelism=config.parallelism,
-                           description="verify pairs (second side)")  # fmt: skip
+    verified = run_stage(config, edges_folder, second_shards, _verify_second_shard, "verify pairs (second side)")
     counts = {"candidate_pairs": sum(marker["stats"]["candidate_pairs"] for marker in routed.markers.values())}
     for name in ("verified_pairs", "rejected_pairs"):
         counts[name] = sum(marker["stats"][name] for marker in verified.markers.values())
@@ -335,14 +334,12 @@ def _candidates(config: FuzzyDedupConfig, files: list[str], hash_ranges: int) ->
     minhash_folder, candidates_folder = storage.join(work, "minhash"), storage.join(work, "candidates")
     signature_shards = [Shard(shard.shard_id, _SignaturePayload(shard.payload, hash_ranges))
                         for shard in file_shards(config, files)]  # fmt: skip
-    signed = run_sharded(minhash_folder, signature_shards, _signature_shard, parallelism=config.parallelism,
-                         description="minhash signatures")  # fmt: skip
+    signed = run_stage(config, minhash_folder, signature_shards, _signature_shard, "minhash signatures")
     buckets_folder = storage.join(minhash_folder, "buckets")
     partitions = itertools.starmap(_bucket_name, itertools.product(range(config.bands), range(hash_ranges)))
     pairs_up_to = config.all_pairs_bucket_size
     bucket_shards = [Shard(name, _BucketPayload(buckets_folder, name, pairs_up_to)) for name in partitions]
-    run_sharded(candidates_folder, bucket_shards, _bucket_shard, parallelism=config.parallelism,
-                description="lsh buckets")  # fmt: skip
+    run_stage(config, candidates_folder, bucket_shards, _bucket_shard, "lsh buckets")
     unsigned = sum(marker["stats"]["docs_without_signature"] for marker in signed.markers.values())
     return candidates_folder, unsigned
 
@@ -356,12 +353,11 @@ def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
     candidates_folder, unsigned = _candidates(config, files, hash_ranges)
     edges_folder, pair_counts = _verify(config, len(files), candidates_folder, node_partitions)
     converged = connected_components(storage.join(work, "components"), edges_folder, node_partitions,
-                                     parallelism=config.parallelism)  # fmt: skip
+                                     parallelism=config.parallelism,
+                                     memory_bytes=config.shard_memory_bytes)  # fmt: skip
     assign_shards = [Shard(f"{p:04d}", _AssignPayload(converged, p)) for p in range(node_partitions)]
-    run_sharded(storage.join(work, "assign"), assign_shards, _assign_shard, parallelism=config.parallelism,
-                description="cluster assignment")  # fmt: skip
-    filter_report = run_sharded(config.output_path, file_shards(config, files), _filter_shard,
-                                parallelism=config.parallelism, description="fuzzy filter")  # fmt: skip
+    run_stage(config, storage.join(work, "assign"), assign_shards, _assign_shard, "cluster assignment")
+    filter_report = run_stage(config, config.output_path, file_shards(config, files), _filter_shard, "fuzzy filter")
     stats = merge_stats(filter_report)
     stats.update(pair_counts)
     stats["docs_without_signature"] = unsigned

@@ -9,6 +9,7 @@ shard's marker already existed when it started: a committed shard must never run
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -139,3 +140,18 @@ def manifest_digests(output_path: str) -> dict[str, str]:
     manifest = storage.read_json(storage.join(output_path, ".executor_manifest"))
     assert manifest is not None, f"{output_path} has no manifest"
     return {entry["path"]: entry["sha256"] for entry in manifest["files"]}
+
+
+def timed_shard(sleep_s: float, out: ShardWriter) -> dict:
+    """Sleeps; its marker's stats say when it ran (to tell shards that ran at once from shards that took turns)."""
+    start = time.time()
+    time.sleep(sleep_s)
+    return {"start": start, "end": time.time()}
+
+
+def ran_at_once(output_path: str, sleep_s: float = 0.6, memory_bytes: int | None = None, **options) -> bool:
+    """Runs three `timed_shard`s; whether any two of them overlapped in time."""
+    shards = [Shard(f"s{index}", sleep_s) for index in range(3)]
+    report = run_sharded(output_path, shards, timed_shard, memory_bytes=memory_bytes, **options)
+    spans = sorted((marker["stats"]["start"], marker["stats"]["end"]) for marker in report.markers.values())
+    return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))

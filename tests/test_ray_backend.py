@@ -110,3 +110,12 @@ def test_ray_runs_as_many_steps_at_once_as_the_cluster_takes(tmp_path, local_ray
     executor = Executor(str(tmp_path / "out"), backend="ray")
     executor.run(steps)
     assert all(read_status(executor.output_paths[step]) == "SUCCESS" for step in steps)
+
+
+def test_shard_tasks_reserve_their_memory_budget(tmp_path, local_ray):
+    # Two CPUs, but memory for only one shard at a time: Ray must run the shards one after the other.
+    node_memory = min(node["Resources"]["memory"] for node in local_ray.nodes() if node["Alive"])
+    assert sharded_steps.ran_at_once(str(tmp_path / "free"), parallelism="ray")
+    assert not sharded_steps.ran_at_once(
+        str(tmp_path / "budget"), parallelism="ray", memory_bytes=int(0.6 * node_memory)
+    )

@@ -181,3 +181,15 @@ def test_a_worker_pool_in_use_survives_an_environment_change(monkeypatch):
         pools.release(second)
     finally:
         pools.shutdown()
+
+
+def test_a_local_pool_runs_no_more_shards_at_once_than_fit_in_memory(tmp_path):
+    import os
+
+    import sharded_steps
+
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert sharded_steps.ran_at_once(str(tmp_path / "free"), parallelism="thread", max_workers=3)
+    assert not sharded_steps.ran_at_once(
+        str(tmp_path / "budget"), parallelism="thread", max_workers=3, memory_bytes=int(0.6 * ram)
+    )
