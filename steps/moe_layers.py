@@ -13,6 +13,9 @@ The compiled graph holds one period and the tail, whatever the depth (the hero's
 12 periods), and a checkpoint is one eqx tree like any other. Without a window the period is one global
 layer, so an all-global model is a plain scan over its layers.
 
+Levanter's GPU default kernel (NVTE) ignores sliding windows, so local layers run its JAX flash attention on
+GPUs (`windowed_backend`); global layers keep the configured kernel.
+
 `MoeTransformer.layers_in_order` unstacks the tree (a model, or a gradient of one) into its layers in depth
 order, which is how the router figures name layers.
 """
@@ -30,7 +33,7 @@ import jax.random as jrandom
 from haliax import Axis, NamedArray
 from haliax.jax_utils import maybe_rng_split, shaped_rng_split
 from haliax.nn.scan import BlockSeq, Stacked
-from levanter.layers.attention import Attention, AttentionMask
+from levanter.layers.attention import Attention, AttentionBackend, AttentionMask, default_attention_type
 from levanter.models.qwen3_moe import Qwen3MoeDecoderLayer
 
 from steps.moe_block import MoeBlock
@@ -53,13 +56,24 @@ class MoeDecoderLayer(Qwen3MoeDecoderLayer):
         attention_config = config.attention_config()
         if not is_global:
             attention_config = dataclasses.replace(
-                attention_config, num_kv_heads=config.local_kv_heads, sliding_window=config.sliding_window
+                attention_config,
+                num_kv_heads=config.local_kv_heads,
+                sliding_window=config.sliding_window,
+                attn_backend=windowed_backend(attention_config.attn_backend),
             )
         attention = Attention.init(attention_config, key=k_attn)
         mlp = MoeBlock.init(config, key=k_mlp)
         return MoeDecoderLayer(
             config, attention, mlp, config.mk_LayerNorm(config.Embed), config.mk_LayerNorm(config.Embed)
         )
+
+
+def windowed_backend(backend: AttentionBackend | None) -> AttentionBackend | None:
+    """The attention backend for a local layer: Levanter's NVTE kernel (Transformer Engine, its default on
+    GPUs) hands Transformer Engine a plain causal mask and drops the window, so local layers use Levanter's
+    JAX flash attention there instead; its TPU splash kernel and its JAX flash kernel honour the window."""
+    resolved = default_attention_type() if backend in (None, AttentionBackend.DEFAULT) else backend
+    return AttentionBackend.JAX_FLASH if resolved == AttentionBackend.NVTE else backend
 
 
 def _stack(config: MoeConfig) -> type[Stacked] | type[BlockSeq]:

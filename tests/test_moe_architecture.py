@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from levanter.checkpoint import load_checkpoint, save_checkpoint
-from levanter.layers.attention import AttentionMask
+from levanter.layers.attention import AttentionBackend, AttentionMask
 from levanter.models.lm_model import LmExample
 from levanter.optim.config import AdamConfig
 from levanter.trainer_state import InsideJitInfo, TrainerState
@@ -26,6 +26,7 @@ from test_moe_model import BATCH, SEQ, VOCAB, Vocab, batches, loss_fn, mesh  # n
 from steps.levanter_config import qwen3_moe_config
 from steps.model_size import MoeShape, active_params, ladder_shape, total_params
 from steps.moe_block import RouterBalance
+from steps.moe_layers import windowed_backend
 from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, router_figures
 
 pytestmark = pytest.mark.training
@@ -111,6 +112,17 @@ def test_local_layers_see_only_their_window() -> None:
         assert moves(local, inside) and not moves(local, outside) and not moves(local, 0)
     for global_layer in GLOBAL_LAYERS:
         assert moves(global_layer, outside) and moves(global_layer, 0)
+
+
+def test_local_layers_avoid_the_kernel_that_drops_windows() -> None:
+    """Levanter's NVTE kernel (its GPU default) gives Transformer Engine a plain causal mask: local layers
+    asking for it get JAX flash attention instead, global layers keep it. (No GPU here: the choice is checked.)"""
+    config = dataclasses.replace(hero_config(), attn_backend=AttentionBackend.NVTE)
+    periods = eqx.filter_eval_shape(config.build, Vocab, key=jax.random.PRNGKey(0)).transformer.periods.stacked
+    assert periods.local.stacked.self_attn.config.attn_backend == AttentionBackend.JAX_FLASH
+    assert periods.global_layer.self_attn.config.attn_backend == AttentionBackend.NVTE
+    assert windowed_backend(AttentionBackend.SPLASH) == AttentionBackend.SPLASH
+    assert windowed_backend(None) is None  # on CPU the default is JAX flash, which honours windows
 
 
 @pytest.fixture(scope="module")
