@@ -130,6 +130,7 @@ def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True,
         description="Exact dedup of documents" + (" and paragraphs" if paragraphs else ""),
         config=ExactDedupConfig(input_paths=[_docs_of(step) for step in inputs], paragraphs=versioned(paragraphs),
                                 min_paragraph_chars=versioned(64), output_path=THIS_OUTPUT_PATH),
+        code_version="2",  # 2: CRLF and CR line endings split paragraphs
     )
 
 
@@ -144,6 +145,7 @@ def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6
                                 rows=versioned(rows), seed=versioned(1), jaccard_threshold=versioned(jaccard_threshold),
                                 all_pairs_bucket_size=versioned(32), raw_input=False,
                                 output_path=THIS_OUTPUT_PATH),
+        code_version="2",  # 2: normalization turns punctuation into spaces and folds diacritics
     )
 
 
@@ -157,6 +159,7 @@ def default_decontaminate(input_step: ExecutorStep, eval_sets: Sequence[Any], n_
         config=DecontaminateConfig(input_paths=[_docs_of(input_step)], eval_paths=list(eval_sets),
                                    n_grams=versioned(n_grams), threshold=versioned(threshold),
                                    output_path=THIS_OUTPUT_PATH),
+        code_version="2",  # 2: the new normalization; eval items shorter than n_grams are matched whole
     )
 
 
@@ -183,7 +186,8 @@ def default_quality_classifier(positive: Any, negative: Any) -> ExecutorStep:
                                      epochs=versioned(5), dim=versioned(32), bucket=versioned(100_000),
                                      output_path=THIS_OUTPUT_PATH),
         # 2: trained in a fresh process, no longer from fastText's uninitialized embedding rows.
-        code_version="2",
+        # 3: held-out split by normalized-text hash (copies of a text on one side); unknown labels refused.
+        code_version="3",
     )
 
 
@@ -196,6 +200,7 @@ def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_
         description=f"Keep the top {keep_fraction:.0%} by fastText score",
         config=FasttextFilterConfig(input_paths=[_docs_of(input_step)], model_path=output_path_of(model),
                                     keep_fraction=versioned(keep_fraction), output_path=THIS_OUTPUT_PATH),
+        code_version="2",  # 2: an exact threshold, so the kept share is met on saturated scores
     )
 
 
