@@ -137,6 +137,9 @@ def default_train(
             prediction_path=None if prediction is None else output_path_of(prediction),
         ),
         resources=rung.resources,
+        # 2: the model holds local/global layer periods and latent experts, without QK-norm: checkpoints of
+        # earlier runs have another tree and cannot be resumed.
+        code_version="2",
     )
 
 

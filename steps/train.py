@@ -41,6 +41,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -292,10 +293,29 @@ def _local_dir(output_path: str, name: str) -> str:
     return folder
 
 
+_ONE_RUN_PER_PROCESS = threading.Lock()
+
+
 @contextlib.contextmanager
 def training_environment(output_path: str) -> Iterator[None]:
     """The process environment Levanter and wandb read, for one run: offline hub and wandb (unless the caller
-    set WANDB_MODE), wandb files under the output path, and a throwaway MARIN_PREFIX. Restored after."""
+    set WANDB_MODE), wandb files under the output path, and a throwaway MARIN_PREFIX. Restored after.
+
+    All of it is process-wide (environment variables, wandb's setup, Levanter's global tracker, which writes
+    metrics.jsonl), so one run holds it at a time: a second train step in the same process (the local backend
+    runs steps in threads) waits for the first instead of logging into its files."""
+    if not _ONE_RUN_PER_PROCESS.acquire(blocking=False):
+        logger.info("%s: waiting for another training run in this process to finish", output_path)
+        _ONE_RUN_PER_PROCESS.acquire()
+    try:
+        with _environment(output_path):
+            yield
+    finally:
+        _ONE_RUN_PER_PROCESS.release()
+
+
+@contextlib.contextmanager
+def _environment(output_path: str) -> Iterator[None]:
     settings = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -239,6 +240,25 @@ def test_training_environment_is_offline_and_restored(tmp_path, monkeypatch):
         assert os.path.isdir(os.environ["MARIN_PREFIX"])
     assert "HF_HUB_OFFLINE" not in os.environ and "WANDB_DIR" not in os.environ
 
+
+def test_one_training_environment_at_a_time_per_process(tmp_path):
+    """The local backend runs steps in threads: a second run waits instead of switching the first one's
+    process-wide settings (WANDB_DIR, Levanter's tracker) under it."""
+    first_inside, second_inside, seen = threading.Event(), threading.Event(), []
+
+    def second() -> None:
+        first_inside.wait()
+        with training_environment(str(tmp_path / "second")):
+            second_inside.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with training_environment(str(tmp_path / "first")):
+        first_inside.set()
+        assert not second_inside.wait(1.0), "a second run entered while the first one ran"
+        seen.append(os.environ["WANDB_DIR"])
+    thread.join(timeout=30)
+    assert second_inside.is_set() and seen == [str(tmp_path / "first" / "wandb")]
 
 
 def test_each_training_environment_gets_its_own_wandb_files(tmp_path, monkeypatch):
