@@ -80,8 +80,21 @@ def _stack(config: MoeConfig) -> type[Stacked] | type[BlockSeq]:
     return Stacked if config.scan_layers else BlockSeq
 
 
-def _sum_over(extras: Extras, axis: Axis) -> Extras:
-    return {name: hax.sum(term, axis=axis) for name, term in extras.items()}
+def _scan(
+    stack: Stacked | BlockSeq,
+    x: NamedArray,
+    mask: AttentionMask | None,
+    key: jax.Array | None,
+    pos_ids: NamedArray | None,
+) -> tuple[NamedArray, Extras]:
+    """Run a stack of layers; its layers' loss terms summed over the stack."""
+    keys = maybe_rng_split(key, stack.Block.size) if key is not None else None
+    x, stacked = stack.scan(x, mask=mask, key=keys, pos_ids=pos_ids)
+    return x, {name: hax.sum(term, axis=stack.Block) for name, term in stacked.items()}
+
+
+def _add(extras: Extras, more: Extras) -> Extras:
+    return {name: term + more.get(name, 0.0) for name, term in extras.items()}
 
 
 class MoePeriod(eqx.Module):
@@ -107,11 +120,9 @@ class MoePeriod(eqx.Module):
         k_local, k_global = maybe_rng_split(key, 2)
         local_extras: Extras = {}
         if self.local is not None:
-            keys = maybe_rng_split(k_local, self.local.Block.size) if k_local is not None else None
-            x, stacked = self.local.scan(x, mask=mask, key=keys, pos_ids=pos_ids)
-            local_extras = _sum_over(stacked, self.local.Block)
+            x, local_extras = _scan(self.local, x, mask, k_local, pos_ids)
         x, extras = self.global_layer(x, mask, key=k_global, pos_ids=pos_ids)
-        return x, {name: term + local_extras.get(name, 0.0) for name, term in extras.items()}
+        return x, _add(extras, local_extras)
 
     def layers_in_order(self) -> list[MoeDecoderLayer]:
         local = list(self.local.unstacked()) if self.local is not None else []
@@ -152,12 +163,10 @@ class MoeTransformer(eqx.Module):
         k_periods, k_tail = maybe_rng_split(key, 2)
         extras: Extras = {}
         if self.periods is not None:
-            keys = maybe_rng_split(k_periods, self.periods.Block.size) if k_periods is not None else None
-            x, stacked = self.periods.scan(x, mask=attn_mask, key=keys, pos_ids=pos_ids)
-            extras = _sum_over(stacked, self.periods.Block)
+            x, extras = _scan(self.periods, x, attn_mask, k_periods, pos_ids)
         if self.tail is not None:
             x, tail_extras = self.tail(x, attn_mask, key=k_tail, pos_ids=pos_ids)
-            extras = {name: term + extras.get(name, 0.0) for name, term in tail_extras.items()}
+            extras = _add(tail_extras, extras)
         return self.norm(x), extras
 
     def layers_in_order(self) -> list[MoeDecoderLayer]:

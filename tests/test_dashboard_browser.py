@@ -7,6 +7,7 @@ asserts on wall-clock time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -51,13 +52,22 @@ def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def base_url(prefix: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def served(prefix: Path | str) -> Iterator[str]:
+    """The dashboard of `prefix` on a free local port; its base URL."""
     server = make_server(str(prefix), port=0, live_ttl_s=0.1)
     serve_in_thread(server)
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def base_url(prefix: Path) -> Iterator[str]:
+    with served(prefix) as url:
+        yield url
 
 
 @pytest.fixture

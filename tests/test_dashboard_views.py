@@ -24,7 +24,7 @@ from test_steps_train import SOURCES
 from views_dag import BUCKETS, LAW_E, REPLAY_GATES, TOPICS, TRAIN_STEPS, ReplayConfig, build_views_prefix, replay_run
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.dashboard import DashboardApp, make_server, serve_in_thread
+from executor.dashboard import DashboardApp
 from executor.status import METRICS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(900)]
@@ -200,11 +200,8 @@ page = browser_tests.page
 
 @pytest.fixture(scope="module")
 def base_url(built) -> Iterator[str]:
-    server = make_server(str(built["prefix"]), port=0, live_ttl_s=0.1)
-    serve_in_thread(server)
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with browser_tests.served(built["prefix"]) as url:
+        yield url
 
 
 def points_of(page, chart_id: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
