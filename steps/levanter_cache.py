@@ -15,12 +15,20 @@ worker pool to probe every sub-cache (10^5 of them at full scale) for figures we
 The ledger is Levanter's `CacheLedger`, checked by loading it with Levanter's `TreeCache`.
 
 Tensorstore writes the arrays, so the output must be a local path, `gs://` or `s3://`;
-fsspec's `memory://` has no tensorstore driver and is refused up front.
+fsspec's `memory://` has no tensorstore driver and is refused up front. Tensorstore has its own HTTP
+clients, configured by environment. On S3, Levanter's spec takes the endpoint from `AWS_ENDPOINT_URL`
+and addresses buckets virtual-hosted style (`http://<bucket>.<endpoint host>`), so an endpoint given by
+IP address names a host no resolver knows (tensorstore kept retrying it for 5 minutes here): that is
+refused up front too (`localhost` works: curl resolves `*.localhost` to loopback). On GCS,
+`TENSORSTORE_GCS_HTTP_URL` points tensorstore at another server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +58,23 @@ def check_cache_path(path: str, step: str) -> None:
             f"{step}: cannot write a Levanter cache at {path}: its arrays are written by tensorstore, "
             f"which supports local paths, gs:// and s3://, not {scheme}://; run the step under such a prefix"
         )
+    if scheme == "s3":
+        _check_s3_endpoint(path, step)
+
+
+def _check_s3_endpoint(path: str, step: str) -> None:
+    # The variable Levanter's `build_kvstore_spec` reads when it builds the tensorstore spec.
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+    host = urllib.parse.urlparse(endpoint).hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return  # unset, or a host name: tensorstore can address the bucket under it
+    raise UnsupportedCachePathError(
+        f"{step}: cannot write a Levanter cache at {path} through AWS_ENDPOINT_URL={endpoint}: tensorstore "
+        f"addresses the bucket as <bucket>.{host}, which no resolver knows for an IP address; give the "
+        "endpoint by host name (for a server on this machine, localhost)"
+    )
 
 
 @dataclass(frozen=True)
