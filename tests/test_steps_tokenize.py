@@ -20,7 +20,7 @@ from levanter.store.cache import CacheLedger, consolidate_shard_cache_ledgers
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError
 from executor.shards import read_shard_markers
-from steps.documents import ReadReport, list_input_files, read_documents
+from steps.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
 from steps.levanter_cache import UnsupportedCachePathError, load_cache
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.tokenize import EmptyTokenizeOutputError, TokenizeConfig, in_validation, load_components, tokenize
@@ -344,3 +344,25 @@ def test_per_folder_gives_each_cell_its_own_caches_and_lists_the_usable_ones(cor
             assert listed["components"][cell][f"{split}_docs"] == len(expected)
     assert not Path(output_path, "lonely", "train", "shard_ledger.json").exists()
     assert not Path(output_path, "train").exists()
+
+
+def test_a_cell_without_documents_is_counted_and_left_out_of_the_components(tmp_path, tokenizer_path):
+    """What a cells step leaves for a cell nothing fell into (an empty Parquet file) is an empty input, counted in
+    stats.json; the cell gets no cache and is listed under `excluded`, so no trainer is handed an empty component."""
+    cells = tmp_path / "cells"
+    documents = [{"id": f"d{i}", "text": f"document number {i}\n"} for i in range(12)]
+    jsonl_inputs(cells / "full", {"part.jsonl": documents})
+    (cells / "empty").mkdir()
+    (cells / "empty" / "empty.parquet").write_bytes(table_bytes(to_table([])))
+    output_path = tmp_path / "tokenized"
+    tokenize(TokenizeConfig(input_paths=[str(cells)], tokenizer_path=tokenizer_path, per_folder=True, raw_input=False,
+                            validation_fraction=0.5, output_path=str(output_path), parallelism="thread"))  # fmt: skip
+
+    listed = json.loads((output_path / "components.json").read_text())
+    assert list(listed["components"]) == ["full"]
+    assert listed["excluded"] == {"empty": dict.fromkeys(["train_docs", "train_tokens", "validation_docs",
+                                                          "validation_tokens"], 0)}  # fmt: skip
+    stats = json.loads((output_path / "stats.json").read_text())
+    assert stats["empty_files"] == 1 and stats["documents"] == 12
+    assert not (output_path / "empty").exists()
+    assert len(rows(str(output_path / "full" / "train"))) + len(rows(str(output_path / "full" / "validation"))) == 12
