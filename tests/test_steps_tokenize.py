@@ -89,7 +89,7 @@ def test_cache_decodes_back_to_every_document_with_the_raw_tokenizers_counts(cor
     tokenizer = load_tokenizer(tokenizer_path)
     eos = tokenizer.token_to_id("<|endoftext|>")
     documents = documents_of(document_files(corpus))
-    expected = {"train": [], "validation": []}
+    expected: dict[str, list[dict]] = {"train": [], "validation": []}
     for document in documents:
         expected["validation" if in_validation(document["id"], VALIDATION_FRACTION) else "train"].append(document)
     assert expected["train"] and expected["validation"]
