@@ -38,8 +38,7 @@ data-demo: install
 test: install
 	$(PY) -m pytest -q $(ARGS)
 
-# `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/test_hero_tiny.py); it stops every
-# Ray process on the machine to kill the run, so it runs alone, not in `make test`.
+# Only `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/test_hero_tiny.py; part of `make test`).
 test-demo: install
 	$(PY) -m pytest -q -m demo tests/test_hero_tiny.py $(ARGS)
 

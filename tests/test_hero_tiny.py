@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import test_dashboard_browser as browser_tests
 from hero_run import HeroRun, checkpoint_steps, files_under
+from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 
 from executor import read_status
 from experiments.hero_535b import TINY_HERO, TINY_RUNGS
@@ -21,6 +24,7 @@ from steps.train_metrics import read_metrics
 from steps.train_tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.demo, pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(3600)]
+expect = playwright_sync.expect
 
 RUNGS = {name: steps for name, _d, _layers, steps in (*TINY_RUNGS, TINY_HERO)}
 
@@ -156,3 +160,54 @@ def test_the_dashboard_views_read_the_run(hero_run: HeroRun) -> None:
     assert ladder["achieved"]["loss"] == pytest.approx(achieved)
     assert [rung["name"] for rung in ladder["rungs"]] == [name for name, *_ in TINY_RUNGS]
     assert view("/api/step/views", "mix/weights")["views"] == ["composition"]
+
+
+# --- the real run's views in the browser ---------------------------------------------------------------------------
+
+browser = browser_tests.browser  # the dashboard tests' Chromium and page fixtures (a page fails on JS errors)
+page = browser_tests.page
+
+
+@pytest.fixture(scope="module")
+def hero_url(hero_run: HeroRun) -> Iterator[str]:
+    with browser_tests.served(hero_run.prefix) as url:
+        yield url
+
+
+def _points(page, chart_id: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    box = page.locator(f'[data-view] [data-chart="{chart_id}"]')
+    expect(box.locator("canvas")).to_have_count(1, timeout=DEADLINE_MS)
+    return json.loads(box.get_attribute("data-points"))
+
+
+@pytest.mark.browser
+def test_the_real_runs_views_in_the_browser(hero_run: HeroRun, page, hero_url: str) -> None:  # type: ignore[no-untyped-def]
+    """The ladder of four trained rungs with the hero's achieved loss, the hero's loss curve under the ladder's
+    predicted curve, and the mixture's cells: each page shows the run's own numbers (screenshots hero-*.png)."""
+    relative = {name: str(path.relative_to(hero_run.prefix)) for name, path in hero_run.outputs.items()}
+    prediction = json.loads((hero_run.outputs["scaling/ladder"] / "prediction.json").read_text())
+    achieved = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())["macro_loss"]
+
+    page.goto(f"{hero_url}/step/{relative['scaling/ladder']}")
+    ladder = page.locator('[data-view="ladder"]')
+    expect(ladder.locator("[data-testid=rungs] tbody tr")).to_have_count(len(TINY_RUNGS), timeout=DEADLINE_MS)
+    for rung in prediction["rungs"]:
+        cell = ladder.locator(f'tr[data-rung="{rung["name"]}"] td[data-col="final_loss"]')
+        expect(cell).to_have_text(f"{rung['final_loss']:.4f}")
+    expect(ladder.locator("[data-testid=achieved]")).to_contain_text(f"{achieved:.4f}")
+    assert _points(page, "ladder")["rungs (final loss)"] == len(TINY_RUNGS)
+    screenshot(page, "hero-ladder")
+
+    page.goto(f"{hero_url}/step/{relative['train/d6144']}")
+    run = page.locator('[data-view="run"]')
+    expect(run.locator("[data-testid=prediction-link]")).to_have_text(relative["scaling/ladder"], timeout=DEADLINE_MS)
+    loss = _points(page, "loss")
+    steps = {step for step, _ in train_losses(read_metrics(str(hero_run.outputs["train/d6144"])))}
+    assert loss["predicted"] == len(prediction["curve"]) and loss["train/loss"] == len(steps) == RUNGS["d6144"]
+    screenshot(page, "hero-run")
+
+    page.goto(f"{hero_url}/step/{relative['mix/weights']}")
+    cells = json.loads((hero_run.outputs["mix/cells"] / "composition.json").read_text())["cells"]
+    grid = page.locator('[data-view="composition"] [data-testid=composition-grid] td[data-cell]')
+    expect(grid).to_have_count(len(cells), timeout=DEADLINE_MS)
+    screenshot(page, "hero-composition")
