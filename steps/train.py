@@ -26,6 +26,8 @@ The step translates its frozen config into Levanter's `TrainLmConfig` (model: `q
   at the next batch.
 - `metrics.jsonl`: every metric Levanter logs, with MFU from steps/model_size.py (steps/train_metrics.py).
 - `wandb/`: wandb's offline run files (`wandb sync` uploads them); `logs/`: Levanter's log files.
+- `hf/`: the final checkpoint as an HF-style folder (config.json, model.safetensors, the tokenizer), which
+  `steps.hf_export.load_hf_export` rebuilds exactly (`hf_export`).
 
 Bad input is refused before JAX compiles anything: a missing cache, a cache tokenized with another
 vocabulary than the model's, a batch the devices cannot split. (A top-k above the expert count cannot
@@ -56,6 +58,7 @@ from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
 
 from executor import storage
+from steps.hf_export import HF_FOLDER, export_checkpoint
 from steps.levanter_cache import LEDGER_FILE
 from steps.levanter_config import lm_data_config, qwen3_moe_config
 from steps.mixture_weights import WEIGHTS_FILE, Schedule, phase_start
@@ -137,6 +140,8 @@ class TrainConfig:
     """Peak FLOP/s of all devices together, for `mfu` in metrics.jsonl (None: MFU not logged). Plain."""
     wandb_project: str = "moe-train"
     """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
+    hf_export: bool = True
+    """After training, export the final checkpoint under `hf/` (steps/hf_export.py). Plain."""
 
 
 class TrainInputError(ValueError):
@@ -147,7 +152,12 @@ def train(config: TrainConfig) -> None:
     """The train step: checks its inputs, then runs Levanter's trainer under `training_environment`."""
     check_inputs(config)
     with training_environment(config.output_path):
-        train_lm.main(levanter_config(config))
+        run = levanter_config(config)
+        train_lm.main(run)
+        if config.hf_export:
+            hf_folder = storage.join(config.output_path, HF_FOLDER)
+            checkpoints = run.trainer.checkpointer.base_path
+            export_checkpoint(checkpoints, run.model, config.shape.vocab_size, hf_folder, trainer=run.trainer)
 
 
 def _step_label(config: TrainConfig) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from steps.evaluate import EvaluateConfig, evaluate
+from steps.hf_export import HF_FOLDER, load_hf_export
 from steps.levanter_cache import load_cache
 from steps.model_size import MoeShape
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
@@ -168,6 +169,9 @@ def test_rerun_resumes_from_the_killed_runs_checkpoint(killed_and_resumed):
     assert "Resuming training from step" in killed_and_resumed["log"].read_text()
     final = checkpoint_steps(killed_and_resumed["output_path"])
     assert final[-1] == STEPS - 1  # Levanter names the final checkpoint by the last step's index
+    # The rerun ended with the HF export of the trained model (steps/hf_export.py): its router bias has moved.
+    exported = load_hf_export(str(killed_and_resumed["output_path"] / HF_FOLDER))
+    assert any(np.any(layer.mlp.balance.bias.array != 0) for layer in exported.transformer.layers_in_order())
 
 
 def test_metrics_jsonl_holds_what_the_dashboard_plots(killed_and_resumed):
