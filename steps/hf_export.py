@@ -92,9 +92,15 @@ ARCHITECTURE = "MoeLMHeadModel"
 
 # MoeConfig fields that choose how the model runs, not what it is.
 _RUN_TIME_FIELDS = frozenset(
-    {"tokenizer", "reference_checkpoint", "gradient_checkpointing", "scan_layers", "attn_backend",
-     "flash_attention_block_size"}
-)  # fmt: skip
+    [
+        "tokenizer",
+        "reference_checkpoint",
+        "gradient_checkpointing",
+        "scan_layers",
+        "attn_backend",
+        "flash_attention_block_size",
+    ]
+)
 # MoeConfig field -> config.json key, where Qwen3-MoE's HF config has the same field under another name.
 _HF_NAMES = {
     "hidden_dim": "hidden_size",

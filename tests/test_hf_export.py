@@ -113,15 +113,35 @@ def expected_shapes(shape: MoeShape) -> dict[str, tuple[int, ...]]:
 def test_config_json_holds_every_architecture_field(exported: Path) -> None:
     config = json.loads((exported / CONFIG_FILE).read_text())
     expected = {
-        "architectures": ["MoeLMHeadModel"], "model_type": "moe_balanced", "vocab_size": VOCAB,
-        "torch_dtype": "float32", "hidden_size": 32, "num_hidden_layers": 5, "num_attention_heads": 4, "head_dim": 8,
-        "num_key_value_heads": 1, "num_kv_heads_local": 2, "global_every": 3, "sliding_window": 8,
-        "expert_latent_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
-        "num_shared_experts": 2, "shared_expert_intermediate_size": 12, "max_position_embeddings": SEQ,
-        "rope_theta": 1e6, "rope_scaling": None, "tie_word_embeddings": False, "use_qk_norm": False,
-        "hidden_act": "silu", "router_bias_balancing": True, "router_z_loss_weight": 1e-3,
-        "levanter_version": metadata.version("marin-levanter"), "haliax_version": metadata.version("marin-haliax"),
-    }  # fmt: skip
+        "architectures": ["MoeLMHeadModel"],
+        "model_type": "moe_balanced",
+        "vocab_size": VOCAB,
+        "torch_dtype": "float32",
+        "hidden_size": 32,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 4,
+        "head_dim": 8,
+        "num_key_value_heads": 1,
+        "num_kv_heads_local": 2,
+        "global_every": 3,
+        "sliding_window": 8,
+        "expert_latent_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "num_shared_experts": 2,
+        "shared_expert_intermediate_size": 12,
+        "max_position_embeddings": SEQ,
+        "rope_theta": 1e6,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "use_qk_norm": False,
+        "hidden_act": "silu",
+        "router_bias_balancing": True,
+        "router_z_loss_weight": 1e-3,
+        "levanter_version": metadata.version("marin-levanter"),
+        "haliax_version": metadata.version("marin-haliax"),
+    }
     assert {key: config.get(key) for key in expected} == expected
     assert config["layer_types"] == ["sliding_attention"] * 2 + [
         "full_attention",
@@ -232,7 +252,7 @@ BROKEN = {
         lambda folder: rewrite_tensors(folder, {"model.layers.2.self_attn.k_proj.weight": np.zeros((16, 32))}),
         r"tensor model\.layers\.2\.self_attn\.k_proj\.weight has shape \(16, 32\), but config\.json needs \(8, 32\)",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(BROKEN))
