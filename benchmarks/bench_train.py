@@ -82,6 +82,7 @@ def main() -> None:
         output_path = str(root / "train-bench")
         train(TrainConfig(shape=shape, tokenizer_path=tokenizer, components={"stdlib": cache}, output_path=output_path,
                           num_train_steps=args.steps, train_batch_size=args.batch, steps_per_eval=10**9,
+                          max_eval_batches=1, hf_export=False,
                           checkpoint_every_steps=10**9, temporary_checkpoint_seconds=10**9,
                           watch_interval=10**9))  # fmt: skip
         achieved = [

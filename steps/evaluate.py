@@ -43,6 +43,7 @@ from levanter.utils.tree_utils import inference_mode
 from executor import storage
 from steps.levanter_config import lm_data_config, qwen3_moe_config
 from steps.model_size import MoeShape
+from steps.moe_model import MoeConfig, MoeLMHeadModel
 from steps.tokenize import load_components
 
 logger = logging.getLogger(__name__)
@@ -72,15 +73,28 @@ class EvaluateConfig:
     """Cap on batches per component (None: the whole split). Versioned: it changes the figures."""
 
 
-def evaluate(config: EvaluateConfig) -> dict:
-    """The evaluate step: writes and returns results.json's content."""
-    label = f"evaluate step {storage.basename(config.output_path)} ({config.output_path})"
+def latest_checkpoint(checkpoints_path: str, label: str) -> str:
+    """The latest complete checkpoint under a train step's `checkpoints/` (or that `step-N/` itself)."""
     try:
-        checkpoint = latest_checkpoint_path(config.checkpoint_path)
+        checkpoint = latest_checkpoint_path(checkpoints_path)
     except FileNotFoundError:  # Levanter raises when it finds none (older versions returned None)
         checkpoint = None
     if checkpoint is None:
-        raise FileNotFoundError(f"{label}: no complete checkpoint under {config.checkpoint_path}; train first")
+        raise FileNotFoundError(f"{label}: no complete checkpoint under {checkpoints_path}; train first")
+    return checkpoint
+
+
+def load_model(model_config: MoeConfig, checkpoint: str, vocab: Axis, trainer: TrainerConfig) -> MoeLMHeadModel:
+    """The checkpoint's model, laid out on `trainer`'s mesh; call inside `trainer.use_device_mesh()`."""
+    return load_levanter_checkpoint(
+        model_config, checkpoint, Vocab=vocab, axis_mapping=trainer.parameter_axis_mapping, key=jax.random.PRNGKey(0)
+    )
+
+
+def evaluate(config: EvaluateConfig) -> dict:
+    """The evaluate step: writes and returns results.json's content."""
+    label = f"evaluate step {storage.basename(config.output_path)} ({config.output_path})"
+    checkpoint = latest_checkpoint(config.checkpoint_path, label)
     model_config = qwen3_moe_config(
         config.shape, tokenizer_path=config.tokenizer_path, router_aux_loss_coef=None, step=label
     )
@@ -94,13 +108,7 @@ def evaluate(config: EvaluateConfig) -> dict:
     tagged_sets = [(data.validation_sets(model_config.max_Pos)[name], [name]) for name in caches]
     max_examples = config.max_batches * config.batch_size if config.max_batches is not None else None
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.compute_axis_mapping):
-        model = load_levanter_checkpoint(
-            model_config,
-            checkpoint,
-            Vocab=Axis("vocab", len(data.the_tokenizer)),
-            axis_mapping=trainer.parameter_axis_mapping,
-            key=jax.random.PRNGKey(0),
-        )
+        model = load_model(model_config, checkpoint, Axis("vocab", len(data.the_tokenizer)), trainer)
         evaluator = TaggedEvaluator(
             EvalBatch=Axis("batch", config.batch_size),
             tagged_eval_sets=tagged_sets,

@@ -71,13 +71,12 @@ from haliax import Axis
 from haliax.nn.scan import Stacked
 from haliax.partitioning import round_axis_for_partitioning
 from haliax.state_dict import from_torch_compatible_state_dict, to_torch_compatible_state_dict
-from levanter.checkpoint import latest_checkpoint_path
 from levanter.layers.rotary import RotaryEmbeddingsConfig
-from levanter.model_loading import load_levanter_checkpoint
 from levanter.models.llama import ActivationFunctionEnum
 from levanter.trainer import TrainerConfig
 
 from executor import storage
+from steps.evaluate import latest_checkpoint, load_model
 from steps.moe_layers import MoePeriod, MoeTransformer
 from steps.moe_model import MoeConfig, MoeLMHeadModel
 from steps.train_tokenizer import SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
@@ -146,24 +145,13 @@ def export_checkpoint(
     """Export the latest complete checkpoint under `checkpoints_path` (or that `step-N/` itself), loaded as
     steps/evaluate.py loads it, into `folder`; returns the checkpoint's path. `trainer` gives the device mesh
     (the run's own, so the vocabulary is padded as in training; default: this host's devices)."""
-    try:
-        checkpoint = latest_checkpoint_path(checkpoints_path)
-    except FileNotFoundError:  # Levanter raises when it finds none (older versions returned None)
-        checkpoint = None
-    if checkpoint is None:
-        raise FileNotFoundError(f"HF export to {folder}: no complete checkpoint under {checkpoints_path}")
+    checkpoint = latest_checkpoint(checkpoints_path, f"HF export to {folder}")
     if model_config.tokenizer is None:
         raise ValueError(f"HF export to {folder}: the model config names no tokenizer folder to copy")
     trainer = trainer or TrainerConfig(require_accelerator=False)
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.compute_axis_mapping):
         vocab = round_axis_for_partitioning(Axis("vocab", vocab_size), trainer.parameter_axis_mapping)
-        model = load_levanter_checkpoint(
-            model_config,
-            checkpoint,
-            Vocab=vocab,
-            axis_mapping=trainer.parameter_axis_mapping,
-            key=jax.random.PRNGKey(0),
-        )
+        model = load_model(model_config, checkpoint, vocab, trainer)
     export_model(model, folder, model_config.tokenizer)
     return checkpoint
 

@@ -49,8 +49,9 @@ norms and logs them apart (`router_figures`, layers numbered in depth order). Th
 over the batch's tokens per expert: cheap here, but at the hero's 46M tokens per step a sharded histogram
 estimate would replace it. Capacity is not modelled: routing is dropless (grouped matmuls over every
 assignment), so there is no dropped-token fraction to log. In eval (`inference_mode`) the z-loss and the HF
-load-balancing loss are left out of the loss, so eval losses are pure cross-entropy. HF export is
-Qwen3-MoE's and carries none of the above: do not export these models.
+load-balancing loss are left out of the loss, so eval losses are pure cross-entropy. Levanter's inherited
+Qwen3-MoE HF converter would drop most of the above: steps/hf_export.py writes (and loads back) the whole
+model instead, and the train step uses it.
 """
 
 from __future__ import annotations
