@@ -153,11 +153,28 @@ def train(config: TrainConfig) -> None:
     check_inputs(config)
     with training_environment(config.output_path):
         run = levanter_config(config)
-        train_lm.main(run)
-        if config.hf_export:
-            hf_folder = storage.join(config.output_path, HF_FOLDER)
-            checkpoints = run.trainer.checkpointer.base_path
-            export_checkpoint(checkpoints, run.model, config.shape.vocab_size, hf_folder, trainer=run.trainer)
+        try:
+            train_lm.main(run)
+            if config.hf_export:
+                hf_folder = storage.join(config.output_path, HF_FOLDER)
+                checkpoints = run.trainer.checkpointer.base_path
+                export_checkpoint(checkpoints, run.model, config.shape.vocab_size, hf_folder, trainer=run.trainer)
+        finally:
+            close_log_files(run.trainer.log_dir)
+
+
+def close_log_files(log_dir: str | os.PathLike[str]) -> None:
+    """Detach and close the root logger's file handlers writing under `log_dir`.
+
+    Levanter's trainer adds a file handler for its run's log file to the root logger and never removes it: in a
+    process that runs several steps (a Ray worker), every later step's log lines would also land in this step's
+    `logs/` folder."""
+    folder = os.path.abspath(log_dir)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and os.path.dirname(handler.baseFilename) == folder:
+            root.removeHandler(handler)
+            handler.close()
 
 
 def _step_label(config: TrainConfig) -> str:

@@ -53,17 +53,22 @@ def test_a_rerun_skips_every_step(hero_run: HeroRun) -> None:
 
 def test_the_killed_train_step_resumed_from_its_checkpoint(hero_run: HeroRun) -> None:
     """The rerun restored the latest complete checkpoint (step-N: the state after step N) and went on at N + 1.
-    Killing the driver does not stop its Ray worker at once, so that checkpoint may be later than the one seen at
-    the kill, never earlier; the killed attempt's own lines stay in metrics.jsonl, before the step that goes back."""
-    logs = "".join(path.read_text(errors="replace") for path in (hero_run.killed_step / "logs").glob("*.log"))
-    restored = [int(step) for step in re.findall(r"Loading checkpoint from \S+/checkpoints/step-(\d+)", logs)]
-    assert restored and restored[0] >= hero_run.killed_at[-1], (restored, hero_run.killed_at)
-    assert f"Resuming training from step {restored[0] + 1}" in logs
+    Killing the run is not instant, so that checkpoint may be later than the one seen at the kill, never earlier;
+    the killed attempt's own lines stay in metrics.jsonl, before the rerun's (which start at N + 1 again unless the
+    kill landed right after step N)."""
+    logs = "".join(path.read_text(errors="replace") for path in sorted((hero_run.killed_step / "logs").glob("*.log")))
+    resumed = [int(step) for step in re.findall(r"Resuming training from step (\d+)", logs)]
+    assert len(set(resumed)) == 1, resumed  # one resume, logged by Levanter's file and the step log
+    restored = resumed[0] - 1
+    assert restored >= hero_run.killed_at[-1], (restored, hero_run.killed_at)
+    assert re.search(rf"Loading checkpoint from \S+/checkpoints/step-{restored}\b", logs)
     steps = [step for step, _ in train_losses(read_metrics(str(hero_run.killed_step)))]
-    back = next(index for index in range(1, len(steps)) if steps[index] <= steps[index - 1])
-    assert steps[:back] == list(range(back)), steps
-    assert steps[back] == restored[0] + 1, (restored, steps)
-    assert sorted(set(steps[back:])) == list(range(restored[0] + 1, RUNGS["d768"])), steps
+    rerun_from = len(steps) - 1 - steps[::-1].index(restored + 1)
+    assert steps[:rerun_from] == list(range(rerun_from)) and rerun_from > restored, steps  # the killed attempt
+    rerun = [
+        step for index, step in enumerate(steps[rerun_from:]) if index == 0 or step != steps[rerun_from + index - 1]
+    ]
+    assert rerun == list(range(restored + 1, RUNGS["d768"])), steps
     assert checkpoint_steps(hero_run.killed_step)[-1] == RUNGS["d768"] - 1
 
 

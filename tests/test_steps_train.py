@@ -9,6 +9,7 @@ checkpoint and must agree with the train step's own last eval. Bad input is refu
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -28,7 +29,7 @@ from steps.levanter_cache import load_cache
 from steps.model_size import MoeShape
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.tokenize import TokenizeConfig, tokenize
-from steps.train import TrainConfig, TrainInputError, check_inputs, data_mixture, training_environment
+from steps.train import TrainConfig, TrainInputError, check_inputs, close_log_files, data_mixture, training_environment
 from steps.train_metrics import read_metrics
 from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
 
@@ -263,6 +264,20 @@ def test_one_training_environment_at_a_time_per_process(tmp_path):
         seen.append(os.environ["WANDB_DIR"])
     thread.join(timeout=30)
     assert second_inside.is_set() and seen == [str(tmp_path / "first" / "wandb")]
+
+
+def test_a_runs_log_file_takes_no_lines_of_later_steps(tmp_path):
+    """Levanter's trainer adds its run's log file to the root logger (`init_logging`) and keeps it: a Ray worker's
+    later steps logged into the first train step's logs/ folder."""
+    from levanter.utils.logging import init_logging
+
+    logs = tmp_path / "out" / "logs"
+    init_logging(logs, "run")  # what TrainerConfig.initialize does at the start of a run
+    logging.getLogger("levanter").info("during the run")
+    close_log_files(logs)  # what the train step does at its end
+    logging.getLogger("levanter").info("a later step")
+    text = (logs / "run.log").read_text()
+    assert "during the run" in text and "a later step" not in text
 
 
 def test_each_training_environment_gets_its_own_wandb_files(tmp_path, monkeypatch):
