@@ -39,6 +39,7 @@ temporary MARIN_PREFIX) is set by `training_environment`, around the step, not r
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -54,6 +55,7 @@ import wandb
 from levanter.checkpoint import CheckpointerConfig
 from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
+from levanter.tracker import wandb as levanter_wandb
 from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
 
@@ -363,6 +365,9 @@ def _environment(output_path: str) -> Iterator[None]:
             # left there, every process started later from this one (an executor subprocess, a rerun after a
             # kill) would join this service, which still holds a killed run's id ("run ID is in use").
             wandb.teardown()
+            # Levanter's tracker registers an atexit hook that tears wandb down again from a new thread, which
+            # fails at interpreter exit ("can't create new thread at interpreter shutdown"): done here already.
+            atexit.unregister(getattr(levanter_wandb, "_teardown_wandb_service_bounded", lambda *_: None))
             for name, value in previous.items():
                 if value is None:
                     os.environ.pop(name, None)

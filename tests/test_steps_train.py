@@ -157,6 +157,11 @@ def test_moe_trains_and_its_loss_falls(killed_and_resumed):
     assert sum(last_steps) / 3 < 0.8 * sum(first_steps) / 3, losses
 
 
+def test_a_finished_run_exits_without_errors_at_shutdown(killed_and_resumed):
+    # Levanter's wandb tracker left an atexit hook that starts a thread at interpreter exit.
+    assert "Exception ignored in atexit" not in killed_and_resumed["log"].read_text()
+
+
 def test_rerun_resumes_from_the_killed_runs_checkpoint(killed_and_resumed):
     records = killed_and_resumed["records"]
     before, after = records[: killed_and_resumed["records_before"]], records[killed_and_resumed["records_before"] :]
