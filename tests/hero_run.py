@@ -3,7 +3,8 @@ per test session and shared by the tests that read its outputs (tests/test_hero_
 
 The first run is SIGKILLed (the driver and every process of the local Ray it started) once the first train step
 has a complete checkpoint before its last step; the second run finishes the DAG, resuming that train step; the
-third must skip every step. Everything any test reads is recorded here.
+third must skip every step; a fourth forces one step (the hero's evaluation) to run again. Everything any test
+reads is recorded here.
 
 Each run gets a temp folder of its own (TMPDIR, which also holds its local Ray's sessions): every process of that
 run, the driver, Ray's daemons and its workers, inherits it, which is how the kill finds them all and nothing
@@ -39,6 +40,8 @@ class HeroRun:
     cache_files_at_kill: dict[str, tuple[int, float]]
     resumed_output: str
     rerun_output: str
+    forced_output: str
+    """A fourth run with `--force_run ["evaluate/d6144"]`."""
 
 
 def checkpoint_steps(output_path: Path) -> list[int]:
@@ -51,9 +54,9 @@ def files_under(folder: Path) -> dict[str, tuple[int, float]]:
     return {str(path): (path.stat().st_size, path.stat().st_mtime) for path in folder.rglob("*") if path.is_file()}
 
 
-def _start(prefix: Path, log: Path, temp: str) -> subprocess.Popen:
+def _start(prefix: Path, log: Path, temp: str, *args: str) -> subprocess.Popen:
     command = [sys.executable, "experiments/hero_535b.py", "--scale", "tiny", "--backend", "ray", "--prefix",
-               str(prefix)]  # fmt: skip
+               str(prefix), *args]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": temp})  # fmt: skip
@@ -86,10 +89,10 @@ def _kill_run(temp: str) -> None:
     assert not _processes_of(temp), f"processes of the killed run survived: {_processes_of(temp)}"
 
 
-def _run_to_end(prefix: Path, log: Path) -> str:
+def _run_to_end(prefix: Path, log: Path, *args: str) -> str:
     start = log.stat().st_size if log.exists() else 0
     temp = tempfile.mkdtemp(prefix="hero-", dir="/tmp")  # short: Ray's socket paths live under it
-    process = _start(prefix, log, temp)
+    process = _start(prefix, log, temp, *args)
     code = process.wait(timeout=TIMEOUT_S)
     text = log.read_text(errors="replace")[start:]
     _kill_run(temp)  # the driver has exited; its local Ray's daemons go with it, or here
@@ -124,6 +127,7 @@ def hero_run(tmp_path_factory: pytest.TempPathFactory) -> HeroRun:
     killed_step, killed_at, caches = _kill_mid_training(prefix, log)
     resumed = _run_to_end(prefix, log)
     rerun = _run_to_end(prefix, log)
+    forced = _run_to_end(prefix, log, "--force_run", '["evaluate/d6144"]')
     outputs = {}
     for status in prefix.rglob(".executor_status"):
         folder = status.parent
@@ -131,4 +135,4 @@ def hero_run(tmp_path_factory: pytest.TempPathFactory) -> HeroRun:
         outputs[name] = folder
     return HeroRun(prefix=prefix, outputs=outputs, killed_step=killed_step, killed_at=killed_at,
                    cache_files_at_kill=caches, resumed_output=resumed,
-                   rerun_output=rerun)  # fmt: skip
+                   rerun_output=rerun, forced_output=forced)  # fmt: skip

@@ -51,6 +51,14 @@ def test_a_rerun_skips_every_step(hero_run: HeroRun) -> None:
     assert "0 step(s) ran, 48 were already done" in hero_run.rerun_output, hero_run.rerun_output[-2000:]
 
 
+def test_force_run_reruns_just_that_step(hero_run: HeroRun) -> None:
+    assert "1 step(s) ran, 47 were already done" in hero_run.forced_output, hero_run.forced_output[-2000:]
+    status = (hero_run.outputs["evaluate/d6144"] / ".executor_status").read_text()
+    assert [json.loads(line)["status"] for line in status.splitlines()].count("SUCCESS") == 2
+    results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())
+    assert f"achieved macro held-out loss: {results['macro_loss']:.4f}" in hero_run.forced_output
+
+
 def test_the_killed_train_step_resumed_from_its_checkpoint(hero_run: HeroRun) -> None:
     """The rerun restored the latest complete checkpoint (step-N: the state after step N) and went on at N + 1.
     Killing the run is not instant, so that checkpoint may be later than the one seen at the kill, never earlier;
