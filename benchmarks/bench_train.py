@@ -68,6 +68,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--matmul-size", type=int, default=2048)
+    parser.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=None,
+        help="experts take at most this multiple of a fair share of tokens (default: dropless)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
@@ -82,7 +88,7 @@ def main() -> None:
         output_path = str(root / "train-bench")
         train(TrainConfig(shape=shape, tokenizer_path=tokenizer, components={"stdlib": cache}, output_path=output_path,
                           num_train_steps=args.steps, train_batch_size=args.batch, steps_per_eval=10**9,
-                          max_eval_batches=1, hf_export=False,
+                          max_eval_batches=1, hf_export=False, capacity_factor=args.capacity_factor,
                           checkpoint_every_steps=10**9, temporary_checkpoint_seconds=10**9,
                           watch_interval=10**9))  # fmt: skip
         achieved = [
@@ -99,7 +105,7 @@ def main() -> None:
         "active_params": active_params(shape), "total_params": total_params(shape),
         "flops_per_token": flops_per_token(shape), "steps_measured": len(achieved),
         "train_flops_per_second": train_flops, "matmul_peak_flops_per_second": peak,
-        "ratio_vs_peak": train_flops / peak,
+        "capacity_factor": args.capacity_factor, "ratio_vs_peak": train_flops / peak,
     }))  # fmt: skip
 
 

@@ -18,6 +18,7 @@ opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never to
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig
@@ -34,14 +35,16 @@ def qwen3_moe_config(
     step: str,
     router_bias_balancing: bool = False,
     router_z_loss_weight: float = 0.0,
+    capacity_factor: float | None = None,
 ) -> MoeConfig:
     """The MoE model config for `shape` (Levanter's Qwen3-MoE, extended by steps/moe_model.py); an impossible
-    shape or options raise ValueError naming `step`.
+    shape or options raise ValueError naming `step`. `capacity_factor`: see `MoeConfig.capacity_factor`.
 
     The tokenizer folder doubles as the HF reference checkpoint: Levanter builds an HF converter for every
     HF-compatible model and would otherwise fetch the Qwen3 reference's tokenizer from the hub."""
     try:
-        return _moe_config(shape, tokenizer_path, router_aux_loss_coef, router_bias_balancing, router_z_loss_weight)
+        config = _moe_config(shape, tokenizer_path, router_aux_loss_coef, router_bias_balancing, router_z_loss_weight)
+        return dataclasses.replace(config, capacity_factor=capacity_factor)
     except ValueError as error:
         raise ValueError(f"{step}: {error}") from error
 

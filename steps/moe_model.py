@@ -102,6 +102,9 @@ class MoeConfig(Qwen3MoeConfig):
     """KV heads of local layers (None: `num_kv_heads`, the global layers' count)."""
     use_qk_norm: bool = False
     """RMS-normalise queries and keys per head (Qwen3's default is on; see the module docstring)."""
+    capacity_factor: float | None = None
+    """Each routed expert takes at most ceil(factor x tokens x top_k / experts) tokens of a batch, the rest
+    are dropped (their routed output is zero); None: dropless grouped matmuls (steps/moe_block.py)."""
 
     def __post_init__(self) -> None:
         self._check_attention()  # before Levanter's, which asserts
@@ -120,6 +123,8 @@ class MoeConfig(Qwen3MoeConfig):
             )
         if self.dense_router_gradient:
             raise ValueError("dense_router_gradient is not supported by MoeConfig's routing; leave it off")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise ValueError(f"capacity_factor must be positive or None, got {self.capacity_factor}")
         if self.expert_latent_dim is not None and self.expert_latent_dim <= 0:
             raise ValueError(f"expert_latent_dim must be positive or None, got {self.expert_latent_dim}")
 

@@ -122,6 +122,9 @@ class TrainConfig:
     """Aux-loss-free router-bias balancing, the hero's rule (steps/moe_model.py). Versioned."""
     router_z_loss_weight: float = 0.0
     """Weight of the router z-loss: logsumexp(router logits)^2, mean over tokens, summed over layers. Versioned."""
+    capacity_factor: float | None = None
+    """Tokens an expert takes per batch, as a multiple of a fair share; the rest are dropped (the hero: 1.15).
+    None: dropless. Capacity runs the experts as one batched matmul, much faster on CPU. Versioned."""
     z_loss_weight: float = 0.0
     """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
     seed: int = 0
@@ -305,6 +308,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             router_aux_loss_coef=config.router_aux_loss_coef,
             router_bias_balancing=config.router_bias_balancing,
             router_z_loss_weight=config.router_z_loss_weight,
+            capacity_factor=config.capacity_factor,
             step=label,
         ),
         optimizer=optimizer,

@@ -239,3 +239,36 @@ def test_train_shape_builds_the_moe_config() -> None:
 def test_impossible_configs_are_refused(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tiny_config(**changes)
+
+
+@pytest.mark.slow
+def test_capacity_keeps_each_experts_first_tokens_and_drops_the_rest() -> None:
+    """capacity_factor: with room for every token it equals the dropless grouped matmul; with less, each expert
+    serves the first `capacity` tokens that chose it (in token order) and the others get nothing from it."""
+    config = tiny_config(num_shared_experts=0, shared_expert_intermediate_dim=0)
+    block = inference_mode(MoeBlock.init(config, key=jax.random.PRNGKey(0)), True)
+    position = hax.Axis("position", SEQ)
+    x = hax.random.normal(jax.random.PRNGKey(1), (position, config.Embed))
+
+    def output(capacity_factor: float | None) -> np.ndarray:
+        with_capacity = dataclasses.replace(block, config=dataclasses.replace(config, capacity_factor=capacity_factor))
+        return np.asarray(eqx.filter_jit(lambda b, x: b(x)[0].array)(with_capacity, x))
+
+    dropless = output(None)
+    np.testing.assert_allclose(output(EXPERTS / TOP_K), dropless, rtol=1e-5, atol=1e-6)  # room for every token
+
+    factor = 0.5
+    chosen, weights, _ = (np.asarray(a) for a in block._select(block.gate(x).array.astype(jnp.float32)))
+    capacity = int(np.ceil(factor * SEQ * TOP_K / EXPERTS))
+    gate, up, down = (np.asarray(p.weight.rearrange(("experts", p.In, p.Out)).array)
+                      for p in (block.experts.gate_proj, block.experts.up_proj, block.experts.down_proj))  # fmt: skip
+    expected, served = np.zeros_like(dropless), np.zeros(EXPERTS, dtype=int)
+    for token in range(SEQ):
+        for slot in range(TOP_K):
+            expert = chosen[token, slot]
+            served[expert] += 1
+            if served[expert] <= capacity:
+                hidden = np.asarray(jax.nn.silu(x.array[token] @ gate[expert])) * (x.array[token] @ up[expert])
+                expected[token] += weights[token, slot] * (hidden @ down[expert])
+    assert served.max() > capacity  # some tokens are dropped here
+    np.testing.assert_allclose(output(factor), expected, rtol=1e-4, atol=1e-5)
