@@ -66,6 +66,8 @@ class Recipe:
     router_bias_balancing: bool = True
     router_aux_loss_coef: float | None = None
     router_z_loss_weight: float = 1e-4
+    capacity_factor: float | None = 1.15
+    """Tokens an expert takes per batch, as a multiple of a fair share (the hero's 1.15; None: dropless)."""
     mixture_block_size: int = 2048
     evals_per_run: int = 10
     """Evaluations during each run (the predicted loss curve is read at these points)."""
@@ -128,6 +130,7 @@ def default_train(
             router_aux_loss_coef=versioned(recipe.router_aux_loss_coef),
             router_bias_balancing=versioned(recipe.router_bias_balancing),
             router_z_loss_weight=versioned(recipe.router_z_loss_weight),
+            capacity_factor=versioned(recipe.capacity_factor),
             seed=versioned(0),
             steps_per_eval=every_eval,
             max_eval_batches=recipe.max_eval_batches,

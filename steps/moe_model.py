@@ -47,11 +47,12 @@ respect to the state is the state's next value (`x * sg(v) - sg(x * v)` has grad
 The train step's `MoeWatchConfig` keeps these leaves out of Levanter's parameter, gradient and update
 norms and logs them apart (`router_figures`, layers numbered in depth order). The quantile is an exact sort
 over the batch's tokens per expert: cheap here, but at the hero's 46M tokens per step a sharded histogram
-estimate would replace it. Capacity is not modelled: routing is dropless (grouped matmuls over every
-assignment), so there is no dropped-token fraction to log. In eval (`inference_mode`) the z-loss and the HF
-load-balancing loss are left out of the loss, so eval losses are pure cross-entropy. Levanter's inherited
-Qwen3-MoE HF converter would drop most of the above: steps/hf_export.py writes (and loads back) the whole
-model instead, and the train step uses it.
+estimate would replace it. Routing is dropless (grouped matmuls over every assignment) unless the config
+sets `capacity_factor` (the hero's 1.15; steps/moe_block.py): then each expert serves a capped number of
+tokens per batch as one batched matmul, and `router/dropped_fraction` is logged. In eval (`inference_mode`)
+the z-loss and the HF load-balancing loss are left out of the loss, so eval losses are pure cross-entropy.
+Levanter's inherited Qwen3-MoE HF converter would drop most of the above: steps/hf_export.py writes (and
+loads back) the whole model instead, and the train step uses it.
 """
 
 from __future__ import annotations
@@ -238,7 +239,9 @@ def router_figures(tree: Any) -> dict[str, jax.Array]:
 
     `router/bias/norm` (all layers), and per layer `router/layer_<i>/bias_norm`, `.../load_max_over_min`
     (inf when an expert got no token) and `.../load_max_over_mean`; `router/load/max_over_min` and
-    `router/load/max_over_mean` are the worst layer's."""
+    `router/load/max_over_mean` are the worst layer's. With an expert capacity, `router/dropped_fraction`
+    (worst layer; per layer `.../dropped_fraction`): the share of token assignments past their expert's
+    capacity, from the step's loads (summed over microbatches, whose capacities are applied one by one)."""
     balances = router_balances(tree)
     if not balances:
         return {}
@@ -251,11 +254,31 @@ def router_figures(tree: Any) -> dict[str, jax.Array]:
         "router/load/max_over_min": max_over_min.max(),
         "router/load/max_over_mean": max_over_mean.max(),
     }
+    dropped = _dropped_fraction(load, _capacity_factor(tree))
+    if dropped is not None:
+        figures["router/dropped_fraction"] = dropped.max()
     for layer in range(bias.shape[0]):
         figures[f"router/layer_{layer}/bias_norm"] = jnp.linalg.norm(bias[layer])
         figures[f"router/layer_{layer}/load_max_over_min"] = max_over_min[layer]
         figures[f"router/layer_{layer}/load_max_over_mean"] = max_over_mean[layer]
+        if dropped is not None:
+            figures[f"router/layer_{layer}/dropped_fraction"] = dropped[layer]
     return figures
+
+
+def _capacity_factor(tree: Any) -> float | None:
+    transformers = jax.tree.leaves(tree, is_leaf=lambda node: isinstance(node, MoeTransformer))
+    configs = [node.config for node in transformers if isinstance(node, MoeTransformer)]
+    return configs[0].capacity_factor if configs else None
+
+
+def _dropped_fraction(load: jax.Array, capacity_factor: float | None) -> jax.Array | None:
+    """Per layer, the share of the (layers, experts) `load`'s assignments past ceil(factor x fair share)."""
+    if capacity_factor is None:
+        return None
+    assigned = load.sum(axis=-1, keepdims=True)
+    capacity = jnp.ceil(capacity_factor * assigned / load.shape[-1])
+    return jnp.maximum(load - capacity, 0).sum(axis=-1) / jnp.maximum(assigned[:, 0], 1)
 
 
 class MoeWatchCallback(WatchCallback):

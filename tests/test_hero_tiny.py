@@ -87,7 +87,7 @@ def test_every_train_step_logged_what_the_run_view_plots(hero_run: HeroRun) -> N
         keys = set().union(*(record.keys() for record in records))
         for key in ("train/loss", "optim/learning_rate", "grad/norm/total", "params/norm/total",
                     "throughput/tokens_per_second", "model_flops_per_second", "eval/macro_loss",
-                    "router/bias/norm", "router/load/max_over_mean"):  # fmt: skip
+                    "router/bias/norm", "router/load/max_over_mean", "router/dropped_fraction"):  # fmt: skip
             assert key in keys, (rung, sorted(keys))
         assert {f"eval/{cell}/loss" for cell in cells} <= keys, (rung, sorted(keys))
         losses = train_losses(records)

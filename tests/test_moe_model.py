@@ -21,7 +21,7 @@ from levanter.utils.tree_utils import inference_mode
 from steps.levanter_config import qwen3_moe_config
 from steps.model_size import MoeShape
 from steps.moe_block import MoeBlock, RouterBalance, balanced_bias
-from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, router_figures
+from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, _dropped_fraction, router_figures
 
 pytestmark = pytest.mark.training
 
@@ -262,13 +262,16 @@ def test_capacity_keeps_each_experts_first_tokens_and_drops_the_rest() -> None:
     capacity = int(np.ceil(factor * SEQ * TOP_K / EXPERTS))
     gate, up, down = (np.asarray(p.weight.rearrange(("experts", p.In, p.Out)).array)
                       for p in (block.experts.gate_proj, block.experts.up_proj, block.experts.down_proj))  # fmt: skip
-    expected, served = np.zeros_like(dropless), np.zeros(EXPERTS, dtype=int)
+    expected, served, drops = np.zeros_like(dropless), np.zeros(EXPERTS, dtype=int), 0
     for token in range(SEQ):
         for slot in range(TOP_K):
             expert = chosen[token, slot]
             served[expert] += 1
+            drops += served[expert] > capacity
             if served[expert] <= capacity:
                 hidden = np.asarray(jax.nn.silu(x.array[token] @ gate[expert])) * (x.array[token] @ up[expert])
                 expected[token] += weights[token, slot] * (hidden @ down[expert])
     assert served.max() > capacity  # some tokens are dropped here
     np.testing.assert_allclose(output(factor), expected, rtol=1e-4, atol=1e-5)
+    # What the train step logs as router/dropped_fraction, from that batch's loads.
+    assert float(_dropped_fraction(jnp.asarray(served[None], jnp.float32), factor)[0]) == drops / (SEQ * TOP_K)
