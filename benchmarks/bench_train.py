@@ -6,7 +6,13 @@ steps/model_size.py) as the median over the steps after the first few (compilati
 measures the peak: the best FLOP/s of a large f32 `jnp.dot` on the same JAX backend. The last line printed
 is one JSON object with both and `ratio_vs_peak`.
 
-    python benchmarks/bench_train.py --d-model 256 --layers 4 --experts 8 --steps 30
+    python benchmarks/bench_train.py                               # d=1024 (67M active), capacity 1.25
+    python benchmarks/bench_train.py --capacity-factor none        # dropless grouped matmuls
+
+On this 2-core machine (idle), ratio_vs_peak was 0.49 with the defaults (about 2.5 minutes), 0.38 at d=512 and
+0.33 at d=256 with capacity 1.25, and 0.14 dropless at d=256: XLA's CPU grouped matmul (`ragged_dot`) runs at
+about a seventh of a dense matmul, so capacity (one batched matmul over expert slots) is what makes CPU
+training efficient.
 """
 
 from __future__ import annotations
@@ -59,20 +65,20 @@ def build_data(root: Path, vocab_size: int) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--d-model", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument(
         "--capacity-factor",
-        type=float,
-        default=None,
-        help="experts take at most this multiple of a fair share of tokens (default: dropless)",
+        type=lambda text: None if text.lower() == "none" else float(text),
+        default=1.25,
+        help="experts take at most this multiple of a fair share of tokens; none: dropless",
     )
     args = parser.parse_args()
 
