@@ -202,7 +202,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         topk_idx_flat = hax.flatten_axes(topk_idx, old_axes=[token, config.TopExperts], new_axis="token_repeat")
         token_repeat = topk_idx_flat.resolve_axis("token_repeat")
         x_repeat_sort, group_sizes, sort_idx = self._permute(x_experts, topk_idx_flat, token_repeat)
-        if config.capacity_factor is None:
+        if config.capacity_factor is None or self.inference:  # evaluation sees every token, as the evaluate step
             out_repeat_sort = self.experts(x_repeat_sort, group_sizes, key=k_experts)
         else:
             sorted_experts = jnp.take(topk_idx_flat.array, sort_idx.array)

@@ -105,7 +105,8 @@ class MoeConfig(Qwen3MoeConfig):
     """RMS-normalise queries and keys per head (Qwen3's default is on; see the module docstring)."""
     capacity_factor: float | None = None
     """Each routed expert takes at most ceil(factor x tokens x top_k / experts) tokens of a batch, the rest
-    are dropped (their routed output is zero); None: dropless grouped matmuls (steps/moe_block.py)."""
+    are dropped (their routed output is zero); None: dropless grouped matmuls (steps/moe_block.py). Training
+    only: evaluation (`inference_mode`) is dropless, like the evaluate step."""
 
     def __post_init__(self) -> None:
         self._check_attention()  # before Levanter's, which asserts

@@ -246,7 +246,7 @@ def test_capacity_keeps_each_experts_first_tokens_and_drops_the_rest() -> None:
     """capacity_factor: with room for every token it equals the dropless grouped matmul; with less, each expert
     serves the first `capacity` tokens that chose it (in token order) and the others get nothing from it."""
     config = tiny_config(num_shared_experts=0, shared_expert_intermediate_dim=0)
-    block = inference_mode(MoeBlock.init(config, key=jax.random.PRNGKey(0)), True)
+    block = MoeBlock.init(config, key=jax.random.PRNGKey(0))  # training mode: evaluation is always dropless
     position = hax.Axis("position", SEQ)
     x = hax.random.normal(jax.random.PRNGKey(1), (position, config.Embed))
 
@@ -275,3 +275,6 @@ def test_capacity_keeps_each_experts_first_tokens_and_drops_the_rest() -> None:
     np.testing.assert_allclose(output(factor), expected, rtol=1e-4, atol=1e-5)
     # What the train step logs as router/dropped_fraction, from that batch's loads.
     assert float(_dropped_fraction(jnp.asarray(served[None], jnp.float32), factor)[0]) == drops / (SEQ * TOP_K)
+    evaluating = dataclasses.replace(block, config=dataclasses.replace(config, capacity_factor=factor))
+    evaluated = eqx.filter_jit(lambda b, x: b(x)[0].array)(inference_mode(evaluating, True), x)
+    np.testing.assert_allclose(np.asarray(evaluated), dropless, rtol=1e-5, atol=1e-6)  # eval drops nothing
