@@ -11,7 +11,8 @@
 
 A shard function writes only through its `ShardWriter`: files land under
 `<output>/.executor_tmp/<shard>-<attempt>/` and, once the function returns, move to their final
-names; then `<output>/.executor_shards/<shard>.json` records the files (size, sha256), rows and
+names (a folder the shard asked for with `out.folder(...)`, such as a Levanter cache, moves whole);
+then `<output>/.executor_shards/<shard>.json` records the files (size, sha256), rows and
 stats. A shard is done exactly when its marker exists, so a restarted step redoes only the
 shards without one. A forced rerun (`--force_run`) must replace the output, not resume it: each
 marker records the step's generation (the attempt that started its latest forced run, from the
@@ -108,14 +109,28 @@ class ShardWriter:
         self.shard_id = shard_id
         self.temp_root = storage.join(output_path, TEMP_DIR, f"{shard_id}-{uuid.uuid4().hex[:8]}")
         self._files: dict[str, tuple[str, int] | None] = {}
+        self._folders: set[str] = set()
+
+    def _check(self, relative: str) -> None:
+        if relative.startswith("/") or ".." in relative.split("/") or not relative:
+            raise ValueError(f"shard {self.shard_id}: output name {relative!r} must be a relative path inside the step")
 
     def path(self, relative: str) -> str:
         """A temp path to write `relative` (relative to the step's output) to, by any library."""
-        if relative.startswith("/") or ".." in relative.split("/") or not relative:
-            raise ValueError(f"shard {self.shard_id}: output name {relative!r} must be a relative path inside the step")
+        self._check(relative)
         self._files.setdefault(relative, None)
         temp = storage.join(self.temp_root, relative)
         storage.makedirs(storage.dirname(temp))
+        return temp
+
+    def folder(self, relative: str) -> str:
+        """A temp folder that becomes `relative` as a whole, with whatever files are in it at commit (written
+        by any library: a Levanter cache, a checkpoint). Locally it is committed by one rename, however
+        many files and subfolders it holds; the final folder must not be shared with another shard."""
+        self._check(relative)
+        self._folders.add(relative)
+        temp = storage.join(self.temp_root, relative)
+        storage.makedirs(temp)
         return temp
 
     def open(self, relative: str) -> _HashingWriter:
@@ -129,15 +144,21 @@ class ShardWriter:
         return _HashingWriter(fs.open(fs_path, "wb"), record)
 
     def commit(self) -> list[dict[str, Any]]:
-        """Move every written file to its final name; return their manifest entries."""
+        """Move every written file and folder to its final name; return their files' manifest entries."""
         entries = []
         for relative, known in sorted(self._files.items()):
             temp = storage.join(self.temp_root, relative)
             digest, size = known if known is not None else (storage.sha256_file(temp), _size(temp))
             storage.move(temp, storage.join(self.output_path, relative))
             entries.append({"path": relative, "size": size, "sha256": digest})
+        for relative in sorted(self._folders):
+            temp = storage.join(self.temp_root, relative)
+            for name, size in storage.walk_files(temp):
+                digest = storage.sha256_file(storage.join(temp, name))
+                entries.append({"path": f"{relative}/{name}", "size": size, "sha256": digest})
+            storage.move_tree(temp, storage.join(self.output_path, relative))
         storage.delete(self.temp_root, recursive=True)
-        return entries
+        return sorted(entries, key=lambda entry: entry["path"])
 
     def discard(self) -> None:
         storage.delete(self.temp_root, recursive=True)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import posixpath
+import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterable
@@ -307,6 +308,22 @@ def move(source: str, destination: str) -> None:
         return
     call_with_retry(lambda: fs.copy(source_path, destination_path), f"copy {source} -> {destination}")
     delete(source)
+
+
+def move_tree(source: str, destination: str) -> None:
+    """Move the folder `source` to `destination`, replacing what is there (one rename locally; every
+    file copied then deleted on object stores)."""
+    fs, source_path = filesystem(source)
+    _, destination_path = filesystem(destination)
+    if isinstance(fs, LocalFileSystem):
+        if os.path.lexists(destination_path):  # left by a commit killed before its marker was written
+            shutil.rmtree(destination_path)
+        os.makedirs(os.path.dirname(destination_path), exist_ok=True)
+        os.replace(source_path, destination_path)
+        return
+    delete(destination, recursive=True)
+    for name, _size in walk_files(source):
+        move(join(source, name), join(destination, name))
 
 
 def upload_file(local_path: str, path: str) -> None:

@@ -39,12 +39,13 @@ import functools
 import itertools
 import logging
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import xxhash
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from executor import storage
 from executor.shards import ShardReport, ShardWriter, run_sharded
@@ -188,6 +189,11 @@ def _framing(tokenizer_path: str) -> tuple[Tokenizer, SpecialTokenIds]:
 def cache_metadata(tokenizer_path: str) -> dict[str, Any]:
     """What Levanter's `BatchTokenizer.metadata` holds for this tokenizer, so that its cache loader finds the
     ledger's metadata equal to its own (it warns otherwise)."""
+    return dict(_cache_metadata(tokenizer_path))
+
+
+@functools.lru_cache(maxsize=4)
+def _cache_metadata(tokenizer_path: str) -> dict[str, Any]:
     tokenizer, special = _framing(tokenizer_path)
     return {
         "tokenizer": tokenizer_path,
@@ -204,35 +210,27 @@ def in_validation(doc_id: str, validation_fraction: float) -> bool:
     return xxhash.xxh3_64_intdigest(doc_id.encode("utf-8")) < validation_fraction * _HASH_RANGE
 
 
-def frame(ids: list[int], special: SpecialTokenIds) -> np.ndarray:
-    """A document's cache row: BOS (if any), its ids, EOS."""
-    start = 0 if special.bos is None else 1
-    row = np.empty(len(ids) + start + 1, dtype=np.int32)
-    if special.bos is not None:
-        row[0] = special.bos
-    row[start:-1] = ids
-    row[-1] = special.eos
-    return row
-
-
 def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> dict[str, Any]:
     config = payload.config
     tokenizer, special = _framing(config.tokenizer_path)
     metadata = cache_metadata(config.tokenizer_path)
     folder = f"{component_of(payload.path)}/" if config.per_folder else ""
-    parts = {split: PartWriter(writer, f"{folder}{split}/part-{payload.shard_index:05d}", metadata) for split in SPLITS}
+    prefix, suffix = ([] if special.bos is None else [special.bos]), [special.eos]
+    parts = {
+        split: PartWriter(writer, f"{folder}{split}/part-{payload.shard_index:05d}", metadata, prefix, suffix)
+        for split in SPLITS
+    }
     report = ReadReport()
     by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
     documents = read_documents(payload.path, report, config.raw_input)
-    for batch in itertools.batched(documents, config.batch_size):
-        encodings = tokenizer.encode_batch_fast([document["text"] for document in batch], add_special_tokens=False)
-        rows: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
+    for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size):
+        rows: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
         for document, encoding in zip(batch, encodings, strict=True):
-            row = frame(encoding.ids, special)
-            rows["validation" if in_validation(document["id"], config.validation_fraction) else "train"].append(row)
+            ids = encoding.ids
+            rows["validation" if in_validation(document["id"], config.validation_fraction) else "train"].append(ids)
             source = document["source"] or NO_SOURCE
             by_source["docs"][source] += 1
-            by_source["tokens"][source] += len(row)
+            by_source["tokens"][source] += len(ids) + len(prefix) + len(suffix)
             by_source["bytes"][source] += len(document["text"].encode("utf-8"))
         for split in SPLITS:
             parts[split].write(rows[split])
@@ -246,6 +244,24 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
     if config.per_folder:
         stats["component"] = component_of(payload.path)
     return stats
+
+
+def _encoded_batches(
+    tokenizer: Tokenizer, documents: Iterable[dict[str, Any]], batch_size: int
+) -> Iterator[tuple[tuple[dict[str, Any], ...], list[Encoding]]]:
+    """Batches of documents with their encodings, in order. Each batch is encoded in a helper thread while
+    the caller handles the one before and the next is read: `encode_batch_fast` releases the GIL, so the
+    Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its cores."""
+    with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoder:
+        ahead = None
+        for batch in itertools.batched(documents, batch_size):
+            texts = [document["text"] for document in batch]
+            encoding = encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
+            if ahead is not None:
+                yield ahead[0], ahead[1].result()
+            ahead = (batch, encoding)
+        if ahead is not None:
+            yield ahead[0], ahead[1].result()
 
 
 def component_of(path: str) -> str:

@@ -115,7 +115,8 @@ class ListConfig:
 
 def list_then_let_another_worker_write(config: ListConfig) -> None:
     fs, path = fsspec.core.url_to_fs(config.folder)
-    assert [name.rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)] == ["old.txt"]  # user code; the client caches it
+    listed = [name.rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)]  # user code; the client caches it
+    assert listed == ["old.txt"]
     _write_from_another_thread(f"{config.folder}/new.txt", "new")
 
 

@@ -193,3 +193,37 @@ def test_a_local_pool_runs_no_more_shards_at_once_than_fit_in_memory(tmp_path):
     assert not sharded_steps.ran_at_once(
         str(tmp_path / "budget"), parallelism="thread", max_workers=3, memory_bytes=int(0.6 * ram)
     )
+
+
+def write_a_folder(payload: dict, out) -> dict:
+    """A shard that leaves a whole folder (as a Levanter cache or a checkpoint does), written by path."""
+    folder = out.folder(f"parts/{payload['id']}")
+    for name, text in (("a.txt", "alpha"), ("deep/er/b.txt", "beta " * payload["n"])):
+        storage.write_atomic(storage.join(folder, name), text)
+    with out.open(f"single/{payload['id']}.txt") as handle:
+        handle.write(b"one file")
+    return {"rows": payload["n"]}
+
+
+@pytest.mark.parametrize("scheme", ["local", "memory"])
+def test_a_folder_is_committed_whole_replacing_a_half_committed_one(tmp_path, scheme):
+    """`ShardWriter.folder`: the folder appears with all its files (one rename locally), every file is in the
+    marker with its checksum, and a folder left by a commit killed before its marker was written is
+    replaced, not merged with (its stale file would otherwise survive into the output)."""
+    output = str(tmp_path / "step") if scheme == "local" else f"memory://shards-folder-{tmp_path.name}"
+    storage.write_atomic(storage.join(output, "parts/001/stale.txt"), "from a killed commit")
+    shards = [Shard(f"{i:03d}", {"id": f"{i:03d}", "n": i + 1}) for i in range(3)]
+    report = run_sharded(output, shards, write_a_folder, parallelism="thread")
+    assert report.ran == 3 and report.rows == 6
+    assert storage.read_bytes(storage.join(output, "parts/001/stale.txt")) is None
+    assert storage.read_bytes(storage.join(output, "parts/001/deep/er/b.txt")) == b"beta " * 2
+    for shard_id, marker in read_shard_markers(output).items():
+        files = {entry["path"]: entry for entry in marker["files"]}
+        expected = [f"parts/{shard_id}/a.txt", f"parts/{shard_id}/deep/er/b.txt", f"single/{shard_id}.txt"]
+        assert sorted(files) == expected
+        for path, entry in files.items():
+            assert entry["sha256"] == storage.sha256_file(storage.join(output, path))
+            assert entry["size"] == len(storage.read_bytes(storage.join(output, path)))
+    assert storage.walk_files(storage.join(output, TEMP_DIR)) == []
+    write_manifest(output)
+    assert verify_manifest(output) == []

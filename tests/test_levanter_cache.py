@@ -1,0 +1,83 @@
+"""The tokenize step's cache writer against Levanter's own: the same files, the same ledger, the same rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from levanter.store.cache import CacheLedger, CacheMetadata, SerialCacheWriter
+
+from executor.shards import ShardWriter
+from steps.levanter_cache import EXEMPLAR, LEDGER_FILE, TOKENS_FIELD, PartWriter, load_cache
+
+BOS, EOS = 1, 2
+METADATA = {"tokenizer": "test", "vocab_size": 5000, "append_bos": True, "append_eos": True}
+
+
+def documents() -> list[list[int]]:
+    """70 documents of 0 to 600 ids (one empty), written in batches of 10."""
+    rng = np.random.default_rng(7)
+    return [rng.integers(3, 5000, size=int(length)).tolist() for length in [0, *rng.integers(1, 600, size=69)]]
+
+
+def levanters_cache(path: Path, docs: list[list[int]]) -> None:
+    """What Levanter's own writer leaves for the same framed documents, a batch at a time."""
+    with SerialCacheWriter(str(path), EXEMPLAR, metadata=CacheMetadata(METADATA)) as writer:
+        for start in range(0, len(docs), 10):
+            framed = [np.array([BOS, *ids, EOS], dtype=np.int32) for ids in docs[start : start + 10]]
+            writer.write_batch({TOKENS_FIELD: framed})
+
+
+def our_cache(output: Path, docs: list[list[int]], flush_tokens: int) -> tuple[Path, list[dict]]:
+    writer = ShardWriter(str(output), "00000")
+    part = PartWriter(writer, "train/part-00000", METADATA, prefix=[BOS], suffix=[EOS], flush_tokens=flush_tokens)
+    for start in range(0, len(docs), 10):
+        part.write(docs[start : start + 10])
+    part.close()
+    assert (part.rows, part.tokens) == (len(docs), sum(len(ids) + 2 for ids in docs))
+    return output / "train" / "part-00000", writer.commit()
+
+
+def array_metadata(cache: Path) -> dict[str, dict]:
+    return {name: json.loads((cache / TOKENS_FIELD / name / "zarr.json").read_text()) for name in ("offsets", "data")}
+
+
+@pytest.mark.parametrize(
+    "flush_tokens",
+    [
+        pytest.param(1 << 30, id="one-write-at-close"),
+        pytest.param(1, id="a-write-per-batch"),  # close writes only the row count
+        pytest.param(5000, id="writes-then-the-rest-at-close"),  # every second batch; the seventh at close
+    ],
+)
+def test_a_part_is_what_levanters_own_writer_leaves(tmp_path, flush_tokens):
+    docs = documents()
+    theirs = tmp_path / "theirs"
+    levanters_cache(theirs, docs)
+    ours, manifest = our_cache(tmp_path / "ours", docs, flush_tokens)
+
+    assert array_metadata(ours) == array_metadata(theirs)
+    our_ledger, their_ledger = CacheLedger.load(str(ours)), CacheLedger.load(str(theirs))
+    for field in ("total_num_rows", "shard_rows", "is_finished", "finished_shards", "field_counts", "metadata"):
+        assert getattr(our_ledger, field) == getattr(their_ledger, field), field
+    ours_read, their_cache = load_cache(str(ours)), load_cache(str(theirs))
+    assert len(ours_read) == len(their_cache) == len(docs)
+    indices = list(range(len(docs)))
+    pairs = zip(ours_read.get_batch_sync(indices), their_cache.get_batch_sync(indices), strict=True)
+    for index, (mine, levanters) in enumerate(pairs):
+        assert mine[TOKENS_FIELD].dtype == np.int32
+        assert mine[TOKENS_FIELD].tolist() == levanters[TOKENS_FIELD].tolist() == [BOS, *docs[index], EOS]
+    # The shard's manifest lists every file of the committed folder, the ledger among them.
+    names = {entry["path"] for entry in manifest}
+    assert f"train/part-00000/{LEDGER_FILE}" in names
+    assert names == {f"train/part-00000/{path.relative_to(ours)}" for path in ours.rglob("*") if path.is_file()}
+
+
+def test_a_part_without_documents_leaves_no_folder(tmp_path):
+    writer = ShardWriter(str(tmp_path / "out"), "00000")
+    part = PartWriter(writer, "validation/part-00000", METADATA, prefix=[BOS], suffix=[EOS])
+    part.write([])
+    part.close()
+    assert writer.commit() == [] and not (tmp_path / "out" / "validation").exists()
