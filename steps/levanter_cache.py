@@ -178,12 +178,12 @@ class _ArrayPair:
     row's tokens end to end; `offsets`, the row count at [0] and each row's end offset at [1 + row].
 
     Created with Levanter's own spec (`jagged_array._get_spec`: sharded chunks, blosc zstd), so Levanter
-    opens them as if its `SerialCacheWriter` had written them (`tests/test_steps_tokenize.py` compares
-    the metadata). Written here rather than through `JaggedArrayStore.extend` for two reasons measured
-    on a 10-group step (bench_tokenize): `extend` writes the row count as a separate read-modify-write
-    of the offsets after every batch, and tensorstore's file driver fsyncs every write by default. Each
-    cost about 3 ms per write, 20 ms per group, a fifth of the step. Local files here are made durable
-    as the executor's own are: by the atomic commit (rename) after a complete write, not by fsync."""
+    opens them as if its `SerialCacheWriter` had written them (`tests/test_levanter_cache.py` compares
+    the metadata and the rows). Written here rather than through `JaggedArrayStore.extend`, which writes
+    the row count as a separate read-modify-write of the offsets after every batch, on arrays opened
+    one after the other with tensorstore's default of an fsync per file write: about 3 ms per write
+    here, 20 ms per shard group of two splits, against about 6 ms now. Local files are made durable as
+    the executor's own are, by the atomic commit (a rename) after a complete write, not by fsync."""
 
     def __init__(self, offsets: ts.TensorStore, data: ts.TensorStore):
         self._offsets = offsets

@@ -36,7 +36,6 @@ A step that would leave no training document fails instead of writing an empty c
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -68,6 +67,9 @@ SPLITS = ("train", "validation")
 COMPONENTS_FILE = "components.json"
 NO_SOURCE = "(none)"
 _HASH_RANGE = float(1 << 64)
+BATCH_CHARS = 1 << 19
+"""An encode call also ends at this many characters of text: the next batch can encode while the last is
+written even in a small file, and a batch of huge documents stays bounded."""
 
 
 class EmptyTokenizeOutputError(ValueError):
@@ -88,7 +90,7 @@ class TokenizeConfig:
     """Whether an input file with no usable document is an error (False for our own outputs, where an
     upstream filter may have emptied a shard: it is then counted in stats.json as an empty file)."""
     batch_size: int = 512
-    """Documents per `encode_batch` call and per cache write; memory and speed only, so unversioned."""
+    """Documents per `encode_batch_fast` call at most (see `BATCH_CHARS`); memory and speed only, so unversioned."""
     parallelism: str = "auto"
     """How shard groups run: auto (Ray when initialized, else processes), ray, process or thread. Plain."""
     max_workers: int | None = None
@@ -223,7 +225,7 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
     report = ReadReport()
     by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
     documents = read_documents(payload.path, report, config.raw_input)
-    for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size):
+    for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size, BATCH_CHARS):
         rows: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
         for document, encoding in zip(batch, encodings, strict=True):
             ids = encoding.ids
@@ -247,14 +249,14 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
 
 
 def _encoded_batches(
-    tokenizer: Tokenizer, documents: Iterable[dict[str, Any]], batch_size: int
+    tokenizer: Tokenizer, documents: Iterable[dict[str, Any]], batch_size: int, batch_chars: int
 ) -> Iterator[tuple[tuple[dict[str, Any], ...], list[Encoding]]]:
     """Batches of documents with their encodings, in order. Each batch is encoded in a helper thread while
     the caller handles the one before and the next is read: `encode_batch_fast` releases the GIL, so the
     Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its cores."""
     with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoder:
         ahead = None
-        for batch in itertools.batched(documents, batch_size):
+        for batch in _batches(documents, batch_size, batch_chars):
             texts = [document["text"] for document in batch]
             encoding = encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
             if ahead is not None:
@@ -262,6 +264,22 @@ def _encoded_batches(
             ahead = (batch, encoding)
         if ahead is not None:
             yield ahead[0], ahead[1].result()
+
+
+def _batches(
+    documents: Iterable[dict[str, Any]], batch_size: int, batch_chars: int
+) -> Iterator[tuple[dict[str, Any], ...]]:
+    """Runs of at most `batch_size` documents, ending early once they hold `batch_chars` characters of text."""
+    batch: list[dict[str, Any]] = []
+    chars = 0
+    for document in documents:
+        batch.append(document)
+        chars += len(document["text"])
+        if len(batch) >= batch_size or chars >= batch_chars:
+            yield tuple(batch)
+            batch, chars = [], 0
+    if batch:
+        yield tuple(batch)
 
 
 def component_of(path: str) -> str:

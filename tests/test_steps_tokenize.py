@@ -23,7 +23,14 @@ from executor.shards import read_shard_markers
 from steps.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
 from steps.levanter_cache import UnsupportedCachePathError, load_cache
 from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.tokenize import EmptyTokenizeOutputError, TokenizeConfig, in_validation, load_components, tokenize
+from steps.tokenize import (
+    EmptyTokenizeOutputError,
+    TokenizeConfig,
+    _encoded_batches,
+    in_validation,
+    load_components,
+    tokenize,
+)
 from steps.train_tokenizer import (
     ExistingTokenizer,
     TrainTokenizerConfig,
@@ -181,6 +188,22 @@ def jsonl_inputs(folder: Path, files: dict[str, list[dict]]) -> str:
     for name, records in files.items():
         (folder / name).write_text("".join(json.dumps(record) + "\n" for record in records))
     return str(folder)
+
+
+def test_encode_batches_end_at_either_cap_and_come_back_in_order(tokenizer_path):
+    """The step encodes a batch ahead in a helper thread: batches must come back in reading order, each
+    with its own encodings, and end at `batch_size` documents or once `batch_chars` characters are held."""
+    texts = ["a" * 30, "b", "c", "d", "e" * 25, "f", "g" * 100, "h"]
+    documents = [{"id": str(index), "text": text} for index, text in enumerate(texts)]
+    tokenizer = load_tokenizer(tokenizer_path)
+    batches = list(_encoded_batches(tokenizer, iter(documents), 3, 30))
+    assert [[document["text"][0] for document in batch] for batch, _ in batches] == [
+        ["a"], ["b", "c", "d"], ["e", "f", "g"], ["h"]
+    ]  # fmt: skip
+    for batch, encodings in batches:
+        assert [encoding.ids for encoding in encodings] == [
+            encoding.ids for encoding in tokenizer.encode_batch([d["text"] for d in batch], add_special_tokens=False)
+        ]
 
 
 def test_documents_without_text_and_empty_files_are_counted_and_reported(tmp_path, tokenizer_path):
