@@ -19,7 +19,10 @@ The folder holds:
   ("moe_balanced", Levanter's registry name for `MoeConfig`) and the Levanter and Haliax versions. Run-time
   choices (kernel, scan, rematerialisation, tokenizer path) are left out. Written last: a folder with a
   config.json is complete.
-- `model.safetensors`: one tensor per weight in the dtype trained, layers unstacked from Levanter's scanned
+- `model.safetensors`, or past `max_shard_bytes` (5 GB, `transformers`' default) the same tensors split
+  in depth order over `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json` (HF's
+  layout: `metadata.total_size`, `weight_map` from tensor name to file), which `transformers` and
+  `safetensors` users read as is: one tensor per weight in the dtype trained, layers unstacked from Levanter's scanned
   periods and numbered in depth order. Linear weights are (out, in) as in PyTorch; attention heads are
   flattened head-major (grouped by KV head, as Levanter's HF converter writes Qwen3). Names (layer `i`,
   routed expert `j`):
@@ -47,8 +50,8 @@ The folder holds:
   steps/model_size.py's `total_params`.
 - the tokenizer files of the run (`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`).
 
-The whole model passes through host memory once (fine up to the ladder's rungs; the hero would want sharded
-files, `model-0000i-of-n.safetensors`, which this does not write yet).
+Host memory holds one weights file at a time: the tensors are copied off the devices file by file. (The
+model is loaded whole on the exporting host's devices, as steps/evaluate.py loads it.)
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ logger = logging.getLogger(__name__)
 HF_FOLDER = "hf"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_SHARD_BYTES = 5 * 10**9
+"""Weights beyond this are split over several files (`transformers`' `save_pretrained` default, 5 GB)."""
 MODEL_TYPE = "moe_balanced"
 ARCHITECTURE = "MoeLMHeadModel"
 
@@ -122,17 +128,59 @@ class HfExportError(ValueError):
     """An export folder that cannot rebuild the model: says which folder and what is wrong."""
 
 
-def export_model(model: MoeLMHeadModel, folder: str, tokenizer_path: str) -> dict[str, Any]:
+def export_model(
+    model: MoeLMHeadModel, folder: str, tokenizer_path: str, max_shard_bytes: int = MAX_SHARD_BYTES
+) -> dict[str, Any]:
     """Write `model` as an HF-style folder (module docstring) with the tokenizer at `tokenizer_path`; returns
-    config.json's content."""
-    tensors = model_tensors(model)
-    payload = safetensors.numpy.save(tensors, metadata={"format": "pt"})
-    storage.write_atomic(storage.join(folder, WEIGHTS_FILE), payload)
+    config.json's content. config.json goes first out and last in: a folder with one is complete."""
+    storage.delete(storage.join(folder, CONFIG_FILE))
+    tensors = _device_tensors(model)
+    shards = shard_plan({name: array.nbytes for name, array in tensors.items()}, max_shard_bytes)
+    names = [WEIGHTS_FILE] if len(shards) == 1 else [_shard_name(i, len(shards)) for i in range(len(shards))]
+    for name, members in zip(names, shards, strict=True):
+        payload = safetensors.numpy.save({m: np.asarray(tensors[m]) for m in members}, metadata={"format": "pt"})
+        storage.write_atomic(storage.join(folder, name), payload)
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(array.nbytes for array in tensors.values())},
+            "weight_map": {member: name for name, members in zip(names, shards, strict=True) for member in members},
+        }
+        storage.write_json_atomic(storage.join(folder, INDEX_FILE), index)
+    _remove_stale_weights(folder, keep=set(names) | ({INDEX_FILE} if len(shards) > 1 else set()))
     _copy_tokenizer(tokenizer_path, folder)
     hf_config = config_json(model.config, model.Vocab.size, model.embeddings.token_embeddings.weight.dtype)
     storage.write_json_atomic(storage.join(folder, CONFIG_FILE), hf_config)
-    logger.info("HF export: %d tensors, %.1f MB, under %s", len(tensors), len(payload) / 1e6, folder)
+    size = sum(array.nbytes for array in tensors.values())
+    logger.info("HF export: %d tensors, %.1f MB in %d file(s), under %s", len(tensors), size / 1e6, len(names), folder)
     return hf_config
+
+
+def shard_plan(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
+    """Tensor names (in order) grouped into files as `transformers` groups them: a file closes when the
+    next tensor would take it past `max_shard_bytes`; a tensor larger than that gets a file of its own."""
+    if max_shard_bytes <= 0:
+        raise ValueError(f"HF export: max_shard_bytes must be positive, got {max_shard_bytes}")
+    shards: list[list[str]] = [[]]
+    held = 0
+    for name, size in sizes.items():
+        if shards[-1] and held + size > max_shard_bytes:
+            shards.append([])
+            held = 0
+        shards[-1].append(name)
+        held += size
+    return shards
+
+
+def _shard_name(index: int, count: int) -> str:
+    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+
+
+def _remove_stale_weights(folder: str, keep: set[str]) -> None:
+    """Weights files of an earlier export into `folder` that this one did not write (another sharding)."""
+    for name in storage.list_names(folder):
+        if (name.endswith(".safetensors") and name.startswith("model")) or name == INDEX_FILE:
+            if name not in keep:
+                storage.delete(storage.join(folder, name))
 
 
 def export_checkpoint(
@@ -157,18 +205,15 @@ def export_checkpoint(
 
 
 def load_hf_export(folder: str) -> MoeLMHeadModel:
-    """The Levanter model an `export_model` folder holds, rebuilt from config.json and model.safetensors.
+    """The Levanter model an `export_model` folder holds, rebuilt from config.json and its weights files.
 
     Raises HfExportError naming the folder when a file is missing, config.json is not this model's or lacks a
-    field, or a tensor is missing, unexpected, or of the wrong shape."""
+    field, or a tensor is missing, unexpected, in another file than the index says, or of the wrong shape."""
     hf_config = storage.read_json(storage.join(folder, CONFIG_FILE))
     if hf_config is None:
         raise HfExportError(f"{folder}: no {CONFIG_FILE}; not an HF export, or an unfinished one (it is written last)")
     config = moe_config(hf_config, folder)
-    payload = storage.read_bytes(storage.join(folder, WEIGHTS_FILE))
-    if payload is None:
-        raise HfExportError(f"{folder}: no {WEIGHTS_FILE} beside its {CONFIG_FILE}; export the model again")
-    tensors = _read_tensors(payload, folder)
+    tensors = read_weights(folder)
     template = config.build(Axis("vocab", _field(hf_config, "vocab_size", folder)), key=jax.random.PRNGKey(0))
     _check_tensors(tensors, model_tensors(template), folder)
     layers = [
@@ -178,8 +223,42 @@ def load_hf_export(folder: str) -> MoeLMHeadModel:
     return _with_weights(template, layers, tensors)
 
 
+def read_weights(folder: str) -> dict[str, np.ndarray]:
+    """Every tensor of an export: from `model.safetensors`, or from the files its index maps them to."""
+    index = storage.read_json(storage.join(folder, INDEX_FILE))
+    if index is None:
+        payload = storage.read_bytes(storage.join(folder, WEIGHTS_FILE))
+        if payload is None:
+            raise HfExportError(
+                f"{folder}: no {WEIGHTS_FILE} (nor {INDEX_FILE}) beside its {CONFIG_FILE}; export the model again"
+            )
+        return _read_tensors(payload, folder, WEIGHTS_FILE)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise HfExportError(f"{folder}: {INDEX_FILE} has no weight_map; export the model again")
+    tensors: dict[str, np.ndarray] = {}
+    for name in sorted(set(weight_map.values())):
+        payload = storage.read_bytes(storage.join(folder, name))
+        if payload is None:
+            raise HfExportError(f"{folder}: {INDEX_FILE} names {name}, which is missing; export the model again")
+        found = _read_tensors(payload, folder, name)
+        misplaced = sorted(tensor for tensor in found if weight_map.get(tensor) != name)
+        if misplaced:
+            raise HfExportError(
+                f"{folder}: {name} holds {len(misplaced)} tensor(s) {INDEX_FILE} places elsewhere or not at all: "
+                f"{misplaced[:3]}"
+            )
+        tensors |= found
+    return tensors
+
+
 def model_tensors(model: MoeLMHeadModel) -> dict[str, np.ndarray]:
     """Every weight and the router state under its export name (module docstring), as host arrays."""
+    return {name: np.asarray(array) for name, array in _device_tensors(model).items()}
+
+
+def _device_tensors(model: MoeLMHeadModel) -> dict[str, Any]:
+    """`model_tensors`, still on the devices: embeddings, final norm, LM head, then the layers in depth order."""
     parts = [
         to_torch_compatible_state_dict(model.embeddings),
         to_torch_compatible_state_dict(model.transformer.norm, prefix="model.norm"),
@@ -188,7 +267,7 @@ def model_tensors(model: MoeLMHeadModel) -> dict[str, np.ndarray]:
         parts.append(to_torch_compatible_state_dict(model.lm_head, prefix="lm_head"))
     for index, layer in enumerate(model.transformer.layers_in_order()):
         parts.append(to_torch_compatible_state_dict(layer, prefix=f"model.layers.{index}"))
-    return {name: np.asarray(array) for part in parts for name, array in part.items()}
+    return {name: array for part in parts for name, array in part.items()}
 
 
 def config_json(config: MoeConfig, vocab_size: int, dtype: Any) -> dict[str, Any]:
@@ -253,11 +332,11 @@ def _field(hf_config: dict[str, Any], key: str, folder: str) -> Any:
     return hf_config[key]
 
 
-def _read_tensors(payload: bytes, folder: str) -> dict[str, np.ndarray]:
+def _read_tensors(payload: bytes, folder: str, file: str) -> dict[str, np.ndarray]:
     tensors = {}
     for name, tensor in safetensors.deserialize(payload):
         if tensor["dtype"] not in _DTYPES:
-            raise HfExportError(f"{folder}: tensor {name} has dtype {tensor['dtype']}; expected a float type")
+            raise HfExportError(f"{folder}: tensor {name} in {file} has dtype {tensor['dtype']}; expected a float type")
         array = np.frombuffer(tensor["data"], dtype=_DTYPES[tensor["dtype"]])
         tensors[name] = array.reshape(tensor["shape"])
     return tensors
@@ -269,7 +348,7 @@ def _check_tensors(found: dict[str, np.ndarray], expected: dict[str, np.ndarray]
     unexpected = sorted(found.keys() - expected.keys())
     if missing or unexpected:
         raise HfExportError(
-            f"{folder}: {WEIGHTS_FILE} does not match {CONFIG_FILE}: {len(missing)} tensors missing "
+            f"{folder}: the weights do not match {CONFIG_FILE}: {len(missing)} tensors missing "
             f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}"
         )
     for name, array in expected.items():

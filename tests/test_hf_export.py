@@ -28,6 +28,7 @@ from test_moe_model import SEQ, VOCAB, Vocab, batches, mesh  # noqa: F401 (mesh:
 
 from steps.hf_export import (
     CONFIG_FILE,
+    INDEX_FILE,
     WEIGHTS_FILE,
     HfExportError,
     export_checkpoint,
@@ -35,6 +36,7 @@ from steps.hf_export import (
     load_hf_export,
     model_tensors,
     moe_config,
+    shard_plan,
 )
 from steps.model_size import MoeShape, total_params
 from steps.moe_block import RouterBalance
@@ -218,6 +220,91 @@ def test_export_from_the_latest_complete_checkpoint(model: MoeLMHeadModel, token
     assert all(np.array_equal(restored[name], tensor) for name, tensor in original.items())
     with pytest.raises(FileNotFoundError, match=re.escape(f"HF export to {tmp_path}/none: no complete checkpoint")):
         export_checkpoint(str(tmp_path / "empty"), config, VOCAB, str(tmp_path / "none"))
+
+
+def test_weights_past_the_shard_size_are_split_in_depth_order_with_an_index(
+    model: MoeLMHeadModel, exported: Path, tokenizer: str, tmp_path: Path
+) -> None:
+    """HF's layout for a model too large for one file, as `transformers` reads it; re-exporting into the same
+    folder with another sharding leaves no file of the earlier export."""
+    original = model_tensors(model)
+    sizes = {name: tensor.nbytes for name, tensor in original.items()}
+    limit = max(sum(sizes.values()) // 5, max(sizes.values()))
+    folder = tmp_path / "hf"
+    shutil.copytree(exported, folder)  # an earlier one-file export
+    export_model(model, str(folder), tokenizer, max_shard_bytes=limit)
+
+    index = json.loads((folder / INDEX_FILE).read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 5
+    assert files == [f"model-{i:05d}-of-{len(files):05d}.safetensors" for i in range(1, len(files) + 1)]
+    assert not (folder / WEIGHTS_FILE).exists()
+    assert index["metadata"]["total_size"] == sum(sizes.values())
+    assert index["weight_map"].keys() == sizes.keys()
+    layer_files: dict[int, set[str]] = {}
+    for file in files:
+        held = safetensors.numpy.load_file(folder / file)
+        assert sum(tensor.nbytes for tensor in held.values()) <= limit
+        assert {index["weight_map"][name] for name in held} == {file}
+        for name in held:
+            if name.startswith("model.layers."):
+                layer_files.setdefault(int(name.split(".")[2]), set()).add(file)
+    first_files = [min(found) for _, found in sorted(layer_files.items())]
+    assert first_files == sorted(first_files) and len(set(first_files)) > 1  # layer i+1 never before layer i
+    restored = model_tensors(load_hf_export(str(folder)))
+    assert restored.keys() == original.keys()
+    assert all(np.array_equal(restored[name], tensor) for name, tensor in original.items())
+
+    export_model(model, str(folder), tokenizer)  # back to one file
+    assert (folder / WEIGHTS_FILE).exists() and not (folder / INDEX_FILE).exists()
+    assert not list(folder.glob("model-*.safetensors"))
+
+
+def test_the_shard_plan_closes_a_file_before_it_would_overflow() -> None:
+    assert shard_plan({"a": 3, "b": 10, "c": 2, "d": 2, "e": 1}, 5) == [["a"], ["b"], ["c", "d", "e"]]
+    assert shard_plan({"a": 3, "b": 2}, 5) == [["a", "b"]]
+    with pytest.raises(ValueError, match="max_shard_bytes must be positive"):
+        shard_plan({"a": 1}, 0)
+
+
+@pytest.fixture(scope="module")
+def sharded(model: MoeLMHeadModel, tokenizer: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("sharded") / "hf"
+    export_model(model, str(folder), tokenizer, max_shard_bytes=40_000)
+    return folder
+
+
+def move_a_tensor_in_the_index(folder: Path) -> None:
+    index = json.loads((folder / INDEX_FILE).read_text())
+    weight_map = index["weight_map"]
+    here = weight_map["model.norm.weight"]
+    weight_map["model.norm.weight"] = next(file for file in sorted(weight_map.values()) if file != here)
+    (folder / INDEX_FILE).write_text(json.dumps(index))
+
+
+BROKEN_SHARDED = {
+    "a file missing": (
+        lambda folder: sorted(folder.glob("model-00002-*"))[0].unlink(),
+        r"model\.safetensors\.index\.json names model-00002-of-\d{5}\.safetensors, which is missing",
+    ),
+    "a tensor in another file than the index says": (
+        move_a_tensor_in_the_index,
+        r"model-\d{5}-of-\d{5}\.safetensors holds 1 tensor\(s\) model\.safetensors\.index\.json places "
+        r"elsewhere or not at all: \['model\.norm\.weight'\]",
+    ),
+    "no weight map": (lambda folder: (folder / INDEX_FILE).write_text("{}"), r"has no weight_map"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_SHARDED))
+def test_a_broken_sharded_export_is_refused_naming_the_folder(sharded: Path, tmp_path: Path, case: str) -> None:
+    assert len(list(sharded.glob("model-*.safetensors"))) >= 3
+    folder = tmp_path / "copy"
+    shutil.copytree(sharded, folder)
+    breaks, message = BROKEN_SHARDED[case]
+    breaks(folder)
+    with pytest.raises(HfExportError, match=rf"^{re.escape(str(folder))}: .*{message}"):
+        load_hf_export(str(folder))
 
 
 def drop_config_field(folder: Path) -> None:
