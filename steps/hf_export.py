@@ -50,8 +50,8 @@ The folder holds:
   steps/model_size.py's `total_params`.
 - the tokenizer files of the run (`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`).
 
-Host memory holds one weights file at a time: the tensors are copied off the devices file by file. (The
-model is loaded whole on the exporting host's devices, as steps/evaluate.py loads it.)
+Host memory holds one weights file (and one layer) at a time; the model itself is loaded whole on the
+exporting host's devices, as steps/evaluate.py loads it.
 """
 
 from __future__ import annotations
@@ -132,26 +132,35 @@ def export_model(
     model: MoeLMHeadModel, folder: str, tokenizer_path: str, max_shard_bytes: int = MAX_SHARD_BYTES
 ) -> dict[str, Any]:
     """Write `model` as an HF-style folder (module docstring) with the tokenizer at `tokenizer_path`; returns
-    config.json's content. config.json goes first out and last in: a folder with one is complete."""
+    config.json's content. config.json goes first out and last in: a folder with one is complete.
+
+    The tensors are copied to host memory a part (the embeddings, a layer...) at a time: once to size
+    them, then again file by file, so the host holds one file and one part at most."""
     storage.delete(storage.join(folder, CONFIG_FILE))
-    tensors = _device_tensors(model)
-    shards = shard_plan({name: array.nbytes for name, array in tensors.items()}, max_shard_bytes)
+    parts = _parts(model)
+    sizes: dict[str, int] = {}
+    owner: dict[str, int] = {}
+    for index, part in enumerate(parts):
+        for name, array in _on_host(part).items():
+            sizes[name], owner[name] = array.nbytes, index
+    shards = shard_plan(sizes, max_shard_bytes)
     names = [WEIGHTS_FILE] if len(shards) == 1 else [_shard_name(i, len(shards)) for i in range(len(shards))]
     for name, members in zip(names, shards, strict=True):
-        payload = safetensors.numpy.save({m: np.asarray(tensors[m]) for m in members}, metadata={"format": "pt"})
+        held: dict[str, np.ndarray] = {}
+        for index in sorted({owner[member] for member in members}):
+            held |= _on_host(parts[index])
+        payload = safetensors.numpy.save({member: held[member] for member in members}, metadata={"format": "pt"})
         storage.write_atomic(storage.join(folder, name), payload)
     if len(shards) > 1:
-        index = {
-            "metadata": {"total_size": sum(array.nbytes for array in tensors.values())},
-            "weight_map": {member: name for name, members in zip(names, shards, strict=True) for member in members},
-        }
-        storage.write_json_atomic(storage.join(folder, INDEX_FILE), index)
+        weight_map = {member: name for name, members in zip(names, shards, strict=True) for member in members}
+        index_json = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+        storage.write_json_atomic(storage.join(folder, INDEX_FILE), index_json)
     _remove_stale_weights(folder, keep=set(names) | ({INDEX_FILE} if len(shards) > 1 else set()))
     _copy_tokenizer(tokenizer_path, folder)
     hf_config = config_json(model.config, model.Vocab.size, model.embeddings.token_embeddings.weight.dtype)
     storage.write_json_atomic(storage.join(folder, CONFIG_FILE), hf_config)
-    size = sum(array.nbytes for array in tensors.values())
-    logger.info("HF export: %d tensors, %.1f MB in %d file(s), under %s", len(tensors), size / 1e6, len(names), folder)
+    logger.info("HF export: %d tensors, %.1f MB in %d file(s), under %s",
+                len(sizes), sum(sizes.values()) / 1e6, len(names), folder)  # fmt: skip
     return hf_config
 
 
@@ -254,20 +263,21 @@ def read_weights(folder: str) -> dict[str, np.ndarray]:
 
 def model_tensors(model: MoeLMHeadModel) -> dict[str, np.ndarray]:
     """Every weight and the router state under its export name (module docstring), as host arrays."""
-    return {name: np.asarray(array) for name, array in _device_tensors(model).items()}
+    return {name: array for part in _parts(model) for name, array in _on_host(part).items()}
 
 
-def _device_tensors(model: MoeLMHeadModel) -> dict[str, Any]:
-    """`model_tensors`, still on the devices: embeddings, final norm, LM head, then the layers in depth order."""
-    parts = [
-        to_torch_compatible_state_dict(model.embeddings),
-        to_torch_compatible_state_dict(model.transformer.norm, prefix="model.norm"),
-    ]
+def _parts(model: MoeLMHeadModel) -> list[tuple[str | None, Any]]:
+    """(name prefix, module) of the embeddings, the final norm, the LM head, then the layers in depth order."""
+    parts: list[tuple[str | None, Any]] = [(None, model.embeddings), ("model.norm", model.transformer.norm)]
     if model.lm_head is not None:
-        parts.append(to_torch_compatible_state_dict(model.lm_head, prefix="lm_head"))
-    for index, layer in enumerate(model.transformer.layers_in_order()):
-        parts.append(to_torch_compatible_state_dict(layer, prefix=f"model.layers.{index}"))
-    return {name: array for part in parts for name, array in part.items()}
+        parts.append(("lm_head", model.lm_head))
+    parts += [(f"model.layers.{index}", layer) for index, layer in enumerate(model.transformer.layers_in_order())]
+    return parts
+
+
+def _on_host(part: tuple[str | None, Any]) -> dict[str, np.ndarray]:
+    prefix, module = part
+    return {name: np.asarray(array) for name, array in to_torch_compatible_state_dict(module, prefix=prefix).items()}
 
 
 def config_json(config: MoeConfig, vocab_size: int, dtype: Any) -> dict[str, Any]:
