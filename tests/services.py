@@ -1,6 +1,7 @@
 """Local stand-ins for cloud storage, started by the tests themselves, all on 127.0.0.1.
 
-- `gcs_emulator`: `gcp-storage-emulator` (in memory), used through the real gcsfs. It ignores
+- `gcs_emulator`: `gcp-storage-emulator` (in memory), used through the real gcsfs and tensorstore, with
+  the two GCS behaviours tensorstore needs that it lacks added (tests/gcs_emulator.py). It ignores
   `ifGenerationMatch` preconditions, so exclusive-create semantics are proven on S3 and local files.
 - `s3_server`: `moto_server`, used through the real s3fs; it enforces `If-None-Match: *`.
 - `FaultProxy`: an HTTP proxy in front of the emulator that fails a fraction of requests with
@@ -71,8 +72,8 @@ def running_gcs_emulator() -> Iterator[str]:
     """Start a GCS emulator with one bucket and point gcsfs at it; yields `gs://<bucket>`."""
     port = free_port()
     process = subprocess.Popen(
-        [_executable("gcp-storage-emulator"), "start", "--host", "127.0.0.1", "--port", str(port),
-         "--in-memory", "--default-bucket", BUCKET],
+        [sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"), "--port", str(port),
+         "--bucket", BUCKET],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

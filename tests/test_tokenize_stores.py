@@ -1,13 +1,13 @@
-"""The tokenize step's Levanter caches on an object store: the step runs through the executor under an
-s3:// prefix on moto, tensorstore's own S3 client writes the arrays, and Levanter's trainer path
-(`LmDataConfig.build_caches`, no auto-build) reads back exactly the ids of the same step run locally.
+"""The tokenize step's Levanter caches on object stores: the step runs through the executor under an
+s3:// prefix on moto and a gs:// prefix on the GCS emulator, tensorstore's own S3 and GCS clients write the
+arrays, and Levanter's trainer path (`LmDataConfig.build_caches`, no auto-build) reads back exactly the ids
+of the same step run locally.
 
 Tensorstore has its own HTTP clients. On S3, Levanter's spec takes the endpoint from AWS_ENDPOINT_URL and
 addresses the bucket virtual-hosted style, as `<bucket>.<endpoint host>`: the tests reach moto as
 `localhost` (curl resolves `*.localhost` to loopback), and an endpoint given by IP address is refused up
-front. GCS is not tested here: against gcp-storage-emulator tensorstore fails its first read-modify-write
-with "Malformed StorageGeneration", because the emulator's downloads carry no `x-goog-generation` header.
-"""
+front. On GCS, TENSORSTORE_GCS_HTTP_URL points it at the emulator, which tests/gcs_emulator.py gives the
+generation headers and suffix byte ranges of real GCS that tensorstore relies on."""
 
 from __future__ import annotations
 
@@ -70,22 +70,29 @@ def trainer_rows(cache_dir: str, tokenizer_path: str) -> dict[str, list[list[int
     return rows
 
 
-@pytest.fixture
-def s3_by_host_name(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The moto bucket, with AWS_ENDPOINT_URL naming the server `localhost` for tensorstore's client."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", os.environ["AWS_ENDPOINT_URL"].replace("127.0.0.1", "localhost"))
-    return f"{s3_server}/{uuid.uuid4().hex[:10]}"
+@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)])
+def remote_prefix(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh folder in a bucket on a local server, with tensorstore's client pointed at it: on S3 through
+    AWS_ENDPOINT_URL naming moto `localhost`; on GCS through TENSORSTORE_GCS_HTTP_URL."""
+    if request.param == "s3":
+        bucket = request.getfixturevalue("s3_server")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", os.environ["AWS_ENDPOINT_URL"].replace("127.0.0.1", "localhost"))
+    else:
+        bucket = request.getfixturevalue("gcs_emulator")
+        monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", os.environ["EXECUTOR_TEST_GCS_URL"])
+    return f"{bucket}/{uuid.uuid4().hex[:10]}"
 
 
-@pytest.mark.s3
-def test_a_cache_on_s3_reads_back_in_levanter_as_the_local_one(s3_by_host_name, inputs, tokenizer_path, tmp_path):
+def test_a_cache_on_an_object_store_reads_back_in_levanter_as_the_local_one(
+    remote_prefix, inputs, tokenizer_path, tmp_path
+):
     step = tokenize_step(inputs, tokenizer_path)
-    remote = run_step(s3_by_host_name, step)
+    remote = run_step(remote_prefix, step)
     local = run_step(str(tmp_path), step)
-    assert remote.startswith(s3_by_host_name + "/") and storage.basename(remote) == storage.basename(local)
+    assert remote.startswith(remote_prefix + "/") and storage.basename(remote) == storage.basename(local)
     stored = {name for name, _size in storage.walk_files(remote)}
     assert {"train/shard_ledger.json", "validation/shard_ledger.json"} <= stored
-    assert "train/part-00000/input_ids/data/zarr.json" in stored, "the arrays are not on S3"
+    assert "train/part-00000/input_ids/data/zarr.json" in stored, "the arrays are not in the bucket"
 
     remote_rows, local_rows = trainer_rows(remote, tokenizer_path), trainer_rows(local, tokenizer_path)
     assert len(remote_rows["train"]) + len(remote_rows["validation"]) == 12
