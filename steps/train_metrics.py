@@ -13,7 +13,11 @@ FLOPs calculator the ladder and hero plan use, not Levanter's own count) and, wh
 is known, `mfu` = achieved / peak. A resumed run appends: a step logged twice (before and after a kill) has
 two lines, the later one is the run that continued.
 
-Lines are flushed as they are written, so a killed run leaves every line up to the kill.
+On a local disk lines are flushed as they are written, so a killed run leaves every line up to the kill.
+Under a gs:// or s3:// prefix, where objects cannot be appended to, they go to segments beside the file
+(`metrics.jsonl.d/`, executor/metrics_log.py) at most `flush_seconds` apart, which readers take as one
+stream: the dashboard follows a run on GCS as it goes, and a resumed run adds segments instead of
+replacing the file (gcsfs opens "a" as overwrite).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from executor import storage
+from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +73,14 @@ class JsonlMetricsTracker(Tracker):
 
     name: str = "metrics_jsonl"
 
-    def __init__(self, path: str, flops_per_token: float, peak_flops_per_second: float | None):
+    def __init__(
+        self, path: str, flops_per_token: float, peak_flops_per_second: float | None, flush_seconds: float
+    ):
         self._path = path
         self._flops_per_token = flops_per_token
         self._peak = peak_flops_per_second
-        storage.makedirs(storage.dirname(path))
-        # Append: a resumed run continues the same file. Object stores have no append: a gs:// or s3://
-        # output gets its metrics through wandb's files until this file is written per segment.
-        filesystem, fs_path = storage.filesystem(path)
-        self._file = filesystem.open(fs_path, "a")
+        # A resumed run continues the same stream: appended locally, new segments on gs:// and s3://.
+        self._log = MetricsLog(path, flush_seconds=flush_seconds)
 
     def log_hyperparameters(self, hparams: dict[str, Any]) -> None:
         pass
@@ -90,8 +94,7 @@ class JsonlMetricsTracker(Tracker):
             if self._peak:
                 line["mfu"] = achieved / self._peak
         record = {"step": step, "time": time.time(), **line}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        self._log.write(json.dumps(record))
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         self.log({f"summary/{key}": value for key, value in metrics.items()}, step=None)
@@ -100,7 +103,7 @@ class JsonlMetricsTracker(Tracker):
         pass
 
     def finish(self) -> None:
-        self._file.close()
+        self._log.close()
 
 
 @TrackerConfig.register_subclass("metrics_jsonl")
@@ -111,22 +114,24 @@ class JsonlMetricsConfig(TrackerConfig):
     output_path: str = ""
     flops_per_token: float = 0.0
     peak_flops_per_second: float | None = None
+    flush_seconds: float = FLUSH_SECONDS
+    """On object stores, how often the lines logged since are made visible (executor/metrics_log.py)."""
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
             return NoopTracker()
         path = storage.join(self.output_path, METRICS_FILE)
-        return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_second)
+        return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_second, self.flush_seconds)
 
 
 def read_metrics(output_path: str) -> list[dict[str, Any]]:
     """The lines of a train step's metrics.jsonl, in order; a line cut by a kill is skipped."""
     path = storage.join(output_path, METRICS_FILE)
-    text = storage.read_text(path)
-    if text is None:
+    data = read_metrics_bytes(path)
+    if data is None:
         return []
     records = []
-    for line in text.splitlines():
+    for line in data.decode("utf-8", errors="replace").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

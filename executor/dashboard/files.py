@@ -14,6 +14,7 @@ import posixpath
 from typing import Any
 
 from executor import storage
+from executor.metrics_log import read_metrics_bytes
 from executor.status import is_metadata
 
 PREVIEW_ROWS = 50
@@ -143,11 +144,8 @@ def number(value: Any) -> float | None:
 
 def metrics_records(full_path: str) -> list[dict[str, Any]] | None:
     """The JSON object lines of a metrics.jsonl (its first MAX_METRICS_BYTES), or None if there is no file."""
-    fs, fs_path = storage.filesystem(full_path)
-    try:
-        with fs.open(fs_path, "rb") as handle:
-            data = handle.read(MAX_METRICS_BYTES)
-    except FileNotFoundError:
+    data = read_metrics_bytes(full_path, MAX_METRICS_BYTES)  # the file, or an object store's segments of it
+    if data is None:
         return None
     lines = data.decode("utf-8", errors="replace").splitlines()
     if len(data) == MAX_METRICS_BYTES:

@@ -27,6 +27,7 @@ from typing import Any
 from executor import storage
 from executor.dashboard import files
 from executor.dashboard.safety import relative_to, resolve_under
+from executor.metrics_log import read_metrics_bytes
 from executor.status import INFO_FILE, METRICS_FILE
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -110,13 +111,9 @@ def available(output_path: str) -> list[str]:
     present = {name: storage.exists(storage.join(output_path, name))
                for name in (PREDICTION_FILE, COMPOSITION_FILE, WEIGHTS_FILE)}  # fmt: skip
     views = []
-    fs, fs_path = storage.filesystem(storage.join(output_path, METRICS_FILE))
-    try:
-        with fs.open(fs_path, "rb") as handle:
-            if f'"{TRAIN_LOSS}"'.encode() in handle.read(RUN_DETECT_BYTES):
-                views.append("run")
-    except FileNotFoundError:
-        pass  # no metrics.jsonl: no run view
+    head = read_metrics_bytes(storage.join(output_path, METRICS_FILE), RUN_DETECT_BYTES)
+    if head is not None and f'"{TRAIN_LOSS}"'.encode() in head:  # no metrics.jsonl: no run view
+        views.append("run")
     if present[PREDICTION_FILE]:
         views.append("ladder")
     if present[COMPOSITION_FILE] or present[WEIGHTS_FILE]:

@@ -1,0 +1,108 @@
+"""A step's `metrics.jsonl` on any store, written live and read as one stream of lines.
+
+    log = MetricsLog("gs://bucket/train-abc/metrics.jsonl")
+    log.write(json.dumps({"step": 1, "train/loss": 9.1}))   # seen by readers within `flush_seconds`
+    log.close()
+    read_metrics_bytes("gs://bucket/train-abc/metrics.jsonl")  # b'{"step": 1, ...}\\n'
+
+On a local disk the lines are appended to the file and flushed one by one. Object stores have no append,
+and a buffered upload shows nothing until it is closed, so there the lines go to numbered segments beside
+it, `metrics.jsonl.d/00000000.jsonl`, ...: the open segment is rewritten whole (one atomic put) at most
+every `flush_seconds`, and a new one is begun once it holds `segment_bytes`, so a flush costs at most one
+segment however long the run, and a run of weeks leaves a few hundred objects. A restarted writer (a
+resumed run) begins after the last segment and never rewrites one another process wrote. A kill loses
+at most the last `flush_seconds` of lines.
+
+Readers (the train step's `read_metrics`, the dashboard) take the file's lines, then the segments' in order.
+"""
+
+from __future__ import annotations
+
+import time
+
+from executor import storage
+
+SEGMENTS_SUFFIX = ".d"
+SEGMENT_BYTES = 1 << 20
+FLUSH_SECONDS = 10.0
+
+
+def segments_folder(path: str) -> str:
+    return path + SEGMENTS_SUFFIX
+
+
+def _is_local(path: str) -> bool:
+    return not storage.is_url(path) or path.startswith("file://")
+
+
+class MetricsLog:
+    """Writes the lines of the metrics file at `path` (module docstring)."""
+
+    def __init__(self, path: str, flush_seconds: float = FLUSH_SECONDS, segment_bytes: int = SEGMENT_BYTES):
+        self.path = path
+        self._flush_seconds = flush_seconds
+        self._segment_bytes = segment_bytes
+        self._local = _is_local(path)
+        if self._local:
+            storage.makedirs(storage.dirname(path))
+            fs, fs_path = storage.filesystem(path)
+            self._file = fs.open(fs_path, "a")
+            return
+        existing = [int(name.split(".")[0]) for name in storage.list_names(segments_folder(path))
+                    if name.endswith(".jsonl") and name.split(".")[0].isdigit()]  # fmt: skip
+        self._segment = max(existing, default=-1) + 1
+        self._held: list[str] = []  # the open segment's lines
+        self._held_bytes = 0
+        self._unsaved = False
+        self._saved_at = time.monotonic()
+
+    def write(self, line: str) -> None:
+        """Add one line (without its newline)."""
+        if self._local:
+            self._file.write(line + "\n")
+            self._file.flush()
+            return
+        self._held.append(line + "\n")
+        self._held_bytes += len(line) + 1
+        self._unsaved = True
+        if time.monotonic() - self._saved_at >= self._flush_seconds or self._held_bytes >= self._segment_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every line written so far visible to readers."""
+        if self._local or not self._unsaved:
+            return
+        name = storage.join(segments_folder(self.path), f"{self._segment:08d}.jsonl")
+        storage.write_atomic(name, "".join(self._held))
+        self._unsaved, self._saved_at = False, time.monotonic()
+        if self._held_bytes >= self._segment_bytes:
+            self._segment, self._held, self._held_bytes = self._segment + 1, [], 0
+
+    def close(self) -> None:
+        if self._local:
+            self._file.close()
+        else:
+            self.flush()
+
+
+def read_metrics_bytes(path: str, limit: int | None = None) -> bytes | None:
+    """The file's bytes, then its segments' in order, up to `limit` bytes; None if there is neither."""
+    fs, fs_path = storage.filesystem(path)
+    chunks: list[bytes] = []
+    try:
+        with fs.open(fs_path, "rb") as handle:
+            chunks.append(handle.read() if limit is None else handle.read(limit))
+    except FileNotFoundError:
+        pass
+    folder = segments_folder(path)
+    names = sorted(name for name in storage.list_names(folder) if name.endswith(".jsonl"))
+    if not chunks and not names:
+        return None
+    held = sum(map(len, chunks))
+    for name in names:
+        if limit is not None and held >= limit:
+            break
+        data = storage.read_bytes(storage.join(folder, name)) or b""
+        chunks.append(data if limit is None else data[: limit - held])
+        held += len(chunks[-1])
+    return b"".join(chunks)

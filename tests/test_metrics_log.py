@@ -1,0 +1,77 @@
+"""executor/metrics_log.py: a step's metrics.jsonl, live on a local disk and on object stores (no append)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+from executor import storage
+from executor.dashboard import files
+from executor.metrics_log import MetricsLog, read_metrics_bytes, segments_folder
+from steps.train_metrics import JsonlMetricsTracker, read_metrics
+
+
+def lines_of(path: str) -> list[str]:
+    data = read_metrics_bytes(path)
+    return [] if data is None else data.decode().splitlines()
+
+
+def test_a_local_file_is_appended_line_by_line_and_a_restart_continues_it(tmp_path):
+    path = str(tmp_path / "run" / "metrics.jsonl")
+    assert read_metrics_bytes(path) is None
+    log = MetricsLog(path, flush_seconds=3600)
+    log.write('{"step": 1}')
+    assert lines_of(path) == ['{"step": 1}']  # visible at once, whatever flush_seconds says
+    log.close()
+    again = MetricsLog(path)
+    again.write('{"step": 2}')
+    again.close()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert not os.path.exists(segments_folder(path))
+
+
+def test_on_an_object_store_lines_go_to_segments_rewritten_at_most_every_flush_interval():
+    path = f"memory://metrics-{uuid.uuid4().hex}/train/metrics.jsonl"
+    log = MetricsLog(path, flush_seconds=3600, segment_bytes=40)
+    log.write('{"step": 1}')
+    assert read_metrics_bytes(path) is None  # held until the interval passes or the segment fills
+    log.flush()
+    assert lines_of(path) == ['{"step": 1}']
+    for step in range(2, 8):  # 12-13 bytes a line: the segment is written, and a new one begun, at 40 bytes
+        log.write(json.dumps({"step": step}))
+    log.close()
+    expected = [json.dumps({"step": step}) for step in range(1, 8)]
+    assert lines_of(path) == expected
+    assert storage.list_names(segments_folder(path)) == ["00000000.jsonl", "00000001.jsonl"]
+    first = storage.read_bytes(storage.join(segments_folder(path), "00000000.jsonl"))
+
+    resumed = MetricsLog(path, flush_seconds=0)  # a resumed run: every line visible at once, in a new segment
+    resumed.write('{"step": 7}')
+    assert lines_of(path) == [*expected, '{"step": 7}']
+    assert storage.read_bytes(storage.join(segments_folder(path), "00000000.jsonl")) == first
+    assert storage.list_names(segments_folder(path))[-1] == "00000002.jsonl"
+    assert read_metrics_bytes(path, limit=25) == "".join(f"{line}\n" for line in expected)[:25].encode()
+
+
+@pytest.fixture(params=[pytest.param("gcs", marks=pytest.mark.gcs), pytest.param("s3", marks=pytest.mark.s3)])
+def bucket_folder(request: pytest.FixtureRequest) -> str:
+    bucket = request.getfixturevalue("gcs_emulator" if request.param == "gcs" else "s3_server")
+    return f"{bucket}/metrics-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_training_run_on_an_object_store_is_watchable_while_it_runs(bucket_folder):
+    """The train step's tracker on gs:// or s3://: the dashboard and `read_metrics` see each step while the
+    run goes on (fsspec's buffered upload would show nothing before the end), and after it ends."""
+    tracker = JsonlMetricsTracker(f"{bucket_folder}/metrics.jsonl", 6.0, None, flush_seconds=0)
+    tracker.log({"train/loss": 5.0, "throughput/tokens_per_second": 10.0}, step=0)
+    tracker.log({"train/loss": 4.0}, step=1)
+    assert [record["train/loss"] for record in read_metrics(bucket_folder)] == [5.0, 4.0]
+    assert read_metrics(bucket_folder)[0]["model_flops_per_second"] == 60.0
+    live = files.metrics(f"{bucket_folder}/metrics.jsonl")
+    assert live["rows"] == 2 and live["columns"]["train/loss"] == [5.0, 4.0]
+    tracker.log({"train/loss": 3.0}, step=2)
+    tracker.finish()
+    assert files.metrics(f"{bucket_folder}/metrics.jsonl")["columns"]["train/loss"] == [5.0, 4.0, 3.0]
