@@ -348,3 +348,30 @@ def test_the_mixture_comes_from_a_per_cell_tokenize_output_and_a_two_phase_weigh
         data_mixture(config)
     with pytest.raises(TrainInputError, match=r"no weights.json under .*nowhere; run the mixture_weights step"):
         data_mixture(train_config(data, "x", mixture_weights_path=str(tmp_path / "nowhere")))
+
+
+@pytest.mark.gcs
+def test_a_run_under_a_gs_prefix_checkpoints_resumes_and_is_watchable(data, gcs_emulator, monkeypatch):
+    """The production layout: the step's output on GCS (the emulator; tensorstore pointed at it). Levanter's
+    OCDBT checkpoints and the HF export go to the bucket, metrics.jsonl goes as segments the dashboard reads,
+    and a rerun after losing the last checkpoint resumes from the one before, adding to the metrics."""
+    from executor import storage
+    from steps.train import train
+
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", os.environ["EXECUTOR_TEST_GCS_URL"])
+    output = f"{gcs_emulator}/train-{os.getpid()}-{time.monotonic_ns()}"
+    config = train_config(data, output, num_train_steps=6, steps_per_eval=3, checkpoint_every_steps=3)
+    train(config)
+    stored = {name for name, _size in storage.walk_files(output)}
+    assert {"checkpoints/step-3/metadata.json", "checkpoints/step-5/metadata.json"} <= stored
+    assert {"hf/config.json", "hf/model.safetensors"} <= stored
+    assert "metrics.jsonl.d/00000000.jsonl" in stored and "metrics.jsonl" not in stored
+    first = train_losses(read_metrics(output))
+    assert {step for step, _loss in first} == set(range(6))
+    assert load_hf_export(f"{output}/{HF_FOLDER}").config.hidden_dim == config.shape.d_model
+
+    storage.delete(f"{output}/checkpoints/step-5", recursive=True)  # as if killed before it was written
+    train(config)  # resumes from step-3, the state after step 3: it logs steps 4 and 5 only
+    again = train_losses(read_metrics(output))
+    assert again[: len(first)] == first and {step for step, _loss in again[len(first) :]} == {4, 5}
+    assert "metrics.jsonl.d/00000001.jsonl" in {name for name, _size in storage.walk_files(output)}
