@@ -43,6 +43,7 @@ import atexit
 import contextlib
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -166,6 +167,7 @@ def train(config: TrainConfig) -> None:
                 export_checkpoint(checkpoints, run.model, config.shape.vocab_size, hf_folder, trainer=run.trainer)
         finally:
             close_log_files(run.trainer.log_dir)
+            _keep_local_folder(str(run.trainer.log_dir), config.output_path, "logs")
 
 
 def close_log_files(log_dir: str | os.PathLike[str]) -> None:
@@ -318,12 +320,30 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
 
 def _local_dir(output_path: str, name: str) -> str:
     """A local folder for tools that write only local files (wandb, Levanter's log files): under the output
-    path when it is local, else a temporary folder."""
-    if storage.is_url(output_path) and not output_path.startswith("file://"):
+    path when it is local, else a temporary folder that `_keep_local_folder` uploads at the end of the run."""
+    if _remote(output_path):
         return tempfile.mkdtemp(prefix=f"{name}-")
     folder = os.path.join(storage.make_absolute(output_path).removeprefix("file://"), name)
     os.makedirs(folder, exist_ok=True)
     return folder
+
+
+def _remote(output_path: str) -> bool:
+    return storage.is_url(output_path) and not output_path.startswith("file://")
+
+
+def _keep_local_folder(local: str, output_path: str, name: str) -> None:
+    """With an object-store output, upload a `_local_dir` folder's files to `<output>/<name>/` and delete it
+    (a killed run leaves it in the temp folder)."""
+    if not _remote(output_path) or not os.path.isdir(local):
+        return
+    for folder, _subfolders, names in os.walk(local):
+        for file_name in names:
+            path = os.path.join(folder, file_name)
+            if not os.path.islink(path):
+                relative = os.path.relpath(path, local).replace(os.sep, "/")
+                storage.upload_file(path, storage.join(output_path, name, relative))
+    shutil.rmtree(local, ignore_errors=True)
 
 
 _ONE_RUN_PER_PROCESS = threading.Lock()
@@ -372,6 +392,7 @@ def _environment(output_path: str) -> Iterator[None]:
             # Levanter's tracker registers an atexit hook that tears wandb down again from a new thread, which
             # fails at interpreter exit ("can't create new thread at interpreter shutdown"): done here already.
             atexit.unregister(getattr(levanter_wandb, "_teardown_wandb_service_bounded", lambda *_: None))
+            _keep_local_folder(settings["WANDB_DIR"], output_path, "wandb")
             for name, value in previous.items():
                 if value is None:
                     os.environ.pop(name, None)

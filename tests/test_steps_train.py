@@ -354,7 +354,8 @@ def test_the_mixture_comes_from_a_per_cell_tokenize_output_and_a_two_phase_weigh
 def test_a_run_under_a_gs_prefix_checkpoints_resumes_and_is_watchable(data, gcs_emulator, monkeypatch):
     """The production layout: the step's output on GCS (the emulator; tensorstore pointed at it). Levanter's
     OCDBT checkpoints and the HF export go to the bucket, metrics.jsonl goes as segments the dashboard reads,
-    and a rerun after losing the last checkpoint resumes from the one before, adding to the metrics."""
+    wandb's offline run and Levanter's log file are uploaded at the end, and a rerun after losing the last
+    checkpoint resumes from the one before, adding to the metrics."""
     from executor import storage
     from steps.train import train
 
@@ -366,6 +367,9 @@ def test_a_run_under_a_gs_prefix_checkpoints_resumes_and_is_watchable(data, gcs_
     assert {"checkpoints/step-3/metadata.json", "checkpoints/step-5/metadata.json"} <= stored
     assert {"hf/config.json", "hf/model.safetensors"} <= stored
     assert "metrics.jsonl.d/00000000.jsonl" in stored and "metrics.jsonl" not in stored
+    # wandb and Levanter write local files only: their temporary folders are uploaded at the end.
+    assert any(name.startswith("wandb/") and name.endswith(".wandb") for name in stored)
+    assert any(name.startswith("logs/") and name.endswith(".log") for name in stored)
     first = train_losses(read_metrics(output))
     assert {step for step, _loss in first} == set(range(6))
     assert load_hf_export(f"{output}/{HF_FOLDER}").config.hidden_dim == config.shape.d_model
