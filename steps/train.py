@@ -334,15 +334,21 @@ def _remote(output_path: str) -> bool:
 
 def _keep_local_folder(local: str, output_path: str, name: str) -> None:
     """With an object-store output, upload a `_local_dir` folder's files to `<output>/<name>/` and delete it
-    (a killed run leaves it in the temp folder)."""
+    (a killed run leaves it in the temp folder). A failed upload is logged, not raised: it must not hide
+    the run's own outcome, and the files stay where the warning says."""
     if not _remote(output_path) or not os.path.isdir(local):
         return
-    for folder, _subfolders, names in os.walk(local):
-        for file_name in names:
-            path = os.path.join(folder, file_name)
-            if not os.path.islink(path):
-                relative = os.path.relpath(path, local).replace(os.sep, "/")
-                storage.upload_file(path, storage.join(output_path, name, relative))
+    try:
+        for folder, _subfolders, names in os.walk(local):
+            for file_name in names:
+                path = os.path.join(folder, file_name)
+                if not os.path.islink(path):
+                    relative = os.path.relpath(path, local).replace(os.sep, "/")
+                    storage.upload_file(path, storage.join(output_path, name, relative))
+    except Exception as error:  # any storage failure: the run's own result stands
+        logger.warning("%s: could not upload %s to %s/%s (%r); the files stay there", output_path, local,
+                       output_path, name, error)  # fmt: skip
+        return
     shutil.rmtree(local, ignore_errors=True)
 
 
@@ -392,9 +398,9 @@ def _environment(output_path: str) -> Iterator[None]:
             # Levanter's tracker registers an atexit hook that tears wandb down again from a new thread, which
             # fails at interpreter exit ("can't create new thread at interpreter shutdown"): done here already.
             atexit.unregister(getattr(levanter_wandb, "_teardown_wandb_service_bounded", lambda *_: None))
-            _keep_local_folder(settings["WANDB_DIR"], output_path, "wandb")
             for name, value in previous.items():
                 if value is None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+            _keep_local_folder(settings["WANDB_DIR"], output_path, "wandb")
