@@ -11,6 +11,7 @@ import dataclasses
 import json
 import re
 import shutil
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -299,9 +300,13 @@ BROKEN_SHARDED = {
 @pytest.mark.parametrize("case", list(BROKEN_SHARDED))
 def test_a_broken_sharded_export_is_refused_naming_the_folder(sharded: Path, tmp_path: Path, case: str) -> None:
     assert len(list(sharded.glob("model-*.safetensors"))) >= 3
+    assert_refused(sharded, tmp_path, *BROKEN_SHARDED[case])
+
+
+def assert_refused(export: Path, tmp_path: Path, breaks: Callable[[Path], object], message: str) -> None:
+    """A copy of `export`, broken by `breaks`, fails to load with an error naming it and saying `message`."""
     folder = tmp_path / "copy"
-    shutil.copytree(sharded, folder)
-    breaks, message = BROKEN_SHARDED[case]
+    shutil.copytree(export, folder)
     breaks(folder)
     with pytest.raises(HfExportError, match=rf"^{re.escape(str(folder))}: .*{message}"):
         load_hf_export(str(folder))
@@ -344,9 +349,4 @@ BROKEN = {
 
 @pytest.mark.parametrize("case", list(BROKEN))
 def test_a_broken_export_is_refused_naming_the_folder(exported: Path, tmp_path: Path, case: str) -> None:
-    folder = tmp_path / "copy"
-    shutil.copytree(exported, folder)
-    breaks, message = BROKEN[case]
-    breaks(folder)
-    with pytest.raises(HfExportError, match=rf"^{re.escape(str(folder))}: .*{message}"):
-        load_hf_export(str(folder))
+    assert_refused(exported, tmp_path, *BROKEN[case])
