@@ -83,8 +83,54 @@ def balanced_bias(logits: jax.Array, threshold: jax.Array, top_k: int) -> jax.Ar
 
     `logits` is (tokens, experts); `threshold` is (tokens,), the (K+1)-th largest biased score."""
     num_experts = logits.shape[-1]
-    margin = jnp.quantile(logits - threshold[:, None], 1.0 - top_k / num_experts, axis=0)
+    margin = column_quantile(logits - threshold[:, None], 1.0 - top_k / num_experts)
     return -(margin - jnp.mean(margin))
+
+
+def column_quantile(values: jax.Array, q: float) -> jax.Array:
+    """`jnp.quantile(values, q, axis=0)` (linear interpolation between order statistics) for float32 `values`
+    of shape (tokens, columns), found by counting instead of sorting.
+
+    A sort along the token axis, which is sharded across data-parallel devices, makes XLA move every logit
+    (an all-to-all of tokens x experts per layer and step: gigabytes at hero scale) and then sort it. Here
+    each order statistic is found by bisection on the 32-bit order-preserving integer key of its float: 32
+    rounds of "how many tokens lie at or below the midpoint", each a sum over tokens, i.e. an all-reduce of
+    one count per column. 32 rounds pin the key exactly, so each order statistic is the array's own element
+    and only numpy's interpolation between two of them can round apart (tests/test_moe_model.py checks it
+    against numpy, and the collectives on four devices)."""
+    tokens, columns = values.shape
+    position = q * (tokens - 1)
+    rank = math.floor(position)
+    fraction = position - rank
+    keys = _order_keys(values.astype(jnp.float32))
+
+    def halve(_: int, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        low, high = bounds  # the rank-th smallest key of each column lies in [low, high]
+        middle = low + (high - low) // 2
+        enough = jnp.sum(keys <= middle[None, :], axis=0) >= rank + 1
+        return jnp.where(enough, low, middle + 1), jnp.where(enough, middle, high)
+
+    everything = (jnp.zeros(columns, jnp.uint32), jnp.full(columns, 0xFFFFFFFF, jnp.uint32))
+    key, _ = jax.lax.fori_loop(0, 32, halve, everything)
+    lower = _from_order_keys(key)
+    if fraction == 0:
+        return lower
+    # The next order statistic: the same value if it repeats, else the smallest value above it.
+    repeats = jnp.sum(keys <= key[None, :], axis=0) >= rank + 2
+    above = jnp.min(jnp.where(keys > key[None, :], keys, jnp.uint32(0xFFFFFFFF)), axis=0)
+    upper = jnp.where(repeats, lower, _from_order_keys(above))
+    return lower + (upper - lower) * fraction
+
+
+def _order_keys(values: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order: flip all bits of negatives, set the sign bit of the rest."""
+    bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _from_order_keys(keys: jax.Array) -> jax.Array:
+    bits = jnp.where(keys >> 31 == 1, keys & jnp.uint32(0x7FFFFFFF), ~keys)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 class MoeBlock(Qwen3MoeSparseMoeBlock):

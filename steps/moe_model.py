@@ -45,11 +45,13 @@ respect to the state is the state's next value (`x * sg(v) - sg(x * v)` has grad
   option only decides whether the bias is updated (off: its next value is its current value, zero).
 
 The train step's `MoeWatchConfig` keeps these leaves out of Levanter's parameter, gradient and update
-norms and logs them apart (`router_figures`, layers numbered in depth order). The quantile is an exact sort
-over the batch's tokens per expert: cheap here, but at the hero's 46M tokens per step a sharded histogram
-estimate would replace it. Routing is dropless (grouped matmuls over every assignment) unless the config
-sets `capacity_factor` (the hero's 1.15; steps/moe_block.py): then each expert serves a capped number of
-tokens per batch as one batched matmul, and `router/dropped_fraction` is logged. In eval (`inference_mode`)
+norms and logs them apart (`router_figures`, layers numbered in depth order). The quantile is exact, but
+found by 32 rounds of counting rather than by sorting (`column_quantile`): with tokens sharded across
+data-parallel devices a sort moves every logit (an all-to-all), where counting all-reduces one number per
+expert per round; on one CPU it is also 13x faster at 65,536 tokens x 64 experts (29 vs 394 ms).
+Routing is dropless (grouped matmuls over every assignment) unless the config sets `capacity_factor`
+(the hero's 1.15; steps/moe_block.py): then each expert serves a capped number of tokens per batch as
+one batched matmul, and `router/dropped_fraction` is logged. In eval (`inference_mode`)
 the z-loss and the HF load-balancing loss are left out of the loss, so eval losses are pure cross-entropy.
 Levanter's inherited Qwen3-MoE HF converter would drop most of the above: steps/hf_export.py writes (and
 loads back) the whole model instead, and the train step uses it.

@@ -6,6 +6,7 @@ compiled step per config serves several tests."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import equinox as eqx
 import haliax as hax
@@ -20,7 +21,7 @@ from levanter.utils.tree_utils import inference_mode
 
 from steps.levanter_config import qwen3_moe_config
 from steps.model_size import MoeShape
-from steps.moe_block import MoeBlock, RouterBalance, balanced_bias
+from steps.moe_block import MoeBlock, RouterBalance, balanced_bias, column_quantile
 from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, _dropped_fraction, router_figures
 
 pytestmark = pytest.mark.training
@@ -164,6 +165,65 @@ def test_bias_rule_on_hand_made_logits() -> None:
     probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     picked = np.take_along_axis(probs, np.asarray(chosen), axis=1)
     np.testing.assert_allclose(np.asarray(weights), picked / picked.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 63, 64, 1000])
+def test_column_quantile_is_numpys_linear_quantile(tokens: int) -> None:
+    """Exact order statistics (ties, both signs of zero, extremes) and numpy's interpolation between them."""
+    rng = np.random.default_rng(tokens)
+    columns = np.stack(
+        [
+            rng.normal(size=tokens) * 10,
+            np.round(rng.normal(size=tokens), 1),  # many ties
+            np.resize([0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30], tokens),
+            np.full(tokens, -2.25),
+        ],
+        axis=1,
+    ).astype(np.float32)
+    quantile = jax.jit(column_quantile, static_argnums=1)
+    scale = np.abs(columns).max(axis=0)  # interpolating rounds to the column's scale, as numpy's own does
+    for q in (0.0, 0.1, 0.5, 0.75, 1 - 2 / 7, 0.999, 1.0):
+        ours, numpys = np.asarray(quantile(jnp.asarray(columns), q)), np.quantile(columns, q, axis=0)
+        assert np.all(np.abs(ours - numpys) <= 1e-6 * scale), (q, ours, numpys)
+        if q in (0.0, 1.0):  # an order statistic itself: exactly the array's element
+            assert np.array_equal(ours, numpys), (q, ours, numpys)
+
+
+QUANTILE_ON_DEVICES = """
+import json, os, re, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from steps.moe_block import balanced_bias
+rng = np.random.default_rng(0)
+logits, threshold = rng.normal(size=(4096, 16)).astype(np.float32), rng.normal(size=4096).astype(np.float32)
+mesh = Mesh(np.array(jax.devices()), ("data",))
+sharded = [jax.device_put(logits, NamedSharding(mesh, PartitionSpec("data", None))),
+           jax.device_put(threshold, NamedSharding(mesh, PartitionSpec("data")))]
+for name, rule in (("ours", balanced_bias),
+                   ("sort", lambda l, t, k: jnp.quantile(l - t[:, None], 1 - k / l.shape[1], axis=0))):
+    compiled = jax.jit(rule, static_argnums=2).lower(*sharded, 2).compile()
+    ops = re.findall(r"= (.+?) (all-gather|all-to-all|all-reduce|collective-permute)[a-z-]*\\(", compiled.as_text())
+    print(name, json.dumps(sorted({f"{op} {shape}" for shape, op in ops})))
+on_devices = np.asarray(jax.jit(balanced_bias, static_argnums=2)(*sharded, 2))
+print("difference", float(np.abs(on_devices - balanced_bias(jnp.asarray(logits), jnp.asarray(threshold), 2)).max()))
+"""
+
+
+def test_the_bias_rule_on_token_sharded_logits_moves_counts_not_logits() -> None:
+    """Four CPU devices, tokens sharded as data parallelism shards them: the sort-based quantile reshards
+    every logit (an all-to-all); the rule's collectives are all-reduces of one number per expert."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run([sys.executable, "-c", QUANTILE_ON_DEVICES], capture_output=True, text=True,
+                            cwd=Path(__file__).parent.parent, timeout=300, check=True)  # fmt: skip
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    ours, sort = json.loads(lines["ours"]), json.loads(lines["sort"])
+    assert ours and all(op.startswith("all-reduce ") and op.endswith("[16]{0}") for op in ours), ours
+    assert any(op.startswith("all-to-all") or op.startswith("all-gather") for op in sort), sort
+    assert float(lines["difference"]) <= 1e-6  # the same rule: only the centring's float sum may round apart
 
 
 def _zeros() -> tuple:
