@@ -174,7 +174,7 @@ def check_backend(name: str, prefix: str, shared_filesystem: bool = False) -> No
             "use a local folder, gs:// or s3:// with the ray backend"
         )
     address = os.environ.get("RAY_ADDRESS")
-    if name == "ray" and address and _on_local_disk(prefix) and not shared_filesystem:
+    if name == "ray" and address and storage.on_local_disk(prefix) and not shared_filesystem:
         raise ConfigError(
             f"prefix {prefix} is a folder on this machine's disk, but --backend ray with RAY_ADDRESS={address} runs "
             "steps on the cluster's nodes: each node would write outputs, statuses and leases to its own disk, "
@@ -182,10 +182,6 @@ def check_backend(name: str, prefix: str, shared_filesystem: bool = False) -> No
             "(gs://..., s3://...), or, if this folder is mounted on every node (NFS, a shared volume), pass "
             "--shared_filesystem true (Executor(..., shared_filesystem=True))"
         )
-
-
-def _on_local_disk(prefix: str) -> bool:
-    return not storage.is_url(prefix) or prefix.startswith(("file://", "local://"))
 
 
 def make_backend(name: str, max_concurrent: int | None) -> Backend:

@@ -31,10 +31,6 @@ def segments_folder(path: str) -> str:
     return path + SEGMENTS_SUFFIX
 
 
-def _is_local(path: str) -> bool:
-    return not storage.is_url(path) or path.startswith("file://")
-
-
 class MetricsLog:
     """Writes the lines of the metrics file at `path` (module docstring)."""
 
@@ -42,7 +38,7 @@ class MetricsLog:
         self.path = path
         self._flush_seconds = flush_seconds
         self._segment_bytes = segment_bytes
-        self._local = _is_local(path)
+        self._local = storage.on_local_disk(path)
         if self._local:
             storage.makedirs(storage.dirname(path))
             fs, fs_path = storage.filesystem(path)

@@ -49,6 +49,11 @@ def is_url(path: str) -> bool:
     return "://" in path
 
 
+def on_local_disk(path: str) -> bool:
+    """A plain path or a file:// / local:// URL: a folder on this machine's disk, not an object store."""
+    return not is_url(path) or path.startswith(("file://", "local://"))
+
+
 def make_absolute(path: str) -> str:
     """Local paths become absolute; URLs are returned unchanged (minus a trailing slash)."""
     if is_url(path):

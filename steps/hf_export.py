@@ -134,33 +134,43 @@ def export_model(
     """Write `model` as an HF-style folder (module docstring) with the tokenizer at `tokenizer_path`; returns
     config.json's content. config.json goes first out and last in: a folder with one is complete.
 
-    The tensors are copied to host memory a part (the embeddings, a layer...) at a time: once to size
-    them, then again file by file, so the host holds one file and one part at most."""
+    The tensors are copied to host memory a part (the embeddings, a layer...) at a time to size them, and
+    kept while they fit in one file. A model that does not is copied again file by file, so the host holds
+    one file and one part at most."""
     storage.delete(storage.join(folder, CONFIG_FILE))
     parts = _parts(model)
     sizes: dict[str, int] = {}
     owner: dict[str, int] = {}
+    kept: dict[str, np.ndarray] | None = {}  # every tensor, until they outgrow one file
+    total = 0
     for index, part in enumerate(parts):
         for name, array in _on_host(part).items():
             sizes[name], owner[name] = array.nbytes, index
+            total += array.nbytes
+            if kept is not None:
+                kept[name] = array
+        if total > max_shard_bytes:
+            kept = None
     shards = shard_plan(sizes, max_shard_bytes)
     names = [WEIGHTS_FILE] if len(shards) == 1 else [_shard_name(i, len(shards)) for i in range(len(shards))]
     for name, members in zip(names, shards, strict=True):
-        held: dict[str, np.ndarray] = {}
-        for index in sorted({owner[member] for member in members}):
-            held |= _on_host(parts[index])
+        held = kept
+        if held is None:
+            held = {}
+            for index in sorted({owner[member] for member in members}):
+                held |= _on_host(parts[index])
         payload = safetensors.numpy.save({member: held[member] for member in members}, metadata={"format": "pt"})
         storage.write_atomic(storage.join(folder, name), payload)
     if len(shards) > 1:
         weight_map = {member: name for name, members in zip(names, shards, strict=True) for member in members}
-        index_json = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+        index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
         storage.write_json_atomic(storage.join(folder, INDEX_FILE), index_json)
     _remove_stale_weights(folder, keep=set(names) | ({INDEX_FILE} if len(shards) > 1 else set()))
     _copy_tokenizer(tokenizer_path, folder)
     hf_config = config_json(model.config, model.Vocab.size, model.embeddings.token_embeddings.weight.dtype)
     storage.write_json_atomic(storage.join(folder, CONFIG_FILE), hf_config)
     logger.info("HF export: %d tensors, %.1f MB in %d file(s), under %s",
-                len(sizes), sum(sizes.values()) / 1e6, len(names), folder)  # fmt: skip
+                len(sizes), total / 1e6, len(names), folder)  # fmt: skip
     return hf_config
 
 

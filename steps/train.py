@@ -321,22 +321,18 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
 def _local_dir(output_path: str, name: str) -> str:
     """A local folder for tools that write only local files (wandb, Levanter's log files): under the output
     path when it is local, else a temporary folder that `_keep_local_folder` uploads at the end of the run."""
-    if _remote(output_path):
+    if not storage.on_local_disk(output_path):
         return tempfile.mkdtemp(prefix=f"{name}-")
-    folder = os.path.join(storage.make_absolute(output_path).removeprefix("file://"), name)
+    folder = os.path.join(storage.make_absolute(output_path).removeprefix("file://").removeprefix("local://"), name)
     os.makedirs(folder, exist_ok=True)
     return folder
-
-
-def _remote(output_path: str) -> bool:
-    return storage.is_url(output_path) and not output_path.startswith("file://")
 
 
 def _keep_local_folder(local: str, output_path: str, name: str) -> None:
     """With an object-store output, upload a `_local_dir` folder's files to `<output>/<name>/` and delete it
     (a killed run leaves it in the temp folder). A failed upload is logged, not raised: it must not hide
     the run's own outcome, and the files stay where the warning says."""
-    if not _remote(output_path) or not os.path.isdir(local):
+    if storage.on_local_disk(output_path) or not os.path.isdir(local):
         return
     try:
         for folder, _subfolders, names in os.walk(local):
