@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 
 from executor import storage
-from executor.shards import SHARD_DIR, read_shard_markers
+from executor.shard_writer import SHARD_DIR, read_shard_markers
 from executor.status import parse_time
-from steps.dedup_exact import ExactDedupConfig, exact_dedup
-from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
-from steps.documents import ReadReport, list_input_files, read_documents
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.data.documents import ReadReport, list_input_files, read_documents
+from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
+from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 
 NEAR_COPY_SHARE = 0.05
 

@@ -1,7 +1,7 @@
 """fastText filter throughput vs raw `model.predict` on the same documents, in one run.
 
 "raw" is the floor: `model.predict` on the documents already flattened to one line each. "ours"
-is `steps.fasttext_quality.score_texts` (flattening, the batched predict over every label, and
+is `steps.filter.fasttext_quality.score_texts` (flattening, the batched predict over every label, and
 picking the positive label's probability) plus the keep decision, on the same documents.
 
     python benchmarks/bench_fasttext.py
@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from steps.documents import ReadReport, list_input_files, read_documents
-from steps.fasttext_quality import TrainClassifierConfig, fasttext_line, load_model, score_texts
-from steps.fasttext_quality import train_quality_classifier as train
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.data.documents import ReadReport, list_input_files, read_documents
+from steps.filter.fasttext_quality import TrainClassifierConfig, fasttext_line, load_model, score_texts
+from steps.filter.fasttext_quality import train_quality_classifier as train
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
-"""End-to-end fuzzy dedup: our step (steps/dedup_fuzzy.py) vs datatrove's 4-stage MinHash pipeline, and recall
+"""End-to-end fuzzy dedup: our step (steps/dedup/dedup_fuzzy.py) vs datatrove's 4-stage MinHash pipeline, and recall
 and precision on planted near-duplicates whose true Jaccard similarity is measured.
 
 Corpus: the offline real corpus (KJV, stdlib, pydoc) plus synthetic documents drawn from its vocabulary
 (`bench_dedup_scale.write_corpus`), 5% of them near copies of an earlier document with 2-50% of words
 replaced, `--docs` in all, as `--files` JSONL.gz files. Each planted pair's true 5-gram Jaccard is
-*measured* afterwards with our normalization (`steps.minhash.jaccard`), not assumed from the edit rate.
+*measured* afterwards with our normalization (`steps.dedup.minhash.jaccard`), not assumed from the edit rate.
 
 Both sides use the same settings (5-grams, 16 bands x 6 rows, 64-bit shingle hashes), the same
 parallelism (one process per CPU) and the same output format (zstd Parquet: our step's format, and
@@ -38,9 +38,9 @@ from typing import Any
 import pyarrow.parquet as pq
 from bench_dedup_scale import stage_seconds, write_corpus
 
-from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
-from steps.documents import ReadReport, list_input_files, read_documents
-from steps.minhash import jaccard
+from steps.data.documents import ReadReport, list_input_files, read_documents
+from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
+from steps.dedup.minhash import jaccard
 
 N_GRAMS, BANDS, ROWS = 5, 16, 6
 

@@ -1,4 +1,4 @@
-"""MinHash signature throughput per core: ours (steps/minhash.py) vs datatrove and rensa, text in, signature out.
+"""MinHash signature throughput per core: ours (steps/dedup/minhash.py) vs datatrove and rensa, text in, signature out.
 
 Same corpus (the offline real corpus: text none of the three chose), same settings (5-grams, 112
 permutations), one process each, measured one after the other in one run:
@@ -22,9 +22,9 @@ import json
 import tempfile
 import time
 
-from steps.documents import ReadReport, list_input_files, read_documents
-from steps.minhash import BATCH_CHARS, MinHasher, normalize, text_batches
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.data.documents import ReadReport, list_input_files, read_documents
+from steps.dedup.minhash import BATCH_CHARS, MinHasher, normalize, text_batches
 
 
 def corpus_texts(docs_per_domain: int) -> list[str]:

@@ -1,10 +1,10 @@
 """Tokenize-step throughput: our step end to end vs raw `tokenizers`, Levanter's cache builder and datatrove.
 
-Real text found offline (this interpreter's stdlib sources and docstrings, `steps/text_corpus.py`) is
+Real text found offline (this interpreter's stdlib sources and docstrings, `steps/corpora/text_corpus.py`) is
 written as JSONL.gz shards in one folder, a byte-level BPE is trained on a sample of it with our
 `train_tokenizer`, and then, on the same files and the same tokenizer:
 
-- ours: `steps.tokenize.tokenize` end to end: read the shards, encode, write the Levanter cache
+- ours: `steps.tokenize.tokenize.tokenize` end to end: read the shards, encode, write the Levanter cache
   (train and validation), commit each shard group, write the ledgers and stats.json;
 - raw: `Tokenizer.encode_batch_fast` (the call our step makes: no offsets, no special tokens) over the same
   texts already in memory, in batches of `--batch` (no reading, no writing: the ceiling; goal: ours >= 0.8x);
@@ -35,11 +35,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from steps.documents import ReadReport, read_documents
-from steps.jsonl_shards import list_shards
-from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.tokenize import TokenizeConfig, tokenize
-from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.data.documents import ReadReport, read_documents
+from steps.data.jsonl_shards import list_shards
+from steps.tokenize.tokenize import TokenizeConfig, tokenize
+from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
 
 EOS = "<|endoftext|>"
 Method = Callable[[Path], tuple[float, int]]

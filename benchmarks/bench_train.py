@@ -2,7 +2,7 @@
 
 Builds real data (Python stdlib text -> a BPE tokenizer -> a tokenize-step cache), runs the train step for
 `--steps` steps, and takes the model FLOP/s it logged to metrics.jsonl (tokens/s x FLOPs per token from
-steps/model_size.py) as the median over the steps after the first few (compilation). In the same run it
+steps/model/model_size.py) as the median over the steps after the first few (compilation). In the same run it
 measures the peak: the best FLOP/s of a large f32 `jnp.dot` on the same JAX backend. The last line printed
 is one JSON object with both and `ratio_vs_peak`.
 
@@ -27,12 +27,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from steps.model_size import MoeShape, active_params, flops_per_token, total_params
-from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.tokenize import TokenizeConfig, tokenize
-from steps.train import TrainConfig, train
-from steps.train_metrics import read_metrics
-from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.model.model_size import MoeShape, active_params, flops_per_token, total_params
+from steps.tokenize.tokenize import TokenizeConfig, tokenize
+from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+from steps.train.train import TrainConfig, train
+from steps.train.train_metrics import read_metrics
 
 WARMUP_STEPS = 3
 

@@ -18,7 +18,7 @@ from typing import Any
 from executor import storage
 from executor.identity import canonical_json, readable_value
 from executor.plan import Plan, PlannedStep
-from executor.shards import read_shard_markers
+from executor.shard_writer import read_shard_markers
 from executor.status import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_metadata, now_iso
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from executor.retry import RetryPolicy
-from executor.shards import PROGRESS_INTERVAL_S, Shard, ShardFn, run_one_shard
+from executor.shard_writer import PROGRESS_INTERVAL_S, Shard, ShardFn, run_one_shard
 
 logger = logging.getLogger(__name__)
 

@@ -16,22 +16,22 @@ from typing import TYPE_CHECKING, Any
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
 from executor.errors import ConfigError
 from executor.step_spec import InputName, VersionedValue
-from steps.cells import CellsConfig, build_cells
-from steps.decontaminate import DecontaminateConfig, decontaminate
-from steps.dedup_exact import ExactDedupConfig, exact_dedup
-from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
-from steps.download import DownloadConfig, download
-from steps.fasttext_quality import (
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.data.download import DownloadConfig, download
+from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
+from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
+from steps.filter.decontaminate import DecontaminateConfig, decontaminate
+from steps.filter.fasttext_quality import (
     FasttextFilterConfig,
     TrainClassifierConfig,
     fasttext_filter,
     train_quality_classifier,
 )
-from steps.mixture_weights import MixtureWeightsConfig, as_schedule, check_schedule, mixture_weights
-from steps.quality_heuristics import FILTERS, QualityHeuristicsConfig, quality_heuristics
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
-from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.train_tokenizer import TrainTokenizerConfig, train_tokenizer
+from steps.filter.quality_heuristics import FILTERS, QualityHeuristicsConfig, quality_heuristics
+from steps.tokenize.cells import CellsConfig, build_cells
+from steps.tokenize.mixture_weights import MixtureWeightsConfig, as_schedule, check_schedule, mixture_weights
+from steps.tokenize.train_tokenizer import TrainTokenizerConfig, train_tokenizer
 
 if TYPE_CHECKING:
     from levanter.data.text.datasets import LmDataConfig
@@ -258,7 +258,7 @@ def lm_mixture_data_config(
             if start * batch_size % mixture_block_size:
                 raise ConfigError(f"{where}: a phase starts at step {start}, where sequence {start * batch_size} "
                                   f"is not a multiple of mixture_block_size={mixture_block_size}; "
-                                  "use steps.mixture_weights.phase_start()")  # fmt: skip
+                                  "use steps.tokenize.mixture_weights.phase_start()")  # fmt: skip
     tokenizer = _one_tokenizer(components, where)
     versioned_schedule = [(versioned(start), {name: versioned(float(phase.get(name, 0.0))) for name in components})
                           for start, phase in schedule]  # fmt: skip

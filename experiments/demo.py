@@ -14,7 +14,7 @@ the others come from `experiments/defaults.py`.
 from executor import THIS_OUTPUT_PATH, ExecutorStep, executor_main, output_path_of, versioned
 from experiments.defaults import default_text_corpus, default_tokenizer
 from experiments.summary import print_summary
-from steps.corpus_stats import CorpusStatsConfig, compute_corpus_stats
+from steps.tokenize.corpus_stats import CorpusStatsConfig, compute_corpus_stats
 
 
 def build_steps(max_docs: int = 200, vocab_size: int = 4096) -> list[ExecutorStep]:

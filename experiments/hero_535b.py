@@ -16,7 +16,7 @@ Full scale is the published recipe: hidden d, layers 8/12/16/22/48, 384 routed e
 in a d/2 latent, 2 shared experts, sliding-window attention with every 4th layer global, vocabulary
 128,256, sequence 4096, and the ladder's batch sizes and steps (`FULL_RUNGS`). Sources stand for the
 hero's ~292 (their URLs are where such data lives; the real run listed each). Tiny scale keeps every step,
-edge and name; it swaps the data for offline text (steps/real_corpus.py: web <- docstrings of installed
+edge and name; it swaps the data for offline text (steps/corpora/real_corpus.py: web <- docstrings of installed
 packages, code <- the stdlib, math <- sympy/mpmath/scipy docstrings, reference <- pydoc topics, books <-
 the KJV, eval sets quoting some of them) and the models for ones a CPU trains in a minute, of the same
 architecture (`tiny_shape`). The one extra step, `raw/real_corpus`, stands in for the internet.
@@ -60,7 +60,7 @@ from experiments.train_defaults import (
     default_tokenize_cells,
     default_train,
 )
-from steps.model_size import MoeShape, ladder_shape
+from steps.model.model_size import MoeShape, ladder_shape
 
 logger = logging.getLogger(__name__)
 

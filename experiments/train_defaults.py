@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, ResourceConfig, output_path_of, versioned
-from steps.evaluate import EvaluateConfig, evaluate
-from steps.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
-from steps.model_size import MoeShape, active_params, total_params, training_flops
-from steps.tokenize import TokenizeConfig, tokenize
-from steps.train import TrainConfig, train
+from steps.evaluate.evaluate import EvaluateConfig, evaluate
+from steps.model.model_size import MoeShape, active_params, total_params, training_flops
+from steps.scaling.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
+from steps.tokenize.tokenize import TokenizeConfig, tokenize
+from steps.train.train import TrainConfig, train
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import fsspec
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, storage, versioned
-from executor.shards import Shard, ShardWriter, marker_path, run_sharded
+from executor.shard_writer import Shard, ShardWriter, marker_path
+from executor.shards import run_sharded
 
 
 @dataclass(frozen=True)

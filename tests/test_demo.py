@@ -15,10 +15,10 @@ from tokenizers import Tokenizer
 from executor import Executor, StepStatus, read_status
 from executor.status import read_events
 from experiments.demo import build_steps
-from steps.corpus_stats import CorpusStatsConfig, compute_corpus_stats
-from steps.jsonl_shards import list_shards, read_records
-from steps.text_corpus import EXCLUDED_DIRS, TextCorpusConfig, build_text_corpus, stdlib_files
-from steps.train_tokenizer import TrainTokenizerConfig, train_tokenizer
+from steps.corpora.text_corpus import EXCLUDED_DIRS, TextCorpusConfig, build_text_corpus, stdlib_files
+from steps.data.jsonl_shards import list_shards, read_records
+from steps.tokenize.corpus_stats import CorpusStatsConfig, compute_corpus_stats
+from steps.tokenize.train_tokenizer import TrainTokenizerConfig, train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

@@ -11,8 +11,8 @@ from test_model_size import PUBLISHED
 
 from executor.plan import build_plan
 from experiments import hero_535b
-from steps.levanter_config import qwen3_moe_config
-from steps.model_size import total_params
+from steps.model.levanter_config import qwen3_moe_config
+from steps.model.model_size import total_params
 
 RUNG_NAMES = ["d768", "d1024", "d1536", "d2048", "d6144"]
 STANDS_FOR_THE_INTERNET = "raw/real_corpus"

@@ -19,9 +19,9 @@ from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 
 from executor import read_status
 from experiments.hero_535b import TINY_HERO, TINY_RUNGS
-from steps.levanter_cache import load_cache
-from steps.train_metrics import read_metrics
-from steps.train_tokenizer import load_tokenizer
+from steps.tokenize.levanter_cache import load_cache
+from steps.tokenize.train_tokenizer import load_tokenizer
+from steps.train.train_metrics import read_metrics
 
 pytestmark = [pytest.mark.demo, pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(3600)]
 expect = playwright_sync.expect

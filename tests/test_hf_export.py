@@ -1,4 +1,4 @@
-"""steps/hf_export.py on the hero's architecture in small (tests/test_moe_architecture.py's five layers: a
+"""steps/model/hf_export.py on the hero's architecture in small (tests/test_moe_architecture.py's five layers: a
 scanned period local, local, global and a tail local, global; local layers with two KV heads, global with one;
 latent experts; two shared experts), with a non-zero router bias and expert loads: config.json, the tensors
 against the calculator, the exact round trip, the export from a Levanter checkpoint, and broken folders.
@@ -27,7 +27,7 @@ from mixing_fixtures import write_hf_tokenizer
 from test_moe_architecture import HERO_SHAPE, hero_config
 from test_moe_model import SEQ, VOCAB, Vocab, batches, mesh  # noqa: F401 (mesh: a fixture)
 
-from steps.hf_export import (
+from steps.model.hf_export import (
     CONFIG_FILE,
     INDEX_FILE,
     WEIGHTS_FILE,
@@ -39,9 +39,9 @@ from steps.hf_export import (
     moe_config,
     shard_plan,
 )
-from steps.model_size import MoeShape, total_params
-from steps.moe_block import RouterBalance
-from steps.moe_model import MoeLMHeadModel
+from steps.model.model_size import MoeShape, total_params
+from steps.model.moe_block import RouterBalance
+from steps.model.moe_model import MoeLMHeadModel
 
 pytestmark = pytest.mark.training
 

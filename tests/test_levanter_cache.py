@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from levanter.store.cache import CacheLedger, CacheMetadata, SerialCacheWriter
 
-from executor.shards import ShardWriter
-from steps.levanter_cache import EXEMPLAR, LEDGER_FILE, TOKENS_FIELD, PartWriter, load_cache
+from executor.shard_writer import ShardWriter
+from steps.tokenize.levanter_cache import EXEMPLAR, LEDGER_FILE, TOKENS_FIELD, PartWriter, load_cache
 
 BOS, EOS = 1, 2
 METADATA = {"tokenizer": "test", "vocab_size": 5000, "append_bos": True, "append_eos": True}

@@ -11,7 +11,7 @@ import pytest
 from executor import storage
 from executor.dashboard import files
 from executor.metrics_log import MetricsLog, read_metrics_bytes, segments_folder
-from steps.train_metrics import JsonlMetricsTracker, read_metrics
+from steps.train.train_metrics import JsonlMetricsTracker, read_metrics
 
 
 def lines_of(path: str) -> list[str]:

@@ -22,8 +22,8 @@ from executor import THIS_OUTPUT_PATH, ExecutorStep
 from executor.errors import ConfigError
 from executor.plan import build_plan
 from experiments.defaults import TokenizedCache, lm_mixture_data_config
-from steps.mixture_weights import MixtureWeightsConfig, mixture_weights, phase_start
-from steps.tokenize import TokenizeConfig, tokenize
+from steps.tokenize.mixture_weights import MixtureWeightsConfig, mixture_weights, phase_start
+from steps.tokenize.tokenize import TokenizeConfig, tokenize
 
 SEQ_LEN = 32
 BATCH = 16

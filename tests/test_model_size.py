@@ -2,7 +2,7 @@
 
 import pytest
 
-from steps.model_size import MoeShape, active_params, flops_per_token, ladder_shape, total_params, training_flops
+from steps.model.model_size import MoeShape, active_params, flops_per_token, ladder_shape, total_params, training_flops
 
 
 def small_shape(**changes: object) -> MoeShape:

@@ -1,6 +1,6 @@
 """The hero's architecture in small, on CPU: local sliding-window layers with their own KV width, global
 layers, latent experts and shared experts, built from a `MoeShape` by the train step's own translation
-(steps/levanter_config.py) and checked against the calculator (steps/model_size.py), attention's reach,
+(steps/model/levanter_config.py) and checked against the calculator (steps/model/model_size.py), attention's reach,
 training with router-bias balancing, and a checkpoint round trip.
 
 Five layers with every third global give one scanned period (local, local, global) and a tail (local, global):
@@ -23,11 +23,11 @@ from levanter.optim.config import AdamConfig
 from levanter.trainer_state import InsideJitInfo, TrainerState
 from test_moe_model import BATCH, SEQ, VOCAB, Vocab, batches, loss_fn, mesh  # noqa: F401 (mesh: a fixture)
 
-from steps.levanter_config import qwen3_moe_config
-from steps.model_size import MoeShape, active_params, ladder_shape, total_params
-from steps.moe_block import RouterBalance
-from steps.moe_layers import windowed_backend
-from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, router_figures
+from steps.model.levanter_config import qwen3_moe_config
+from steps.model.model_size import MoeShape, active_params, ladder_shape, total_params
+from steps.model.moe_block import RouterBalance
+from steps.model.moe_layers import windowed_backend
+from steps.model.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, router_figures
 
 pytestmark = pytest.mark.training
 

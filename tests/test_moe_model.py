@@ -1,4 +1,4 @@
-"""steps/moe_model.py on CPU: a tiny MoE (d_model 32, 2 layers, 8 experts, top-2, seq 32) trained by
+"""steps/model/moe_model.py on CPU: a tiny MoE (d_model 32, 2 layers, 8 experts, top-2, seq 32) trained by
 Levanter's own train-state code path (`TrainerState.take_step`: gradient, optimizer, overwrite of carried
 state) with AdamW from Levanter's `AdamConfig`. Compiling the train step dominates the time, so one
 compiled step per config serves several tests."""
@@ -19,10 +19,10 @@ from levanter.optim.config import AdamConfig
 from levanter.trainer_state import InsideJitInfo, TrainerState
 from levanter.utils.tree_utils import inference_mode
 
-from steps.levanter_config import qwen3_moe_config
-from steps.model_size import MoeShape
-from steps.moe_block import MoeBlock, RouterBalance, balanced_bias, column_quantile
-from steps.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, _dropped_fraction, router_figures
+from steps.model.levanter_config import qwen3_moe_config
+from steps.model.model_size import MoeShape
+from steps.model.moe_block import MoeBlock, RouterBalance, balanced_bias, column_quantile
+from steps.model.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, _dropped_fraction, router_figures
 
 pytestmark = pytest.mark.training
 
@@ -194,7 +194,7 @@ import json, os, re, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from steps.moe_block import balanced_bias
+from steps.model.moe_block import balanced_bias
 rng = np.random.default_rng(0)
 logits, threshold = rng.normal(size=(4096, 16)).astype(np.float32), rng.normal(size=4096).astype(np.float32)
 mesh = Mesh(np.array(jax.devices()), ("data",))

@@ -11,7 +11,7 @@ import sharded_steps
 from conftest import make_step, wait_until
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, StepFailedError, read_status, versioned
-from executor.shards import read_shard_markers
+from executor.shard_writer import read_shard_markers
 from executor.status import read_events
 
 pytestmark = pytest.mark.ray

@@ -18,7 +18,8 @@ from s3fs.errors import translate_boto_error
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, read_status
 from executor.records import verify_manifest
 from executor.retry import DEFAULT_RETRY, RetryPolicy, is_transient
-from executor.shards import Shard, read_shard_markers, run_sharded
+from executor.shard_writer import Shard, read_shard_markers
+from executor.shards import run_sharded
 from executor.status import read_events
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from steps.scaling import (
+from steps.scaling.scaling import (
     RungCurve,
     bootstrap_prediction,
     fit_power_law,
@@ -102,7 +102,7 @@ def write_rung(root, name: str, compute: float, tokens: float, tokens_per_step: 
     a stale value first) and results.json with the final macro loss."""
     import json
 
-    from steps.ladder import LadderRung
+    from steps.scaling.ladder import LadderRung
 
     train, evaluate = root / f"train-{name}", root / f"eval-{name}"
     train.mkdir()
@@ -123,7 +123,7 @@ def write_rung(root, name: str, compute: float, tokens: float, tokens_per_step: 
 def test_the_scaling_step_predicts_the_target_from_rung_outputs(tmp_path) -> None:
     import json
 
-    from steps.ladder import LadderConfig, LadderTarget, predict_from_ladder
+    from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
 
     rungs = [write_rung(tmp_path, f"r{i}", c, tokens=1e6 * (i + 1), tokens_per_step=1e4, steps_per_eval=10)
              for i, c in enumerate(LADDER_COMPUTE)]  # fmt: skip
@@ -148,7 +148,7 @@ def test_the_scaling_step_predicts_the_target_from_rung_outputs(tmp_path) -> Non
 
 
 def test_the_scaling_step_names_the_rung_without_results(tmp_path) -> None:
-    from steps.ladder import LadderConfig, LadderTarget, predict_from_ladder
+    from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
 
     rungs = [write_rung(tmp_path, f"r{i}", c, tokens=1e6, tokens_per_step=1e4, steps_per_eval=10)
              for i, c in enumerate(LADDER_COMPUTE[:3])]  # fmt: skip

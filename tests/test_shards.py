@@ -13,15 +13,8 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage
 from executor.cli import main as cli_main
 from executor.records import verify_manifest, write_manifest
 from executor.retry import RetryPolicy
-from executor.shards import (
-    SHARD_DIR,
-    TEMP_DIR,
-    Shard,
-    ShardFailedError,
-    _ProcessPools,
-    read_shard_markers,
-    run_sharded,
-)
+from executor.shard_writer import SHARD_DIR, TEMP_DIR, Shard, ShardFailedError, read_shard_markers
+from executor.shards import _ProcessPools, run_sharded
 
 RUNS: list[str] = []
 

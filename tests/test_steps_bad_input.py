@@ -9,11 +9,11 @@ import json
 
 import zstandard
 
-from steps.corpus_stats import CorpusStatsConfig, compute_corpus_stats
-from steps.dedup_exact import ExactDedupConfig, exact_dedup, paragraph_spans
-from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
-from steps.documents import ReadReport, list_input_files, read_documents, read_shard_table
-from steps.jsonl_shards import read_records
+from steps.data.documents import ReadReport, list_input_files, read_documents, read_shard_table
+from steps.data.jsonl_shards import read_records
+from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup, paragraph_spans
+from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
+from steps.tokenize.corpus_stats import CorpusStatsConfig, compute_corpus_stats
 
 
 def word(number: int) -> str:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from mixing_fixtures import write_hf_tokenizer
 
-from executor.shards import read_shard_markers
-from steps.cells import CellsConfig, build_cells, cell_names
-from steps.documents import ReadReport, list_input_files, read_documents
-from steps.fasttext_quality import TrainClassifierConfig, train_quality_classifier
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
-from steps.train_tokenizer import load_tokenizer
+from executor.shard_writer import read_shard_markers
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.data.documents import ReadReport, list_input_files, read_documents
+from steps.filter.fasttext_quality import TrainClassifierConfig, train_quality_classifier
+from steps.tokenize.cells import CellsConfig, build_cells, cell_names
+from steps.tokenize.train_tokenizer import load_tokenizer
 
 DOMAINS = ("prose_kjv", "code_stdlib", "reference_pydoc")
 

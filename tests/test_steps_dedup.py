@@ -8,14 +8,14 @@ import random
 import numpy as np
 import pytest
 
-from executor.shards import read_shard_markers
-from steps.connected_components import large_star, small_star
-from steps.dedup_eval import evaluate_fuzzy_dedup
-from steps.dedup_exact import ExactDedupConfig, _cut, exact_dedup, paragraph_spans
-from steps.dedup_fuzzy import FuzzyDedupConfig, bucket_pairs, fuzzy_dedup
-from steps.documents import ReadReport, list_input_files, read_documents, read_shard_table
-from steps.minhash import MinHasher, jaccard, normalize, normalized_bytes, shingles
-from steps.real_corpus import RealCorpusConfig, build_real_corpus, read_ground_truth
+from executor.shard_writer import read_shard_markers
+from steps.corpora.dedup_eval import evaluate_fuzzy_dedup
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus, read_ground_truth
+from steps.data.documents import ReadReport, list_input_files, read_documents, read_shard_table
+from steps.dedup.connected_components import large_star, small_star
+from steps.dedup.dedup_exact import ExactDedupConfig, _cut, exact_dedup, paragraph_spans
+from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, bucket_pairs, fuzzy_dedup
+from steps.dedup.minhash import MinHasher, jaccard, normalize, normalized_bytes, shingles
 
 
 @pytest.fixture(scope="module")

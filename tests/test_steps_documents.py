@@ -8,9 +8,9 @@ import json
 import pytest
 import zstandard
 
-from executor.shards import ShardFailedError
-from steps.dedup_exact import ExactDedupConfig, exact_dedup
-from steps.documents import BadInputError, ReadReport, list_input_files, read_documents, table_bytes, to_table
+from executor.shard_writer import ShardFailedError
+from steps.data.documents import BadInputError, ReadReport, list_input_files, read_documents, table_bytes, to_table
+from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
 
 GOOD = [{"id": f"d{i}", "text": f"document number {i} says something", "source": "s"} for i in range(3)]
 

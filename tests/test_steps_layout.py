@@ -18,8 +18,8 @@ import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from steps.dedup_exact import ExactDedupConfig, exact_dedup
-from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
+from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
+from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 
 
 class CountingFileSystem(LocalFileSystem):

@@ -12,9 +12,9 @@ import pytest
 from executor import Executor, ExecutorStep, read_status
 from executor.step_spec import InputName
 from experiments import data_demo
-from steps.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
-from steps.documents import list_input_files, read_shard_table
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.data.documents import list_input_files, read_shard_table
+from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 
 
 def kept_ids(output: str) -> set[str]:

@@ -7,9 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from steps.decontaminate import DecontaminateConfig, decontaminate
-from steps.documents import list_input_files, read_shard_table
-from steps.fasttext_quality import (
+from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.data.documents import list_input_files, read_shard_table
+from steps.dedup.minhash import normalize
+from steps.filter.decontaminate import DecontaminateConfig, decontaminate
+from steps.filter.fasttext_quality import (
     POSITIVE,
     ClassifierTrainingError,
     FasttextFilterConfig,
@@ -20,9 +22,7 @@ from steps.fasttext_quality import (
     top_fraction_threshold,
     train_quality_classifier,
 )
-from steps.minhash import normalize
-from steps.quality_heuristics import QualityHeuristicsConfig, quality_heuristics
-from steps.real_corpus import RealCorpusConfig, build_real_corpus
+from steps.filter.quality_heuristics import QualityHeuristicsConfig, quality_heuristics
 
 
 @pytest.fixture(scope="module")

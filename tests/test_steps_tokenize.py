@@ -19,11 +19,11 @@ import pytest
 from levanter.store.cache import CacheLedger, consolidate_shard_cache_ledgers
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError
-from executor.shards import read_shard_markers
-from steps.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
-from steps.levanter_cache import UnsupportedCachePathError, load_cache
-from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.tokenize import (
+from executor.shard_writer import read_shard_markers
+from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.data.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
+from steps.tokenize.levanter_cache import UnsupportedCachePathError, load_cache
+from steps.tokenize.tokenize import (
     EmptyTokenizeOutputError,
     TokenizeConfig,
     _encoded_batches,
@@ -31,7 +31,7 @@ from steps.tokenize import (
     load_components,
     tokenize,
 )
-from steps.train_tokenizer import (
+from steps.tokenize.train_tokenizer import (
     ExistingTokenizer,
     TrainTokenizerConfig,
     existing_tokenizer,
@@ -267,7 +267,7 @@ def test_a_memory_prefix_is_refused_before_any_work(tokenizer_path):
 KILLED_RUNNER = textwrap.dedent("""
     import sys
     from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
-    from steps.tokenize import TokenizeConfig, tokenize
+    from steps.tokenize.tokenize import TokenizeConfig, tokenize
 
     prefix, inputs, tokenizer_path = sys.argv[1:4]
     config = TokenizeConfig(input_paths=[inputs], tokenizer_path=tokenizer_path, output_path=THIS_OUTPUT_PATH,

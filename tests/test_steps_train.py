@@ -23,15 +23,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from steps.evaluate import EvaluateConfig, evaluate
-from steps.hf_export import HF_FOLDER, load_hf_export
-from steps.levanter_cache import load_cache
-from steps.model_size import MoeShape
-from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.tokenize import TokenizeConfig, tokenize
-from steps.train import TrainConfig, TrainInputError, check_inputs, close_log_files, data_mixture, training_environment
-from steps.train_metrics import read_metrics
-from steps.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.evaluate.evaluate import EvaluateConfig, evaluate
+from steps.model.hf_export import HF_FOLDER, load_hf_export
+from steps.model.model_size import MoeShape
+from steps.tokenize.levanter_cache import load_cache
+from steps.tokenize.tokenize import TokenizeConfig, tokenize
+from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+from steps.train.train import (
+    TrainConfig,
+    TrainInputError,
+    check_inputs,
+    close_log_files,
+    data_mixture,
+    training_environment,
+)
+from steps.train.train_metrics import read_metrics
 
 SOURCES = ("python_stdlib", "python_docstrings")
 STEPS = 40
@@ -84,8 +91,8 @@ RUNNER = textwrap.dedent("""
     import json, logging, sys
     logging.basicConfig(level=logging.INFO)
     from executor import Executor, ExecutorStep, THIS_OUTPUT_PATH
-    from steps.model_size import MoeShape
-    from steps.train import TrainConfig, train
+    from steps.model.model_size import MoeShape
+    from steps.train.train import TrainConfig, train
     fields = json.loads(sys.argv[2])
     fields["shape"] = MoeShape(**fields["shape"])
     fields["output_path"] = THIS_OUTPUT_PATH
@@ -175,7 +182,7 @@ def test_rerun_resumes_from_the_killed_runs_checkpoint(killed_and_resumed):
     assert "Resuming training from step" in killed_and_resumed["log"].read_text()
     final = checkpoint_steps(killed_and_resumed["output_path"])
     assert final[-1] == STEPS - 1  # Levanter names the final checkpoint by the last step's index
-    # The rerun ended with the HF export of the trained model (steps/hf_export.py): its router bias has moved.
+    # The rerun ended with the HF export of the trained model (steps/model/hf_export.py): its router bias has moved.
     exported = load_hf_export(str(killed_and_resumed["output_path"] / HF_FOLDER))
     assert any(np.any(layer.mlp.balance.bias.array != 0) for layer in exported.transformer.layers_in_order())
 
@@ -357,7 +364,7 @@ def test_a_run_under_a_gs_prefix_checkpoints_resumes_and_is_watchable(data, gcs_
     wandb's offline run and Levanter's log file are uploaded at the end, and a rerun after losing the last
     checkpoint resumes from the one before, adding to the metrics."""
     from executor import storage
-    from steps.train import train
+    from steps.train.train import train
 
     monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", os.environ["EXECUTOR_TEST_GCS_URL"])
     output = f"{gcs_emulator}/train-{os.getpid()}-{time.monotonic_ns()}"

@@ -19,10 +19,10 @@ import pytest
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage, versioned
 from executor.plan import build_plan
 from experiments.defaults import TokenizedCache, lm_mixture_data_config
-from steps.levanter_cache import UnsupportedCachePathError
-from steps.text_corpus import TextCorpusConfig, build_text_corpus
-from steps.tokenize import SPLITS, TokenizeConfig, tokenize
-from steps.train_tokenizer import TrainTokenizerConfig, train_tokenizer
+from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.tokenize.levanter_cache import UnsupportedCachePathError
+from steps.tokenize.tokenize import SPLITS, TokenizeConfig, tokenize
+from steps.tokenize.train_tokenizer import TrainTokenizerConfig, train_tokenizer
 
 
 @pytest.fixture(scope="module")

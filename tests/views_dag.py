@@ -24,14 +24,14 @@ from test_steps_train import SOURCES, build_data, tiny_shape, train_config
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
 from executor.status import METRICS_FILE
-from steps.cells import CellsConfig, build_cells
-from steps.evaluate import EvaluateConfig, evaluate
-from steps.fasttext_quality import TrainClassifierConfig, train_quality_classifier
-from steps.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
-from steps.mixture_weights import MixtureWeightsConfig, mixture_weights
-from steps.model_size import training_flops
-from steps.train import TrainConfig, train
-from steps.train_tokenizer import load_tokenizer
+from steps.evaluate.evaluate import EvaluateConfig, evaluate
+from steps.filter.fasttext_quality import TrainClassifierConfig, train_quality_classifier
+from steps.model.model_size import training_flops
+from steps.scaling.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
+from steps.tokenize.cells import CellsConfig, build_cells
+from steps.tokenize.mixture_weights import MixtureWeightsConfig, mixture_weights
+from steps.tokenize.train_tokenizer import load_tokenizer
+from steps.train.train import TrainConfig, train
 
 TRAIN_STEPS = 8
 BATCH = 8

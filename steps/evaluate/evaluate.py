@@ -1,0 +1,122 @@
+"""Held-out loss and bits per byte per data component, and their macro average, from a train step's checkpoint.
+
+    evaluation = ExecutorStep(
+        name="evaluate/moe-tiny",
+        fn=evaluate,
+        config=EvaluateConfig(
+            checkpoint_path=output_path_of(train_step, "checkpoints"),
+            shape=versioned(tiny_shape),
+            tokenizer_path=output_path_of(tokenizer),
+            components={"prose": output_path_of(tokenized_prose), "code": output_path_of(tokenized_code)},
+            output_path=THIS_OUTPUT_PATH,
+        ),
+    )
+
+The ladder's metric is Paloma-style: per component, the token-weighted mean loss over its validation split
+(`validation/` of a tokenize step's output), then the plain mean over components, so that a large
+component does not drown a small one. Bits per byte divide each component's summed loss (in bits) by the
+UTF-8 bytes its target tokens decode to. Both come from Levanter's own `TaggedEvaluator` (the code the train
+step's periodic `eval/<component>/loss` and `/bpb` come from), so the numbers here and in metrics.jsonl
+agree; this step only loads the latest complete checkpoint and averages.
+
+Output: `results.json` = {"checkpoint": path, "step": s, "components": {name: {"loss", "bpb"}},
+"macro_loss", "macro_bpb"}.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import haliax as hax
+import jax.numpy as jnp
+from haliax import Axis
+from levanter.eval import LossFnOutput, TaggedEvaluator
+from levanter.models.lm_model import LmExample, LmHeadModel
+from levanter.trainer import TrainerConfig
+from levanter.utils.tree_utils import inference_mode
+
+from executor import storage
+from steps.model.checkpoints import latest_checkpoint, load_model
+from steps.model.levanter_config import lm_data_config, qwen3_moe_config
+from steps.model.model_size import MoeShape
+from steps.tokenize.tokenize import load_components
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """One evaluation of a trained model on the validation splits of its data components."""
+
+    checkpoint_path: str
+    """A train step's `checkpoints/` folder (its latest complete checkpoint is used) or one `step-N/`. A dependency."""
+    shape: MoeShape
+    """The shape the checkpoint was trained with. Versioned."""
+    tokenizer_path: str
+    """The tokenizer of the caches and the model. A dependency."""
+    components: Mapping[str, str]
+    """Component name -> tokenize step output; its `validation/` cache is evaluated. Dependencies."""
+    output_path: str
+    """Where results.json goes (THIS_OUTPUT_PATH)."""
+    components_path: str | None = None
+    """A `per_folder` tokenize output whose components.json adds components (as the train step's). A dependency."""
+    batch_size: int = 8
+    """Sequences per eval batch. Plain (the loss does not depend on it)."""
+    max_batches: int | None = None
+    """Cap on batches per component (None: the whole split). Versioned: it changes the figures."""
+
+
+def evaluate(config: EvaluateConfig) -> dict:
+    """The evaluate step: writes and returns results.json's content."""
+    label = f"evaluate step {storage.basename(config.output_path)} ({config.output_path})"
+    checkpoint = latest_checkpoint(config.checkpoint_path, label)
+    model_config = qwen3_moe_config(
+        config.shape, tokenizer_path=config.tokenizer_path, router_aux_loss_coef=None, step=label
+    )
+    caches = dict(config.components)
+    if config.components_path is not None:
+        caches.update(load_components(config.components_path))
+    if not caches:
+        raise ValueError(f"{label}: no components to evaluate; give tokenize step outputs")
+    data = lm_data_config(config.tokenizer_path, caches)
+    trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
+    tagged_sets = [(data.validation_sets(model_config.max_Pos)[name], [name]) for name in caches]
+    max_examples = config.max_batches * config.batch_size if config.max_batches is not None else None
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.compute_axis_mapping):
+        model = load_model(model_config, checkpoint, Axis("vocab", len(data.the_tokenizer)), trainer)
+        evaluator = TaggedEvaluator(
+            EvalBatch=Axis("batch", config.batch_size),
+            tagged_eval_sets=tagged_sets,
+            loss_fn=_per_position_loss,
+            tokenizer=data.the_tokenizer,
+            axis_mapping=trainer.compute_axis_mapping,
+            max_examples_per_dataset=max_examples,
+        )
+        result = evaluator.evaluate(model)
+    assert result.tag_micro_bpb is not None  # TaggedEvaluator computes it whenever it has a tokenizer
+    components = {
+        name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
+        for name in caches
+    }
+    results = {
+        "checkpoint": checkpoint,
+        "step": int(checkpoint.rstrip("/").rsplit("step-", 1)[-1]),
+        "components": components,
+        "macro_loss": sum(c["loss"] for c in components.values()) / len(components),
+        "macro_bpb": sum(c["bpb"] for c in components.values()) / len(components),
+    }
+    storage.write_json_atomic(storage.join(config.output_path, RESULTS_FILE), results)
+    logger.info("%s: macro loss %.4f, macro bpb %.4f", label, results["macro_loss"], results["macro_bpb"])
+    return results
+
+
+def _per_position_loss(model: LmHeadModel, batch: LmExample) -> LossFnOutput:
+    """Loss, weight and target token per position: what `TaggedEvaluator` sums per component and per byte."""
+    model = inference_mode(model, True)
+    per_pos_loss = model.compute_next_token_loss(batch, reduction=None, reduction_axis=()).array
+    per_pos_token_id = jnp.roll(batch.tokens.array, -1, axis=-1)
+    return per_pos_loss, batch.loss_weight.array, per_pos_token_id

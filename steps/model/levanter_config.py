@@ -1,0 +1,105 @@
+"""Our shapes and caches, as Levanter's config objects.
+
+The train and evaluate steps describe a model by `MoeShape` (steps/model/model_size.py, the one parameter and
+FLOPs calculator) and data by the tokenize step's output folders; Levanter wants a `Qwen3MoeConfig` and an
+`LmDataConfig`. These two translations live here, once, so that the model trained and the model evaluated
+can never differ.
+
+The model is steps/model/moe_model.py's `MoeConfig`: Levanter's `qwen3_moe` (routed SwiGLU experts, top-k routing
+with renormalised weights, the HF load-balancing auxiliary loss) plus local sliding-window and global attention
+layers with their own KV widths, latent experts, shared experts, a router z-loss and the aux-loss-free
+router-bias balancing. Every run gets that model, whatever its options, so that a checkpoint always has the
+same tree (the bias and expert loads are carried even when balancing is off) and evaluation routes exactly as
+training did. It holds exactly the weights steps/model/model_size.py counts for the shape.
+
+Data: each component is a tokenize step's output (`train/` and `validation/` Levanter caches); Levanter
+opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never tokenizes at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from levanter.data.text.datasets import DatasetComponent, LmDataConfig
+
+from steps.model.model_size import MoeShape
+from steps.model.moe_model import MoeConfig
+
+
+def qwen3_moe_config(
+    shape: MoeShape,
+    *,
+    tokenizer_path: str,
+    router_aux_loss_coef: float | None,
+    step: str,
+    router_bias_balancing: bool = False,
+    router_z_loss_weight: float = 0.0,
+    capacity_factor: float | None = None,
+) -> MoeConfig:
+    """The MoE model config for `shape` (Levanter's Qwen3-MoE, extended by steps/model/moe_model.py); an impossible
+    shape or options raise ValueError naming `step`. `capacity_factor`: see `MoeConfig.capacity_factor`.
+
+    The tokenizer folder doubles as the HF reference checkpoint: Levanter builds an HF converter for every
+    HF-compatible model and would otherwise fetch the Qwen3 reference's tokenizer from the hub."""
+    try:
+        config = _moe_config(shape, tokenizer_path, router_aux_loss_coef, router_bias_balancing, router_z_loss_weight)
+        return dataclasses.replace(config, capacity_factor=capacity_factor)
+    except ValueError as error:
+        raise ValueError(f"{step}: {error}") from error
+
+
+def _moe_config(
+    shape: MoeShape,
+    tokenizer_path: str,
+    router_aux_loss_coef: float | None,
+    router_bias_balancing: bool,
+    router_z_loss_weight: float,
+) -> MoeConfig:
+    return MoeConfig(
+        max_seq_len=shape.seq_len,
+        hidden_dim=shape.d_model,
+        intermediate_dim=shape.expert_width,
+        moe_intermediate_dim=shape.expert_width,
+        num_layers=shape.n_layers,
+        num_heads=shape.n_heads,
+        head_dim=shape.head_dim,
+        num_kv_heads=shape.kv_heads_global,
+        num_kv_heads_local=shape.kv_heads_local,
+        sliding_window=shape.sliding_window,
+        global_every=shape.global_every,
+        expert_latent_dim=shape.latent_dim,
+        tie_word_embeddings=shape.tied_embeddings,
+        num_experts=shape.n_experts,
+        num_experts_per_tok=shape.top_k,
+        router_aux_loss_coef=router_aux_loss_coef,
+        router_bias_balancing=router_bias_balancing,
+        router_z_loss_weight=router_z_loss_weight,
+        num_shared_experts=shape.n_shared_experts,
+        shared_expert_intermediate_dim=shape.shared_width if shape.n_shared_experts else 0,
+        tokenizer=tokenizer_path,
+        reference_checkpoint=tokenizer_path,
+        # Rematerialisation trades compute for memory; tiny CPU runs have memory to spare.
+        gradient_checkpointing=False,
+    )
+
+
+def lm_data_config(
+    tokenizer_path: str,
+    components: Mapping[str, str],
+    schedule: Sequence[tuple[int, Mapping[str, float]]] | None = None,
+    mixture_block_size: int = 2048,
+) -> LmDataConfig:
+    """A Levanter data config over tokenize-step outputs `components` (name -> folder holding `train/` and
+    `validation/`), mixed by `schedule` = [(start_step, weights), ...] (default: equal weights throughout)."""
+    if schedule is None:
+        schedule = [(0, dict.fromkeys(components, 1.0))]
+    weights = [(start, dict(phase)) for start, phase in schedule]
+    return LmDataConfig(
+        tokenizer=tokenizer_path,
+        cache_dir=None,
+        auto_build_caches=False,
+        components={name: DatasetComponent(cache_dir=path) for name, path in components.items()},
+        train_weights=weights[0][1] if len(weights) == 1 else weights,
+        mixture_block_size=mixture_block_size,
+    )

@@ -1,0 +1,307 @@
+"""The MoE feed-forward of one layer: routing with a carried router bias, routed experts (optionally inside a
+latent), shared experts, and the router's loss terms.
+
+Levanter's `Qwen3MoeSparseMoeBlock`, subclassed. What it adds (steps/model/moe_model.py's docstring says why and how
+the bias travels through Levanter's trainer):
+
+- routing by the top K of logits + stop_gradient(bias), the gate weights from the logits alone; with
+  balancing on, the top K+1 are taken and `balanced_bias` gives the next bias (`RouterBalance` carries it);
+- **latent experts** (`expert_latent_dim`): the layer projects each token once, d_model -> latent, routes the
+  latent through its experts' SwiGLUs, sums the top-k outputs in the latent, and projects once back,
+  latent -> d_model. Both projections are shared by all routed experts of the layer and applied once per
+  token (the up-projection is linear, so summing before it is exact and K times cheaper than after). The
+  router and the shared experts read d_model;
+- shared experts: n SwiGLUs of width w summed are exactly one SwiGLU of width n*w (the hidden units
+  concatenate), so they are held as one `LlamaMlp`;
+- the router z-loss and the HF load-balancing loss as per-layer loss terms.
+
+The token permutation is Levanter's (a per-shard sort under `shard_map`, dropless grouped matmuls), written
+once here for any feature axis: Levanter's own `_permute`/`_unpermute` are fixed to d_model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Any, Self
+
+import equinox as eqx
+import haliax as hax
+import haliax.nn as hnn
+import haliax.quantization as hq
+import jax
+import jax.numpy as jnp
+import jax.random as jrandom
+from haliax import Axis, NamedArray
+from haliax.jax_utils import maybe_rng_split
+from haliax.partitioning import pspec_for_axis
+from jax import shard_map
+from levanter.models.llama import LlamaMlp
+from levanter.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
+
+from steps.model.config import MoeArchitecture
+
+ROUTER_Z_LOSS = "router_z_loss"
+LOAD_BALANCING_LOSS = "load_balancing_loss"
+STATE_CARRY = "router_state_carry"
+
+
+class RouterBalance(hq.CustomGradientAccumulation):
+    """One layer's router bias and last-batch expert loads: carried by the gradient, never trained."""
+
+    bias: NamedArray
+    """Added to the router logits before top-k selection (Experts)."""
+    load: NamedArray
+    """Token-to-expert assignments of the last batch (Experts)."""
+    estimates: NamedArray
+    """How many (micro)batch estimates `bias` averages (scalar); the weight for `accumulate`."""
+
+    @staticmethod
+    def init(experts: Axis) -> RouterBalance:
+        return RouterBalance(hax.zeros(experts), hax.zeros(experts), hax.named(jnp.ones(()), ()))
+
+    def accumulate(self, other: Self) -> Self:
+        # `self` is zero on the first microbatch (estimates 0), which makes this the identity then.
+        estimates = self.estimates + other.estimates
+        bias = (self.bias * self.estimates + other.bias * other.estimates) / estimates
+        return dataclasses.replace(self, bias=bias, load=self.load + other.load, estimates=estimates)
+
+    def carry_term(self, bias: NamedArray, load: NamedArray) -> NamedArray:
+        """A loss term of value 0 whose gradient with respect to this state is (bias, load, 1)."""
+
+        def carry(leaf: NamedArray, value: NamedArray) -> NamedArray:
+            product = hax.sum(leaf * jax.lax.stop_gradient(value))
+            return product - jax.lax.stop_gradient(product)
+
+        return carry(self.bias, bias) + carry(self.load, load) + carry(self.estimates, hax.ones_like(self.estimates))
+
+
+def balanced_bias(logits: jax.Array, threshold: jax.Array, top_k: int) -> jax.Array:
+    """The rule: minus the (1 - K/E) quantile over tokens of (logit - threshold) per expert, centred.
+
+    `logits` is (tokens, experts); `threshold` is (tokens,), the (K+1)-th largest biased score."""
+    num_experts = logits.shape[-1]
+    margin = column_quantile(logits - threshold[:, None], 1.0 - top_k / num_experts)
+    return -(margin - jnp.mean(margin))
+
+
+def column_quantile(values: jax.Array, q: float) -> jax.Array:
+    """`jnp.quantile(values, q, axis=0)` (linear interpolation between order statistics) for float32 `values`
+    of shape (tokens, columns), found by counting instead of sorting.
+
+    A sort along the token axis, which is sharded across data-parallel devices, makes XLA move every logit
+    (an all-to-all of tokens x experts per layer and step: gigabytes at hero scale) and then sort it. Here
+    each order statistic is found by bisection on the 32-bit order-preserving integer key of its float: 32
+    rounds of "how many tokens lie at or below the midpoint", each a sum over tokens, i.e. an all-reduce of
+    one count per column. 32 rounds pin the key exactly, so each order statistic is the array's own element
+    and only numpy's interpolation between two of them can round apart (tests/test_moe_model.py checks it
+    against numpy, and the collectives on four devices)."""
+    tokens, columns = values.shape
+    position = q * (tokens - 1)
+    rank = math.floor(position)
+    fraction = position - rank
+    keys = _order_keys(values.astype(jnp.float32))
+
+    def halve(_: int, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        low, high = bounds  # the rank-th smallest key of each column lies in [low, high]
+        middle = low + (high - low) // 2
+        enough = jnp.sum(keys <= middle[None, :], axis=0) >= rank + 1
+        return jnp.where(enough, low, middle + 1), jnp.where(enough, middle, high)
+
+    everything = (jnp.zeros(columns, jnp.uint32), jnp.full(columns, 0xFFFFFFFF, jnp.uint32))
+    key, _ = jax.lax.fori_loop(0, 32, halve, everything)
+    lower = _from_order_keys(key)
+    if fraction == 0:
+        return lower
+    # The next order statistic: the same value if it repeats, else the smallest value above it.
+    repeats = jnp.sum(keys <= key[None, :], axis=0) >= rank + 2
+    above = jnp.min(jnp.where(keys > key[None, :], keys, jnp.uint32(0xFFFFFFFF)), axis=0)
+    upper = jnp.where(repeats, lower, _from_order_keys(above))
+    return lower + (upper - lower) * fraction
+
+
+def _order_keys(values: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order: flip all bits of negatives, set the sign bit of the rest."""
+    bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _from_order_keys(keys: jax.Array) -> jax.Array:
+    bits = jnp.where(keys >> 31 == 1, keys & jnp.uint32(0x7FFFFFFF), ~keys)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+class MoeBlock(Qwen3MoeSparseMoeBlock):
+    """Qwen3's sparse MoE block with a carried router bias, optional latent experts, shared experts and a
+    router z-loss."""
+
+    config: MoeArchitecture = eqx.field(static=True)
+    balance: RouterBalance | None = None
+    shared: LlamaMlp | None = None
+    latent_in: hnn.Linear | None = None
+    """d_model -> latent, shared by the layer's routed experts (None: experts read d_model)."""
+    latent_out: hnn.Linear | None = None
+    """latent -> d_model, applied once to the gate-weighted sum of the experts' outputs."""
+
+    @staticmethod
+    def init(config: MoeArchitecture, *, key: jax.Array) -> MoeBlock:
+        k_gate, k_experts, k_shared, k_in, k_out = jrandom.split(key, 5)
+        gate = hnn.Linear.init(config.Embed, config.Experts, key=k_gate, use_bias=False)
+        activation = config.activation_function.to_fn()
+        latent_in = latent_out = None
+        if config.expert_latent_dim is not None:
+            latent_in = hnn.Linear.init(config.Embed, config.Latent, key=k_in, use_bias=False)
+            latent_out = hnn.Linear.init(config.Latent, config.Embed, key=k_out, use_bias=False)
+        experts = Qwen3MoeExperts.init(config.Experts, config.ExpertIn, config.MoeMlp, activation, key=k_experts)
+        shared = None
+        if config.num_shared_experts:
+            shared = LlamaMlp.init(config.Embed, config.shared_mlp_axis, activation, key=k_shared)
+        balance = RouterBalance.init(config.Experts)
+        return MoeBlock(
+            config, gate, experts, balance=balance, shared=shared, latent_in=latent_in, latent_out=latent_out
+        )
+
+    def _select(self, logits: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(chosen experts (tokens, K), gate weights (tokens, K), next bias) from f32 logits (tokens, E)."""
+        assert self.balance is not None
+        top_k = self.config.num_experts_per_tok
+        bias = jax.lax.stop_gradient(self.balance.bias.array.astype(jnp.float32))
+        scores = jax.lax.stop_gradient(logits) + bias
+        if self.config.router_bias_balancing:
+            top_scores, chosen = jax.lax.top_k(scores, top_k + 1)
+            next_bias = balanced_bias(jax.lax.stop_gradient(logits), top_scores[:, top_k], top_k)
+            chosen = chosen[:, :top_k]
+        else:
+            _, chosen = jax.lax.top_k(scores, top_k)
+            next_bias = bias
+        weights = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), chosen, axis=-1)
+        if self.config.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdims=True)
+        return chosen, weights, next_bias
+
+    def _permute(
+        self, x_flat: NamedArray, topk_idx_flat: NamedArray, token_repeat: Axis
+    ) -> tuple[NamedArray, NamedArray, NamedArray]:
+        """Each token's copy per chosen expert, sorted by expert; group sizes; the sort order. `x_flat` is
+        (token, feature) for any feature axis (d_model or the latent)."""
+        feature, experts, top_k = x_flat.axes[-1], self.config.Experts, self.config.num_experts_per_tok
+
+        @partial(
+            shard_map,
+            mesh=hax.partitioning._get_mesh(),
+            in_specs=(pspec_for_axis(x_flat.axes), pspec_for_axis(topk_idx_flat.axes)),
+            out_specs=(
+                pspec_for_axis((token_repeat, feature)),
+                pspec_for_axis((experts,)),
+                pspec_for_axis((token_repeat,)),
+            ),
+            check_vma=False,
+        )
+        def permute_sharded(x: jax.Array, topk_idx: jax.Array) -> Any:
+            sort_idx = jnp.argsort(topk_idx, axis=-1)
+            return jnp.take(x, sort_idx // top_k, axis=0), jnp.bincount(topk_idx, length=experts.size), sort_idx
+
+        with jax.named_scope("permute"):
+            x_sorted, group_sizes, sort_idx = permute_sharded(x_flat.array, topk_idx_flat.array)
+        return (
+            hax.named(x_sorted, (token_repeat, feature)),
+            hax.named(group_sizes, (experts,)),
+            hax.named(sort_idx, (token_repeat,)),
+        )
+
+    def _unpermute(
+        self, out_repeat_sort: NamedArray, sort_idx: NamedArray, token: Axis, top_experts: Axis
+    ) -> NamedArray:
+        """The experts' outputs back in token order, (token, top_experts, feature)."""
+        feature = out_repeat_sort.axes[-1]
+
+        @partial(
+            shard_map,
+            mesh=hax.partitioning._get_mesh(),
+            in_specs=(pspec_for_axis(out_repeat_sort.axes), pspec_for_axis(sort_idx.axes)),
+            out_specs=pspec_for_axis((token, top_experts, feature)),
+            check_vma=False,
+        )
+        def unpermute_sharded(out_sorted: jax.Array, sort_order: jax.Array) -> jax.Array:
+            out = jnp.take(out_sorted, jnp.argsort(sort_order), axis=0)
+            return jnp.reshape(out, (-1, top_experts.size, feature.size))
+
+        with jax.named_scope("unpermute"):
+            return hax.named(unpermute_sharded(out_repeat_sort.array, sort_idx.array), (token, top_experts, feature))
+
+    def __call__(self, x: NamedArray, *, key: jax.Array | None = None) -> tuple[NamedArray, dict[str, NamedArray]]:
+        assert self.balance is not None
+        config = self.config
+        squash_axes = [x.resolve_axis(name) for name in ("batch", config.max_Pos.name) if x.has_axis(name)]
+        k_gate, k_experts, k_shared, k_in, k_out = maybe_rng_split(key, 5)
+        x_flat = hax.flatten_axes(x, old_axes=squash_axes, new_axis="token")
+        token = x_flat.resolve_axis("token")
+        logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rearrange((token, config.Experts))
+        chosen, weights, next_bias = self._select(logits.array)
+        load = jnp.bincount(chosen.reshape(-1), length=config.num_experts).astype(jnp.float32)
+
+        x_experts = x_flat if self.latent_in is None else self.latent_in(x_flat, key=k_in)
+        x_experts = x_experts.rearrange((token, config.ExpertIn))
+        topk_idx = hax.named(chosen, (token, config.TopExperts))
+        topk_idx_flat = hax.flatten_axes(topk_idx, old_axes=[token, config.TopExperts], new_axis="token_repeat")
+        token_repeat = topk_idx_flat.resolve_axis("token_repeat")
+        x_repeat_sort, group_sizes, sort_idx = self._permute(x_experts, topk_idx_flat, token_repeat)
+        if config.capacity_factor is None or self.inference:  # evaluation sees every token, as the evaluate step
+            out_repeat_sort = self.experts(x_repeat_sort, group_sizes, key=k_experts)
+        else:
+            sorted_experts = jnp.take(topk_idx_flat.array, sort_idx.array)
+            out_repeat_sort = self._experts_with_capacity(x_repeat_sort, sorted_experts, group_sizes.array)
+        out_repeat_sort = out_repeat_sort.rearrange((token_repeat, config.ExpertIn))
+        out_repeat = self._unpermute(out_repeat_sort, sort_idx, token, config.TopExperts)
+        out = out_repeat.dot(hax.named(weights.astype(x.dtype), (token, config.TopExperts)), axis=config.TopExperts)
+        if self.latent_out is not None:
+            out = self.latent_out(out, key=k_out)
+        if self.shared is not None:
+            out = out + self.shared(x_flat, key=k_shared)
+        out = hax.unflatten_axis(out, axis=token, new_axes=squash_axes)
+
+        extras = {
+            STATE_CARRY: self.balance.carry_term(hax.named(next_bias, config.Experts), hax.named(load, config.Experts))
+        }
+        if self.inference:
+            return out, extras
+        return out, {**extras, **self._loss_terms(logits, load, token)}
+
+    def _experts_with_capacity(
+        self, x_sorted: NamedArray, sorted_experts: jax.Array, group_sizes: jax.Array
+    ) -> NamedArray:
+        """The routed experts as one batched matmul over (experts, capacity) slots, Switch-style: the first
+        `capacity` tokens of each expert's group (in token order) get a slot, the rest are dropped and get a
+        zero output. XLA runs this at dense-matmul speed on CPU, where its grouped matmul (`ragged_dot`)
+        runs at about a seventh of it."""
+        experts, repeat, feature = self.config.Experts, x_sorted.axes[0], x_sorted.axes[-1]
+        capacity = Axis("capacity", max(1, math.ceil(self.config.capacity_factor * repeat.size / experts.size)))
+        position = jnp.arange(repeat.size) - (jnp.cumsum(group_sizes) - group_sizes)[sorted_experts]
+        slots = experts.size * capacity.size
+        slot = jnp.where(position < capacity.size, sorted_experts * capacity.size + position, slots)  # last: dropped
+        buffer = jnp.zeros((slots + 1, feature.size), x_sorted.dtype).at[slot].add(x_sorted.array)
+        x_slots = hax.named(
+            buffer[:slots].reshape(experts.size, capacity.size, feature.size), (experts, capacity, feature)
+        )
+        mlp = self.experts
+        hidden = mlp.act(hax.dot(x_slots, mlp.gate_proj.weight, axis=mlp.gate_proj.In)) * hax.dot(
+            x_slots, mlp.up_proj.weight, axis=mlp.up_proj.In
+        )
+        out = hax.dot(hidden, mlp.down_proj.weight, axis=mlp.down_proj.In).rearrange((experts, capacity, feature))
+        flat = jnp.concatenate([out.array.reshape(slots, feature.size), jnp.zeros((1, feature.size), out.dtype)])
+        return hax.named(jnp.take(flat, slot, axis=0), (repeat, feature))
+
+    def _loss_terms(self, logits: NamedArray, load: jax.Array, token: Axis) -> dict[str, NamedArray]:
+        """The router z-loss and HF Qwen3-MoE's load-balancing loss (as Levanter's block computes it), when on."""
+        config = self.config
+        terms = {}
+        if config.router_z_loss_weight:
+            log_z = hnn.logsumexp(logits, axis=config.Experts)
+            terms[ROUTER_Z_LOSS] = config.router_z_loss_weight * hax.mean(log_z * log_z, axis=token)
+        if config.router_aux_loss_coef is not None:
+            fraction = hax.named(load, config.Experts) / token.size
+            mean_prob = hax.mean(hnn.softmax(logits, axis=config.Experts), axis=token)
+            balance_loss = config.num_experts * hax.sum(fraction * mean_prob, axis=config.Experts)
+            terms[LOAD_BALANCING_LOSS] = config.router_aux_loss_coef * balance_loss
+        return terms

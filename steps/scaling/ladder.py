@@ -1,0 +1,153 @@
+"""The scaling step: fit loss against compute over a ladder's rungs and register the target run's prediction.
+
+    prediction = ExecutorStep(
+        name="scaling/hero",
+        fn=predict_from_ladder,
+        config=LadderConfig(
+            rungs=[LadderRung(name="d768", train_path=output_path_of(train_d768),
+                              evaluate_path=output_path_of(eval_d768), flops=5.5e19, tokens=48e9,
+                              tokens_per_step=1024 * 4096), ...],
+            target=LadderTarget(name="d6144", flops=2.7e24, tokens=18e12, tokens_per_step=11264 * 4096),
+            output_path=THIS_OUTPUT_PATH,
+        ),
+    )
+
+Each rung contributes its final macro held-out loss (the evaluate step's `results.json`) at its training
+FLOPs (steps/model/model_size.py), and its eval losses during training (the train step's `metrics.jsonl`:
+`eval/macro_loss` at each eval) for the predicted loss curve. The fit
+and the bootstrap band are steps/scaling/scaling.py's. The target's train step takes this step's output as a
+dependency, so the prediction is on disk, hashed and dated, before the target starts.
+
+Output: `prediction.json` (the dashboard's ladder view and the target's run view draw it; format in
+`scaling.prediction_document`, plus `target` and each rung's `tokens` and `curve`) and `fit.png`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from executor import storage
+from steps.scaling.scaling import (
+    RungCurve,
+    bootstrap_prediction,
+    fit_power_law,
+    plot_fit,
+    predict_loss_curve,
+    prediction_document,
+)
+from steps.train.train_metrics import read_metrics
+
+logger = logging.getLogger(__name__)
+
+PREDICTION_FILE = "prediction.json"
+MACRO_LOSS = "eval/macro_loss"
+
+
+@dataclass(frozen=True)
+class LadderRung:
+    """One trained and evaluated rung."""
+
+    name: str
+    """Shown in plots and tables (e.g. "d768")."""
+    train_path: str
+    """The rung's train step output (metrics.jsonl). A dependency."""
+    evaluate_path: str
+    """The rung's evaluate step output (results.json). A dependency."""
+    flops: float
+    """Training FLOPs of the whole run (steps/model/model_size.training_flops)."""
+    tokens: float
+    """Tokens the run trains on."""
+    tokens_per_step: float
+    """Batch size x sequence length: turns a logged step into tokens."""
+
+
+@dataclass(frozen=True)
+class LadderTarget:
+    """The run the ladder predicts."""
+
+    name: str
+    flops: float
+    tokens: float
+    tokens_per_step: float
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    rungs: Sequence[LadderRung]
+    """At least three rungs (a free asymptote) or two (a fixed one). Versioned through their figures."""
+    target: LadderTarget
+    """What to predict. Versioned."""
+    output_path: str
+    """Where prediction.json and fit.png go (THIS_OUTPUT_PATH)."""
+    asymptote: float | None = None
+    """Fix the irreducible loss E (the published method) or fit it (None). Versioned."""
+    bootstrap_samples: int = 1000
+    """Resamples of the rungs for the prediction's band. Versioned."""
+
+
+def eval_curve(train_path: str, tokens_per_step: float) -> tuple[list[float], list[float]]:
+    """A rung's macro eval loss during training (Levanter's `eval/macro_loss`: the mean over components of
+    each component's token-weighted loss), as (tokens, loss) at each eval.
+
+    A resumed run logs some steps twice; the later line (the run that continued) wins."""
+    by_step: dict[int, float] = {}
+    for record in read_metrics(train_path):
+        if record.get("step") is not None and isinstance(record.get(MACRO_LOSS), float | int):
+            by_step[int(record["step"])] = float(record[MACRO_LOSS])
+    steps = sorted(by_step)
+    return [step * tokens_per_step for step in steps], [by_step[step] for step in steps]
+
+
+def _rung_curve(rung: LadderRung, where: str) -> RungCurve:
+    results = storage.read_json(storage.join(rung.evaluate_path, "results.json"))
+    if results is None or "macro_loss" not in results:
+        raise FileNotFoundError(f"{where}: rung {rung.name} has no results.json with macro_loss under "
+                                f"{rung.evaluate_path}; run its evaluate step first")  # fmt: skip
+    tokens, losses = eval_curve(rung.train_path, rung.tokens_per_step)
+    kept = [(t, loss) for t, loss in zip(tokens, losses, strict=True) if t < rung.tokens]
+    tokens = [t for t, _ in kept] + [rung.tokens]
+    losses = [loss for _, loss in kept] + [float(results["macro_loss"])]
+    return RungCurve(name=rung.name, compute=rung.flops, tokens=tokens, loss=losses)
+
+
+def predict_from_ladder(config: LadderConfig) -> dict:
+    """The scaling step: writes and returns prediction.json's content."""
+    where = f"scaling step at {config.output_path}"
+    if len(config.rungs) < (2 if config.asymptote is not None else 3):
+        raise ValueError(f"{where}: {len(config.rungs)} rung(s) cannot fit a power law; give at least "
+                         f"{2 if config.asymptote is not None else 3}")  # fmt: skip
+    rungs = [_rung_curve(rung, where) for rung in config.rungs]
+    compute = [rung.compute for rung in rungs]
+    final = [float(rung.loss[-1]) for rung in rungs]
+    try:
+        fit = fit_power_law(compute, final, config.asymptote)
+    except ValueError as error:
+        raise ValueError(f"{where}: cannot fit the rungs' losses {final} at FLOPs {compute}: {error}") from error
+    target = config.target
+    prediction = bootstrap_prediction(compute, final, target.flops, config.asymptote,
+                                      samples=config.bootstrap_samples)  # fmt: skip
+    # The curve starts where every rung has been evaluated at least once.
+    first = max(rung.tokens[0] / rung.tokens[-1] for rung in rungs)
+    fractions = [float(f) for f in np.linspace(0.1, 1.0, 19) if f >= first] or [1.0]
+    # Along the curve the irreducible loss is the final fit's: the loss at any fraction of training tends to the
+    # same E as compute grows. Fixing it makes each of the curve's bootstrap fits a closed-form line.
+    curve = predict_loss_curve(rungs, target.flops, target.tokens, fit.asymptote, fractions=fractions,
+                               samples=min(200, config.bootstrap_samples))  # fmt: skip
+    document = prediction_document(fit, prediction, curve, rungs)
+    for point in document["curve"]:
+        point["step"] = point["tokens"] / target.tokens_per_step
+    for entry, rung in zip(document["rungs"], rungs, strict=True):
+        entry["tokens"] = rung.tokens[-1]
+        entry["curve"] = [{"tokens": t, "loss": loss} for t, loss in zip(rung.tokens, rung.loss, strict=True)]
+    document["target"] = {"name": target.name, "compute": target.flops, "tokens": target.tokens,
+                          "tokens_per_step": target.tokens_per_step}  # fmt: skip
+    storage.write_atomic(storage.join(config.output_path, "fit.png"), plot_fit(compute, final, fit, prediction))
+    storage.write_json_atomic(storage.join(config.output_path, PREDICTION_FILE), document)
+    logger.info("%s: L = %.4g + %.4g * C^-%.4g over %d rungs; %s predicted %.4f [%.4f, %.4f]", where,
+                fit.asymptote, fit.A, fit.alpha, len(rungs), target.name, prediction.loss, prediction.low,
+                prediction.high)  # fmt: skip
+    return document

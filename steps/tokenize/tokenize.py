@@ -1,0 +1,324 @@
+"""Tokenize documents into a Levanter cache (train and validation splits) that Levanter's trainer reads as is.
+
+    tokenized = ExecutorStep(
+        name="tokenized/prose",
+        fn=tokenize,
+        config=TokenizeConfig(
+            input_paths=[output_path_of(quality_filter, "docs")],
+            tokenizer_path=output_path_of(tokenizer),
+            validation_fraction=versioned(0.01),
+            output_path=THIS_OUTPUT_PATH,
+        ),
+    )
+    # Levanter: DatasetComponent(cache_dir=<output>), LmDataConfig(tokenizer=<tokenizer_path>, auto_build_caches=False)
+
+One shard group per input file, run with `run_sharded` (Ray tasks or processes): the group reads its
+documents with the one document reader (`steps/data/documents.py`: bad lines are counted, not fatal),
+encodes them in batches with HF `tokenizers` (`encode_batch_fast`, threads in Rust), frames each
+document as Levanter's `BatchTokenizer` does (BOS when the tokenizer has one, the text's ids, EOS),
+and streams them into two Levanter sub-caches, `train/part-<group>/` and `validation/part-<group>/`
+(`steps/tokenize/levanter_cache.py`). The group is committed with its marker; a restarted step redoes only
+groups without one. Once all are committed, each split gets a sharded `shard_ledger.json` over its
+parts, and that ledger is what makes it a cache: Levanter refuses a split without one.
+
+A document goes to validation when the xxh3 hash of its id falls in the first
+`validation_fraction` of the hash range: stable however the inputs are sharded.
+
+One difference from Levanter's builder: it appends `" " + eos_token` to the text before encoding, so a
+byte-level BPE spends a token on that space; we append the EOS id, so a document decodes back to
+exactly its text and costs one token less.
+
+Output: `train/`, `validation/` (Levanter caches), `stats.json`: documents, tokens, bytes and bytes
+per token overall, per split and per source; bad lines by reason with samples; empty input files.
+A step that would leave no training document fails instead of writing an empty cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+from tokenizers import Encoding, Tokenizer
+
+from executor import storage
+from executor.shard_writer import ShardWriter
+from executor.shards import ShardReport, run_sharded
+from steps.data.documents import (
+    FileShard,
+    ReadReport,
+    file_shards,
+    flow_stats,
+    list_input_files,
+    merge_stats,
+    read_documents,
+    write_stats,
+)
+from steps.tokenize.levanter_cache import PartFigures, PartWriter, check_cache_path, write_sharded_ledger
+from steps.tokenize.train_tokenizer import SpecialTokenIds, load_tokenizer, special_token_ids
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+COMPONENTS_FILE = "components.json"
+NO_SOURCE = "(none)"
+_HASH_RANGE = float(1 << 64)
+BATCH_CHARS = 1 << 19
+"""An encode call also ends at this many characters of text: the next batch can encode while the last is
+written even in a small file, and a batch of huge documents stays bounded."""
+
+
+class EmptyTokenizeOutputError(ValueError):
+    """Every input document was bad or the inputs were empty: no training data to write."""
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    input_paths: list[str]
+    """Document files, folders or globs (JSONL or Parquet; a data step's `docs/`), read in this order. Dependencies."""
+    tokenizer_path: str
+    """A train_tokenizer output (an HF tokenizer directory). A dependency; give Levanter's trainer the same path."""
+    output_path: str
+    """Where train/, validation/ and stats.json go (THIS_OUTPUT_PATH in a DAG): a local path, gs:// or s3://."""
+    validation_fraction: float = 0.01
+    """Share of documents (by hash of their id) held out in the validation split. Versioned."""
+    raw_input: bool = True
+    """Whether an input file with no usable document is an error (False for our own outputs, where an
+    upstream filter may have emptied a shard: it is then counted in stats.json as an empty file)."""
+    batch_size: int = 512
+    """Documents per `encode_batch_fast` call at most (see `BATCH_CHARS`); memory and speed only, so unversioned."""
+    parallelism: str = "auto"
+    """How shard groups run: auto (Ray when initialized, else processes), ray, process or thread. Plain."""
+    max_workers: int | None = None
+    """Shard groups at once (default: the CPUs). Plain."""
+    per_folder: bool = False
+    """Each input file belongs to the component named by its parent folder (a cells step's `cells/<cell>/`):
+    every component gets its own `<name>/train` and `<name>/validation` caches, listed in components.json.
+    One step then tokenizes any number of cells. Versioned."""
+
+
+def tokenize(config: TokenizeConfig) -> None:
+    step = f"tokenize ({config.output_path})"
+    check_cache_path(config.output_path, step)
+    if not 0.0 <= config.validation_fraction < 1.0:
+        raise ValueError(f"{step}: validation_fraction must be in [0, 1), got {config.validation_fraction}")
+    _framing(config.tokenizer_path)  # a tokenizer without an EOS fails here, before any shard runs
+    files = list_input_files(config.input_paths)
+    report = run_sharded(
+        config.output_path,
+        file_shards(config, files),
+        _tokenize_shard,
+        parallelism=config.parallelism,
+        max_workers=config.max_workers,
+        description="tokenize",
+    )
+    stats = _stats(report, config)
+    if stats["splits"]["train"]["documents"] == 0:
+        raise EmptyTokenizeOutputError(
+            f"{step}: no training document in {len(files)} input file(s) ({stats['empty_files']} empty, bad lines: "
+            f"{stats['bad_input']}); check the inputs {config.input_paths}, samples: {stats['bad_samples'][:3]}"
+        )
+    metadata = cache_metadata(config.tokenizer_path)
+    if config.per_folder:
+        stats["components"] = _write_components(config.output_path, report, metadata)
+    else:
+        _write_ledgers(config.output_path, sorted(report.markers.items()), metadata)
+    write_stats(config.output_path, stats)
+    logger.info(
+        "%s: %d documents, %d tokens (%.2f bytes per token)",
+        step,
+        stats["documents"],
+        stats["tokens"],
+        stats["bytes_per_token"],
+    )
+
+
+def _write_ledgers(cache_dir: str, markers: list[tuple[str, dict[str, Any]]], metadata: dict[str, Any]) -> None:
+    """One Levanter cache per split under `cache_dir` over the committed parts of `markers`' shard groups."""
+    for split in SPLITS:
+        parts = [
+            PartFigures(f"part-{shard_id}", marker["stats"][f"{split}_docs"], marker["stats"][f"{split}_tokens"])
+            for shard_id, marker in markers
+        ]
+        write_sharded_ledger(storage.join(cache_dir, split), parts, metadata)
+
+
+def _write_components(output_path: str, report: ShardReport, metadata: dict[str, Any]) -> dict[str, Any]:
+    """With `per_folder`: each component's two caches, and components.json naming those a trainer can use.
+
+    A component needs documents in both splits (Levanter trains on `train/` and evaluates every component's
+    `validation/`); one without is left out of `components` and listed under `excluded` with its figures."""
+    by_component: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for shard_id, marker in sorted(report.markers.items()):
+        by_component.setdefault(marker["stats"]["component"], []).append((shard_id, marker))
+    usable, excluded = {}, {}
+    for name, markers in sorted(by_component.items()):
+        figures = {f"{split}_{what}": sum(m["stats"][f"{split}_{what}"] for _, m in markers)
+                   for split in SPLITS for what in ("docs", "tokens")}  # fmt: skip
+        if figures["train_docs"] and figures["validation_docs"]:
+            _write_ledgers(storage.join(output_path, name), markers, metadata)
+            usable[name] = figures
+        else:
+            excluded[name] = figures
+    document = {"components": usable, "excluded": excluded}
+    storage.write_json_atomic(storage.join(output_path, COMPONENTS_FILE), document)
+    if excluded:
+        logger.warning("tokenize (%s): %d component(s) without documents in both splits left out: %s",
+                       output_path, len(excluded), sorted(excluded))  # fmt: skip
+    return document
+
+
+def load_components(tokenized_path: str) -> dict[str, str]:
+    """Component name -> cache folder of a `per_folder` tokenize output (those with both splits)."""
+    document = storage.read_json(storage.join(tokenized_path, COMPONENTS_FILE))
+    if document is None:
+        raise FileNotFoundError(f"no {COMPONENTS_FILE} under {tokenized_path}: point at a tokenize step run "
+                                "with per_folder=True")  # fmt: skip
+    return {name: storage.join(tokenized_path, name) for name in document["components"]}
+
+
+@functools.lru_cache(maxsize=4)
+def _framing(tokenizer_path: str) -> tuple[Tokenizer, SpecialTokenIds]:
+    """The tokenizer and its BOS/EOS ids, loaded once per worker process."""
+    tokenizer = load_tokenizer(tokenizer_path)
+    return tokenizer, special_token_ids(tokenizer_path, tokenizer)
+
+
+def cache_metadata(tokenizer_path: str) -> dict[str, Any]:
+    """What Levanter's `BatchTokenizer.metadata` holds for this tokenizer, so that its cache loader finds the
+    ledger's metadata equal to its own (it warns otherwise)."""
+    return dict(_cache_metadata(tokenizer_path))
+
+
+@functools.lru_cache(maxsize=4)
+def _cache_metadata(tokenizer_path: str) -> dict[str, Any]:
+    tokenizer, special = _framing(tokenizer_path)
+    return {
+        "tokenizer": tokenizer_path,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "return_attention_mask": False,
+        "padding": False,
+        "max_length": None,
+        "append_bos": special.bos is not None,
+        "append_eos": True,
+    }
+
+
+def in_validation(doc_id: str, validation_fraction: float) -> bool:
+    return xxhash.xxh3_64_intdigest(doc_id.encode("utf-8")) < validation_fraction * _HASH_RANGE
+
+
+def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> dict[str, Any]:
+    config = payload.config
+    tokenizer, special = _framing(config.tokenizer_path)
+    metadata = cache_metadata(config.tokenizer_path)
+    folder = f"{component_of(payload.path)}/" if config.per_folder else ""
+    prefix, suffix = ([] if special.bos is None else [special.bos]), [special.eos]
+    parts = {
+        split: PartWriter(writer, f"{folder}{split}/part-{payload.shard_index:05d}", metadata, prefix, suffix)
+        for split in SPLITS
+    }
+    report = ReadReport()
+    by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
+    documents = read_documents(payload.path, report, config.raw_input)
+    for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size, BATCH_CHARS):
+        rows: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
+        for document, encoding in zip(batch, encodings, strict=True):
+            ids = encoding.ids
+            rows["validation" if in_validation(document["id"], config.validation_fraction) else "train"].append(ids)
+            source = document["source"] or NO_SOURCE
+            by_source["docs"][source] += 1
+            by_source["tokens"][source] += len(ids) + len(prefix) + len(suffix)
+            by_source["bytes"][source] += len(document["text"].encode("utf-8"))
+        for split in SPLITS:
+            parts[split].write(rows[split])
+    for part in parts.values():
+        part.close()
+    stats = flow_stats(report, report.docs, report.bytes)
+    for split, part in parts.items():
+        stats[f"{split}_docs"], stats[f"{split}_tokens"] = part.rows, part.tokens
+    stats.update({f"{what}_by_source": dict(counts) for what, counts in by_source.items()})
+    stats["empty_files"] = int(report.docs == 0)
+    if config.per_folder:
+        stats["component"] = component_of(payload.path)
+    return stats
+
+
+def _encoded_batches(
+    tokenizer: Tokenizer, documents: Iterable[dict[str, Any]], batch_size: int, batch_chars: int
+) -> Iterator[tuple[tuple[dict[str, Any], ...], list[Encoding]]]:
+    """Batches of documents with their encodings, in order. Each batch is encoded in a helper thread while
+    the caller handles the one before and the next is read: `encode_batch_fast` releases the GIL, so the
+    Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its cores."""
+    with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoder:
+        ahead = None
+        for batch in _batches(documents, batch_size, batch_chars):
+            texts = [document["text"] for document in batch]
+            encoding = encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
+            if ahead is not None:
+                yield ahead[0], ahead[1].result()
+            ahead = (batch, encoding)
+        if ahead is not None:
+            yield ahead[0], ahead[1].result()
+
+
+def _batches(
+    documents: Iterable[dict[str, Any]], batch_size: int, batch_chars: int
+) -> Iterator[tuple[dict[str, Any], ...]]:
+    """Runs of at most `batch_size` documents, ending early once they hold `batch_chars` characters of text."""
+    batch: list[dict[str, Any]] = []
+    chars = 0
+    for document in documents:
+        batch.append(document)
+        chars += len(document["text"])
+        if len(batch) >= batch_size or chars >= batch_chars:
+            yield tuple(batch)
+            batch, chars = [], 0
+    if batch:
+        yield tuple(batch)
+
+
+def component_of(path: str) -> str:
+    """The component a file belongs to with `per_folder`: the name of the folder holding it."""
+    return storage.basename(storage.dirname(path))
+
+
+def _stats(report: ShardReport, config: TokenizeConfig) -> dict[str, Any]:
+    merged = merge_stats(report)
+    splits = {
+        split: {"documents": merged.get(f"{split}_docs", 0), "tokens": merged.get(f"{split}_tokens", 0)}
+        for split in SPLITS
+    }
+    tokens = sum(split["tokens"] for split in splits.values())
+    sources = {
+        source: {
+            "documents": merged["docs_by_source"][source],
+            "tokens": merged["tokens_by_source"][source],
+            "bytes": merged["bytes_by_source"][source],
+            "bytes_per_token": merged["bytes_by_source"][source] / merged["tokens_by_source"][source],
+        }
+        for source in sorted(merged.get("docs_by_source", {}))
+    }
+    return {
+        "documents": merged.get("docs_out", 0),
+        "tokens": tokens,
+        "bytes": merged.get("bytes_out", 0),
+        "bytes_per_token": merged.get("bytes_out", 0) / tokens if tokens else 0.0,
+        "splits": splits,
+        "sources": sources,
+        "empty_files": merged.get("empty_files", 0),
+        "bad_input": merged.get("bad_input", {}),
+        "bad_samples": merged.get("bad_samples", []),
+        "shards": report.total,
+        "docs_in": merged.get("docs_in", 0),
+        "docs_out": merged.get("docs_out", 0),
+        "bytes_in": merged.get("bytes_in", 0),
+        "tokens_out": tokens,
+        "tokenizer": config.tokenizer_path,
+        "validation_fraction": config.validation_fraction,
+    }

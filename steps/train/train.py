@@ -1,0 +1,402 @@
+"""Train a mixture-of-experts LM with Levanter, in process, under the step's output path.
+
+    train_step = ExecutorStep(
+        name="train/moe-tiny",
+        fn=train,
+        config=TrainConfig(
+            shape=versioned(tiny_shape),
+            tokenizer_path=output_path_of(tokenizer),
+            components={"prose": output_path_of(tokenized_prose), "code": output_path_of(tokenized_code)},
+            num_train_steps=versioned(200),
+            train_batch_size=versioned(8),
+            output_path=THIS_OUTPUT_PATH,
+        ),
+        resources=ResourceConfig(gpus=1),
+    )
+
+The step translates its frozen config into Levanter's `TrainLmConfig` (model: `qwen3_moe` from the
+`MoeShape`, steps/model/levanter_config.py; data: the tokenize steps' caches, never rebuilt) and calls
+`levanter.main.train_lm.main`. Everything it writes lies under its output path:
+
+- `checkpoints/`: Levanter checkpoints, temporary ones every `temporary_checkpoint_seconds` (only the latest
+  is kept; they are what a preempted or killed run resumes from) and permanent ones every
+  `checkpoint_every_steps`, plus the final one. Levanter writes a checkpoint's metadata last, so only
+  complete checkpoints are found on resume. Rerunning the step (the executor does so after a failure)
+  restores the latest (`step-N`: the state after step N) and continues at step N + 1, the data loader
+  at the next batch.
+- `metrics.jsonl`: every metric Levanter logs, with MFU from steps/model/model_size.py (steps/train/train_metrics.py).
+- `wandb/`: wandb's offline run files (`wandb sync` uploads them); `logs/`: Levanter's log files.
+- `hf/`: the final checkpoint as an HF-style folder (config.json, model.safetensors, the tokenizer), which
+  `steps.model.hf_export.load_hf_export` rebuilds exactly (`hf_export`).
+
+Bad input is refused before JAX compiles anything: a missing cache, a cache tokenized with another
+vocabulary than the model's, a batch the devices cannot split. (A top-k above the expert count cannot
+even be written: `MoeShape` refuses it.)
+
+The environment Levanter reads (offline Hugging Face hub, offline wandb under the output path, a
+temporary MARIN_PREFIX) is set by `training_environment`, around the step, not read by its logic.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import jax
+import wandb
+from levanter.checkpoint import CheckpointerConfig
+from levanter.main import train_lm
+from levanter.optim.config import AdamConfig
+from levanter.tracker import wandb as levanter_wandb
+from levanter.tracker.wandb import WandbConfig
+from levanter.trainer import TrainerConfig
+
+from executor import storage
+from steps.model.hf_export import HF_FOLDER, export_checkpoint
+from steps.model.levanter_config import lm_data_config, qwen3_moe_config
+from steps.model.model_size import MoeShape, flops_per_token
+from steps.model.moe_model import MoeWatchConfig
+from steps.tokenize.levanter_cache import LEDGER_FILE
+from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, phase_start
+from steps.tokenize.tokenize import load_components
+from steps.tokenize.train_tokenizer import load_tokenizer
+from steps.train.train_metrics import JsonlMetricsConfig
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run."""
+
+    shape: MoeShape
+    """Model shape (width, layers, experts, top-k, vocabulary, sequence length). Versioned."""
+    tokenizer_path: str
+    """The train_tokenizer output the caches were tokenized with. A dependency."""
+    components: Mapping[str, str]
+    """Data component name -> tokenize step output (holding `train/` and `validation/` caches). Dependencies;
+    each component's validation split is evaluated on its own (`eval/<name>/loss`)."""
+    output_path: str
+    """Where checkpoints, metrics.jsonl, wandb/ and logs/ go (THIS_OUTPUT_PATH)."""
+    num_train_steps: int
+    """Optimizer steps. Versioned."""
+    train_batch_size: int
+    """Sequences per step; must split evenly over the devices (and microbatches). Versioned."""
+    weights: Mapping[str, float] | None = None
+    """Mixture weight per component (default: equal). Versioned."""
+    components_path: str | None = None
+    """A `per_folder` tokenize output (one cache pair per cell): its components.json adds components at run
+    time, so a DAG need not know how many cells came out non-empty. A dependency."""
+    mixture_weights_path: str | None = None
+    """A mixture_weights output: per-phase weights over the components, each phase starting at its share of
+    the steps (on a mixture block); replaces `weights`. Components it gives no weight are validation-only;
+    weighted names that are not components (cells left out by tokenize) are dropped. A dependency."""
+    mixture_block_size: int = 2048
+    """Sequences per block of Levanter's mixture (weights hold exactly within a block). Versioned."""
+    prediction_path: str | None = None
+    """A scaling step output whose predicted loss curve this run is watched against (the dashboard's run
+    view overlays it). A dependency: the prediction is registered before the run starts."""
+    learning_rate: float = 3e-3
+    """Peak learning rate. Versioned."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay. Versioned."""
+    warmup: float = 0.1
+    """Warm-up, as a fraction of the steps. Versioned."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate over peak. Versioned."""
+    lr_schedule: str = "cosine"
+    """Levanter schedule name: cosine, linear, constant, inv_sqrt, wsd... Versioned."""
+    router_aux_loss_coef: float | None = 0.001
+    """Weight of the HF load-balancing loss (None: off). Versioned."""
+    router_bias_balancing: bool = False
+    """Aux-loss-free router-bias balancing, the hero's rule (steps/model/moe_model.py). Versioned."""
+    router_z_loss_weight: float = 0.0
+    """Weight of the router z-loss: logsumexp(router logits)^2, mean over tokens, summed over layers. Versioned."""
+    capacity_factor: float | None = None
+    """Tokens an expert takes per batch, as a multiple of a fair share; the rest are dropped (the hero: 1.15).
+    None: dropless. Capacity runs the experts as one batched matmul, much faster on CPU. Versioned."""
+    z_loss_weight: float = 0.0
+    """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
+    seed: int = 0
+    """Seeds the initialisation, the data shuffle and the mixture. Versioned."""
+    steps_per_eval: int = 100
+    """Evaluate every component's validation split every this many steps. Plain."""
+    max_eval_batches: int | None = None
+    """Cap on eval batches per component (None: the whole split). Plain."""
+    checkpoint_every_steps: int = 1000
+    """Permanent checkpoints every this many steps. Plain."""
+    temporary_checkpoint_seconds: float = 600.0
+    """A temporary checkpoint (only the latest kept) at most this often: what a killed run resumes from. Plain."""
+    watch_interval: int = 10
+    """Log gradient and parameter norms (total and per parameter) every this many steps. Plain."""
+    per_device_parallelism: int = -1
+    """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain."""
+    peak_flops_per_second: float | None = None
+    """Peak FLOP/s of all devices together, for `mfu` in metrics.jsonl (None: MFU not logged). Plain."""
+    wandb_project: str = "moe-train"
+    """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
+    hf_export: bool = True
+    """After training, export the final checkpoint under `hf/` (steps/model/hf_export.py). Plain."""
+
+
+class TrainInputError(ValueError):
+    """The train step's inputs cannot make a run: reported before any compute is spent."""
+
+
+def train(config: TrainConfig) -> None:
+    """The train step: checks its inputs, then runs Levanter's trainer under `training_environment`."""
+    check_inputs(config)
+    with training_environment(config.output_path):
+        run = levanter_config(config)
+        try:
+            train_lm.main(run)
+            if config.hf_export:
+                hf_folder = storage.join(config.output_path, HF_FOLDER)
+                checkpoints = run.trainer.checkpointer.base_path
+                export_checkpoint(checkpoints, run.model, config.shape.vocab_size, hf_folder, trainer=run.trainer)
+        finally:
+            close_log_files(run.trainer.log_dir)
+            _keep_local_folder(str(run.trainer.log_dir), config.output_path, "logs")
+
+
+def close_log_files(log_dir: str | os.PathLike[str]) -> None:
+    """Detach and close the root logger's file handlers writing under `log_dir`.
+
+    Levanter's trainer adds a file handler for its run's log file to the root logger and never removes it: in a
+    process that runs several steps (a Ray worker), every later step's log lines would also land in this step's
+    `logs/` folder."""
+    folder = os.path.abspath(log_dir)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and os.path.dirname(handler.baseFilename) == folder:
+            root.removeHandler(handler)
+            handler.close()
+
+
+def _step_label(config: TrainConfig) -> str:
+    return f"train step {storage.basename(config.output_path)} ({config.output_path})"
+
+
+def check_inputs(config: TrainConfig) -> None:
+    """Refuse, naming the step, what would fail (or silently mis-train) once Levanter has started."""
+    label = _step_label(config)
+    devices = jax.device_count()
+    microbatch = config.per_device_parallelism * devices if config.per_device_parallelism > 0 else devices
+    if config.train_batch_size <= 0 or config.train_batch_size % microbatch:
+        raise TrainInputError(
+            f"{label}: train_batch_size={config.train_batch_size} does not split into microbatches of "
+            f"{microbatch} sequences ({devices} devices x per_device_parallelism={config.per_device_parallelism}); "
+            "use a multiple of it"
+        )
+    components, _ = data_mixture(config)
+    tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
+    if tokenizer_vocab != config.shape.vocab_size:
+        raise TrainInputError(
+            f"{label}: the tokenizer at {config.tokenizer_path} has {tokenizer_vocab} tokens but the model shape "
+            f"says vocab_size={config.shape.vocab_size}; make them equal"
+        )
+    for name, path in components.items():
+        for split in SPLITS:
+            _check_cache(label, name, storage.join(path, split), tokenizer_vocab)
+
+
+def data_mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule]:
+    """The components (given ones plus a per-folder tokenize output's) and the weight schedule
+    `[(start_step, {component: weight}), ...]` the run trains on; refused with TrainInputError if unusable."""
+    label = _step_label(config)
+    components = dict(config.components)
+    if config.components_path is not None:
+        components.update(load_components(config.components_path))
+    if not components:
+        raise TrainInputError(f"{label}: no data components; give at least one tokenize step output")
+    if config.mixture_weights_path is None:
+        if config.weights is not None and set(config.weights) != set(components):
+            raise TrainInputError(f"{label}: weights name {sorted(config.weights)} but the components are "
+                                  f"{sorted(components)}")  # fmt: skip
+        return components, [(0, dict(config.weights) if config.weights else dict.fromkeys(components, 1.0))]
+    phases = storage.read_json(storage.join(config.mixture_weights_path, WEIGHTS_FILE))
+    if phases is None:
+        raise TrainInputError(f"{label}: no {WEIGHTS_FILE} under {config.mixture_weights_path}; run the "
+                              "mixture_weights step first")  # fmt: skip
+    schedule: Schedule = []
+    ended = 0.0
+    for number, phase in enumerate(phases["phases"]):
+        start = 0 if number == 0 else phase_start(config.num_train_steps, ended, config.train_batch_size,
+                                                  config.mixture_block_size)  # fmt: skip
+        ended += phase["fraction"]
+        weights = {name: float(phase["weights"].get(name, 0.0)) for name in components}
+        if sum(weights.values()) <= 0:
+            raise TrainInputError(f"{label}: phase {number + 1} of {config.mixture_weights_path} weighs none of "
+                                  f"the components {sorted(components)}")  # fmt: skip
+        schedule.append((start, weights))
+    return components, schedule
+
+
+def _check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int) -> None:
+    ledger = storage.read_json(storage.join(split_path, LEDGER_FILE))
+    if ledger is None:
+        raise TrainInputError(
+            f"{label}: component {component!r} has no Levanter cache at {split_path} (no {LEDGER_FILE}); "
+            "run its tokenize step first, or fix the path"
+        )
+    # Levanter's CacheLedger keeps the tokenizer's figures under metadata.preprocessor_metadata.
+    cache_vocab = ((ledger.get("metadata") or {}).get("preprocessor_metadata") or {}).get("vocab_size")
+    if cache_vocab is not None and cache_vocab != tokenizer_vocab:
+        raise TrainInputError(
+            f"{label}: component {component!r} at {split_path} was tokenized with a {cache_vocab}-token vocabulary "
+            f"but the model's tokenizer has {tokenizer_vocab}; retokenize it with the model's tokenizer"
+        )
+
+
+def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
+    """Our config as Levanter's `TrainLmConfig`: every path under the step's output."""
+    run_id = storage.basename(config.output_path)
+    trackers = (
+        JsonlMetricsConfig(
+            output_path=config.output_path,
+            flops_per_token=flops_per_token(config.shape),
+            peak_flops_per_second=config.peak_flops_per_second,
+        ),
+        WandbConfig(project=config.wandb_project, id=run_id, name=run_id, save_code=False),
+    )
+    trainer = TrainerConfig(
+        seed=config.seed,
+        id=run_id,
+        tracker=trackers,
+        log_dir=Path(_local_dir(config.output_path, "logs")),
+        watch=MoeWatchConfig(interval=config.watch_interval),
+        train_batch_size=config.train_batch_size,
+        per_device_parallelism=config.per_device_parallelism,
+        per_device_eval_parallelism=config.per_device_parallelism,
+        num_train_steps=config.num_train_steps,
+        steps_per_eval=config.steps_per_eval,
+        max_eval_batches=config.max_eval_batches,
+        checkpointer=CheckpointerConfig(
+            base_path=storage.join(config.output_path, "checkpoints"),
+            append_run_id_to_base_path=False,
+            save_interval=timedelta(seconds=config.temporary_checkpoint_seconds),
+            keep=[{"every": config.checkpoint_every_steps}],
+        ),
+        require_accelerator=False,
+        log_jaxprs=False,
+        log_xla_hlo=False,
+    )
+    optimizer = AdamConfig(
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        warmup=config.warmup,
+        min_lr_ratio=config.min_lr_ratio,
+        lr_schedule=config.lr_schedule,
+    )
+    label = _step_label(config)
+    components, schedule = data_mixture(config)
+    return train_lm.TrainLmConfig(
+        data=lm_data_config(config.tokenizer_path, components, schedule, config.mixture_block_size),
+        trainer=trainer,
+        model=qwen3_moe_config(
+            config.shape,
+            tokenizer_path=config.tokenizer_path,
+            router_aux_loss_coef=config.router_aux_loss_coef,
+            router_bias_balancing=config.router_bias_balancing,
+            router_z_loss_weight=config.router_z_loss_weight,
+            capacity_factor=config.capacity_factor,
+            step=label,
+        ),
+        optimizer=optimizer,
+        z_loss_weight=config.z_loss_weight,
+    )
+
+
+def _local_dir(output_path: str, name: str) -> str:
+    """A local folder for tools that write only local files (wandb, Levanter's log files): under the output
+    path when it is local, else a temporary folder that `_keep_local_folder` uploads at the end of the run."""
+    if not storage.on_local_disk(output_path):
+        return tempfile.mkdtemp(prefix=f"{name}-")
+    folder = os.path.join(storage.make_absolute(output_path).removeprefix("file://").removeprefix("local://"), name)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _keep_local_folder(local: str, output_path: str, name: str) -> None:
+    """With an object-store output, upload a `_local_dir` folder's files to `<output>/<name>/` and delete it
+    (a killed run leaves it in the temp folder). A failed upload is logged, not raised: it must not hide
+    the run's own outcome, and the files stay where the warning says."""
+    if storage.on_local_disk(output_path) or not os.path.isdir(local):
+        return
+    try:
+        for folder, _subfolders, names in os.walk(local):
+            for file_name in names:
+                path = os.path.join(folder, file_name)
+                if not os.path.islink(path):
+                    relative = os.path.relpath(path, local).replace(os.sep, "/")
+                    storage.upload_file(path, storage.join(output_path, name, relative))
+    except Exception as error:  # any storage failure: the run's own result stands
+        logger.warning("%s: could not upload %s to %s/%s (%r); the files stay there", output_path, local,
+                       output_path, name, error)  # fmt: skip
+        return
+    shutil.rmtree(local, ignore_errors=True)
+
+
+_ONE_RUN_PER_PROCESS = threading.Lock()
+
+
+@contextlib.contextmanager
+def training_environment(output_path: str) -> Iterator[None]:
+    """The process environment Levanter and wandb read, for one run: offline hub and wandb (unless the caller
+    set WANDB_MODE), wandb files under the output path, and a throwaway MARIN_PREFIX. Restored after.
+
+    All of it is process-wide (environment variables, wandb's setup, Levanter's global tracker, which writes
+    metrics.jsonl), so one run holds it at a time: a second train step in the same process (the local backend
+    runs steps in threads) waits for the first instead of logging into its files."""
+    if not _ONE_RUN_PER_PROCESS.acquire(blocking=False):
+        logger.info("%s: waiting for another training run in this process to finish", output_path)
+        _ONE_RUN_PER_PROCESS.acquire()
+    try:
+        with _environment(output_path):
+            yield
+    finally:
+        _ONE_RUN_PER_PROCESS.release()
+
+
+@contextlib.contextmanager
+def _environment(output_path: str) -> Iterator[None]:
+    settings = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+        "WANDB_DIR": _local_dir(output_path, "wandb"),
+        "WANDB_SILENT": "true",
+    }
+    previous = {name: os.environ.get(name) for name in [*settings, "MARIN_PREFIX"]}
+    with tempfile.TemporaryDirectory(prefix="marin-prefix-") as marin_prefix:
+        os.environ.update(settings, MARIN_PREFIX=marin_prefix)
+        # wandb keeps one process-wide setup, made from the environment of its first run: a second train step
+        # in the same worker process (a Ray worker runs many) would write into the first step's WANDB_DIR.
+        wandb.teardown()
+        try:
+            yield
+        finally:
+            # Stop the wandb service this run started and drop its WANDB_SERVICE token from the environment:
+            # left there, every process started later from this one (an executor subprocess, a rerun after a
+            # kill) would join this service, which still holds a killed run's id ("run ID is in use").
+            wandb.teardown()
+            # Levanter's tracker registers an atexit hook that tears wandb down again from a new thread, which
+            # fails at interpreter exit ("can't create new thread at interpreter shutdown"): done here already.
+            atexit.unregister(getattr(levanter_wandb, "_teardown_wandb_service_bounded", lambda *_: None))
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            _keep_local_folder(settings["WANDB_DIR"], output_path, "wandb")

@@ -1,0 +1,139 @@
+"""`metrics.jsonl`: the train step's live figures, one JSON line per Levanter `log` call.
+
+Levanter logs everything a run produces through its tracker protocol: the training loss and learning rate
+(`train/loss`, `optim/learning_rate`), gradient and parameter norms (its `WatchCallback`: `grad/norm/total`,
+`params/norm/total` and one norm per parameter), throughput (`throughput/tokens_per_second`), and the eval
+losses per component as they come (`eval/<name>/loss`). A tracker that appends those lines to a file under
+the step's output is therefore all the dashboard needs, and it sits next to wandb (offline) without either
+knowing of the other.
+
+Each line is `{"step": s, "time": unix seconds, <metric>: value, ...}`. To every line carrying
+`throughput/tokens_per_second` the tracker adds `model_flops_per_second` from steps/model/model_size.py (the one
+FLOPs calculator the ladder and hero plan use, not Levanter's own count) and, when the accelerator's peak
+is known, `mfu` = achieved / peak. A resumed run appends: a step logged twice (before and after a kill) has
+two lines, the later one is the run that continued.
+
+On a local disk lines are flushed as they are written, so a killed run leaves every line up to the kill.
+Under a gs:// or s3:// prefix, where objects cannot be appended to, they go to segments beside the file
+(`metrics.jsonl.d/`, executor/metrics_log.py) at most `flush_seconds` apart, which readers take as one
+stream: the dashboard follows a run on GCS as it goes, and a resumed run adds segments instead of
+replacing the file (gcsfs opens "a" as overwrite).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
+
+from executor import storage
+from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TOKENS_PER_SECOND = "throughput/tokens_per_second"
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for a logged metric: arrays of one element become floats; non-finite floats become None."""
+    if isinstance(value, jax.Array | np.ndarray | np.generic):
+        array = np.asarray(value)
+        value = array.item() if array.size == 1 else array.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int | float | str | bool) or value is None:
+        return value
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return str(value)
+
+
+def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}/"))
+        else:
+            flat[name] = _plain(value)
+    return flat
+
+
+class JsonlMetricsTracker(Tracker):
+    """Appends every logged metric dict, with its step, to `<output_path>/metrics.jsonl`."""
+
+    name: str = "metrics_jsonl"
+
+    def __init__(
+        self, path: str, flops_per_token: float, peak_flops_per_second: float | None, flush_seconds: float
+    ):
+        self._path = path
+        self._flops_per_token = flops_per_token
+        self._peak = peak_flops_per_second
+        # A resumed run continues the same stream: appended locally, new segments on gs:// and s3://.
+        self._log = MetricsLog(path, flush_seconds=flush_seconds)
+
+    def log_hyperparameters(self, hparams: dict[str, Any]) -> None:
+        pass
+
+    def log(self, metrics: Mapping[str, Any], *, step: int | None, commit: bool | None = None) -> None:
+        line = _flatten(metrics)
+        tokens_per_second = line.get(TOKENS_PER_SECOND)
+        if isinstance(tokens_per_second, float | int):
+            achieved = tokens_per_second * self._flops_per_token
+            line["model_flops_per_second"] = achieved
+            if self._peak:
+                line["mfu"] = achieved / self._peak
+        record = {"step": step, "time": time.time(), **line}
+        self._log.write(json.dumps(record))
+
+    def log_summary(self, metrics: Mapping[str, Any]) -> None:
+        self.log({f"summary/{key}": value for key, value in metrics.items()}, step=None)
+
+    def log_artifact(self, artifact_path: Any, *, name: str | None = None, type: str | None = None) -> None:
+        pass
+
+    def finish(self) -> None:
+        self._log.close()
+
+
+@TrackerConfig.register_subclass("metrics_jsonl")
+@dataclasses.dataclass
+class JsonlMetricsConfig(TrackerConfig):
+    """Levanter tracker config for `JsonlMetricsTracker` (process 0 writes; the others log nothing)."""
+
+    output_path: str = ""
+    flops_per_token: float = 0.0
+    peak_flops_per_second: float | None = None
+    flush_seconds: float = FLUSH_SECONDS
+    """On object stores, how often the lines logged since are made visible (executor/metrics_log.py)."""
+
+    def init(self, run_id: str | None) -> Tracker:
+        if jax.process_index() != 0:
+            return NoopTracker()
+        path = storage.join(self.output_path, METRICS_FILE)
+        return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_second, self.flush_seconds)
+
+
+def read_metrics(output_path: str) -> list[dict[str, Any]]:
+    """The lines of a train step's metrics.jsonl, in order; a line cut by a kill is skipped."""
+    path = storage.join(output_path, METRICS_FILE)
+    data = read_metrics_bytes(path)
+    if data is None:
+        return []
+    records = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("skipping a partial line of %s (the run was killed mid-write)", path)
+    return records
