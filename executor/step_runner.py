@@ -28,7 +28,7 @@ from executor import storage
 from executor.errors import LeaseLostError
 from executor.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
 from executor.lease import Heartbeat, Lease, LeaseSettings
-from executor.records import info_path, write_manifest
+from executor.records import clear_outputs, info_path, write_manifest
 from executor.retry import RetryPolicy, is_transient
 from executor.status import (
     StatusEvent,
@@ -198,7 +198,8 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
 
 
 def _record_start(task: StepTask, lease: Lease) -> _Attempt:
-    """`.executor_info` and the RUNNING event; the first attempt of a forced run starts a new generation."""
+    """`.executor_info` and the RUNNING event; the first attempt of a forced run starts a new generation
+    from an empty output folder (the old outputs are deleted only now, under the lease)."""
     events = read_events(task.output_path)
     attempt = _Attempt(number=attempts_so_far(events) + 1, in_run=attempts_so_far(events, run=task.run_id) + 1)
     details: dict[str, Any] = {"run": task.run_id}
@@ -211,6 +212,10 @@ def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     storage.write_json_atomic(info_path(task.output_path), info)
     append_event(task.output_path, started)
     logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt.number, task.output_path)
+    if "force_run" in details:
+        deleted = clear_outputs(task.output_path)
+        if deleted:
+            logger.info("%s: force_run: deleted the old outputs %s", task.label, ", ".join(deleted))
     return attempt
 
 
