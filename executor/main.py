@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import draccus
+import yaml
 
 from executor.errors import ConfigError
 from executor.executor import Executor
@@ -77,41 +78,44 @@ PATTERN_FLAGS = ("--run_only", "--force_run")
 PATTERN_FORMS = "NAME, 'a,b' (comma-separated) or '[a, b]' (a list; use it for a regex holding a comma)"
 
 
-def _as_pattern_list(value: str) -> str:
-    """A single pattern or comma-separated patterns as the list draccus expects; a list is left as it is."""
-    if value.lstrip().startswith("["):
-        return value
-    return json.dumps([pattern.strip() for pattern in value.split(",") if pattern.strip()])
+def _as_pattern_list(flag: str, value: str) -> str:
+    """A single pattern or comma-separated patterns as the list draccus expects; a list is checked."""
+    if not value.lstrip().startswith("["):
+        return json.dumps([pattern.strip() for pattern in value.split(",") if pattern.strip()])
+    try:
+        patterns = yaml.safe_load(value)  # how draccus reads a list
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            f"{flag} {value!r} is not a list ({' '.join(str(error).split())}); {flag} takes {PATTERN_FORMS}"
+        ) from error
+    if not isinstance(patterns, list) or not all(isinstance(pattern, str) for pattern in patterns):
+        raise ConfigError(f"{flag} {value!r} is not a list of patterns; {flag} takes {PATTERN_FORMS}")
+    return value
 
 
 def normalize_pattern_flags(argv: Sequence[str]) -> list[str]:
     """`--force_run stats` and `--force_run=a,b` become the list form; everything else is kept."""
     normalized: list[str] = []
-    expect_value = False
+    pending_flag: str | None = None
     for arg in argv:
         flag, equals, value = arg.partition("=")
-        if expect_value:
-            normalized.append(_as_pattern_list(arg))
+        if pending_flag is not None:
+            normalized.append(_as_pattern_list(pending_flag, arg))
         elif equals and flag in PATTERN_FLAGS:
-            normalized.append(f"{flag}={_as_pattern_list(value)}")
+            normalized.append(f"{flag}={_as_pattern_list(flag, value)}")
         else:
             normalized.append(arg)
-        expect_value = not equals and arg in PATTERN_FLAGS
+        pending_flag = arg if not equals and arg in PATTERN_FLAGS else None
     return normalized
 
 
 def parse_command_line(argv: Sequence[str]) -> ExecutorMainConfig:
-    """`ExecutorMainConfig` from the command line; a value draccus cannot read is one `ConfigError` line."""
+    """`ExecutorMainConfig` from the command line; a value that cannot be read is one `ConfigError` line."""
+    normalized = normalize_pattern_flags(argv)
     try:
-        return draccus.parse(ExecutorMainConfig, args=normalize_pattern_flags(argv))
+        return draccus.parse(ExecutorMainConfig, args=normalized)
     except draccus.utils.ParsingError as error:
-        detail = " ".join(str(error).split())
-        forms = (
-            f"; --run_only and --force_run take {PATTERN_FORMS}"
-            if any(flag.lstrip("-") in detail for flag in PATTERN_FLAGS)
-            else ""
-        )
-        raise ConfigError(f"bad command line ({detail}){forms}; see --help") from error
+        raise ConfigError(f"bad command line ({' '.join(str(error).split())}); see --help") from error
 
 
 def executor_main(

@@ -80,6 +80,20 @@ def render_user_error(error: ExecutorError, trace: TracebackType | None) -> str:
     return "\n".join(lines)
 
 
+def _without_executor_frames(traceback_lines: list[str]) -> list[str]:
+    """A formatted traceback less the executor's frames (each a `File "..."` line and its source lines)."""
+    kept: list[str] = []
+    skipping = False
+    for line in traceback_lines:
+        if line.startswith('  File "'):
+            skipping = _is_executor_frame(line.split('"')[1])
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return kept
+
+
 def failed_step_details(label: str, output_path: str) -> list[str]:
     """The end of the traceback a failed step recorded, and the last lines of its log."""
     events = read_events(output_path)
@@ -88,11 +102,14 @@ def failed_step_details(label: str, output_path: str) -> list[str]:
     step_traceback = failures[-1].details.get("traceback") if failures else None
     if step_traceback:
         lines.append(f"{label} raised (from its .executor_status):")
-        lines.extend(f"  {line}" for line in step_traceback.rstrip("\n").splitlines()[-STEP_TRACEBACK_LINES:])
+        shown = _without_executor_frames(step_traceback.rstrip("\n").splitlines())
+        lines.extend(f"  {line}" for line in shown[-STEP_TRACEBACK_LINES:])
     log_path = storage.join(output_path, LOG_FILE)
     log = (storage.read_text(log_path) or "").rstrip()
-    if step_traceback and log.endswith(step_traceback.rstrip()):
-        log = log[: -len(step_traceback.rstrip())].rstrip()  # the log ends with the traceback shown above
+    if step_traceback:  # the log holds the traceback shown above: show what the step logged around it
+        at = log.rfind(step_traceback.rstrip())
+        if at >= 0:
+            log = log[:at] + log[at + len(step_traceback.rstrip()) :].lstrip("\n")
     if log:
         lines.append(f"last lines of {log_path}:")
         lines.extend(f"  {line}" for line in log.rstrip("\n").splitlines()[-LOG_TAIL_LINES:])
