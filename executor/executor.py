@@ -140,7 +140,9 @@ class Executor:
         self._raise_for_failures()
 
     def summary(self) -> str:
-        """What the last run did: `N step(s) ran (T taken over ...), S were already done[, W ...]`."""
+        """What the last run did: `N step(s) ran (T taken over ...), S were already done[, W ...][; U other ...]`.
+
+        Steps a run did not look at (finished, and no step that had to run needed them) are counted last."""
         counts = collections.Counter(decision.action for decision in self.decisions)
         ran = counts["run"] + counts["take over"]
         text = f"{ran} step(s) ran"
@@ -149,6 +151,9 @@ class Executor:
         text += f", {counts['skip']} were already done"
         if counts["wait"]:
             text += f", {counts['wait']} were being run by another executor (waited for)"
+        unneeded = len(self.plan.steps) - len(self.decisions) if self.plan is not None else 0
+        if unneeded:
+            text += f"; {unneeded} other step(s) of the DAG not needed by this run"
         return text
 
     def _print_dry_run(self, plan: Plan, show_all: bool) -> None:
