@@ -45,7 +45,7 @@ STATUS_STYLES = {
     "FAILED": "bold red",
     "DEP_FAILED": "red",
 }
-EXAMPLES = __doc__.split("\n\n")[1]
+EXAMPLES = "\n".join("  " + line for line in __doc__.split("\n\n")[1].splitlines())
 
 
 class TargetError(ValueError):

@@ -36,6 +36,9 @@ PREFIX_ENV = "EXECUTOR_PREFIX"
 
 @dataclass
 class ExecutorMainConfig:
+    """The flags of every experiment file, e.g. `python mine.py --dry_run true --show_all true`,
+    `python mine.py --force_run mine/stats`, `python mine.py --run_only 'corpus,stats' --max_concurrent 2`."""
+
     prefix: str | None = None
     """Where outputs go (local folder, gs://, s3://, memory://). Default: $EXECUTOR_PREFIX, else ./outputs."""
     executor_info_base_path: str | None = None

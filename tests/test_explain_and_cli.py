@@ -303,3 +303,15 @@ def test_dry_run_shows_all_on_request_and_the_summary_counts_taken_over_steps(tm
         "1 step(s) ran (1 taken over from a holder that was gone), 1 were already done; "
         "1 other step(s) of the DAG not needed by this run"
     )
+
+
+def test_every_help_shows_an_example(capsys):
+    for argv in (["--help"], *([command, "--help"] for command in ("status", "explain", "verify", "dashboard"))):
+        with pytest.raises(SystemExit):
+            cli_main(argv)
+        out = capsys.readouterr().out
+        command = argv[0] if argv[0] != "--help" else "status"
+        assert "example" in out and f"  python -m executor {command} " in out, out
+    with pytest.raises(SystemExit):
+        executor_main([make_step("a")], args=["--help"])
+    assert "python mine.py --force_run mine/stats" in " ".join(capsys.readouterr().out.split())
