@@ -192,17 +192,16 @@ def _outputs_for(target: str, name: str | None, console: Console) -> list[str]:
     return [path for _name, path in chosen]
 
 
-def cmd_explain(args: argparse.Namespace, console: Console) -> int:
-    [target] = expand_targets([args.target])
-    outputs = _outputs_for(target, args.step, console)
+def _explain_target(target: str, step: str | None, console: Console) -> int:
+    outputs = _outputs_for(target, step, console)
     if not outputs:
-        console.print(f"no step matching {args.step!r} under {args.target}")
+        console.print(f"no step matching {step!r} under {target}")
         return 1
     if target.endswith(".json"):
         steps = load_experiment(target)["steps"]
-        fingerprints = {step["output_path"]: step.get("code_fingerprint") for step in steps}
+        fingerprints = {entry["output_path"]: entry.get("code_fingerprint") for entry in steps}
     else:
-        fingerprints = current_fingerprints(target if args.step is not None else prefix_of(target))
+        fingerprints = current_fingerprints(target if step is not None else prefix_of(target))
     for output_path in outputs:
         try:
             report = explain_output(output_path, fingerprints.get(output_path))
@@ -212,6 +211,11 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
         console.print(report.render(), highlight=False, markup=False)
         console.print()
     return 0
+
+
+def cmd_explain(args: argparse.Namespace, console: Console) -> int:
+    """Each target (a quoted glob may name several step outputs or experiment files) in turn."""
+    return max(_explain_target(target, args.step, console) for target in expand_targets([args.target]))
 
 
 def _verify_one(output_path: str, console: Console) -> bool:
