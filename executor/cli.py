@@ -181,8 +181,8 @@ def _outputs_for(target: str, name: str | None, console: Console) -> list[str]:
     stored = [(row.name, row.output_path) for row in prefix_rows(target)]
     for step_name in dict.fromkeys(step_name for step_name, _path in chosen):
         versions = sorted(path for stored_name, path in stored if stored_name == step_name)
-        if len(versions) > 1:
-            shown = [path for chosen_name, path in chosen if chosen_name == step_name]
+        shown = [path for chosen_name, path in chosen if chosen_name == step_name]
+        if any(path not in shown for path in versions):
             console.print(
                 f"{step_name}: {len(versions)} versions stored; explaining {', '.join(shown)} (from {source}). "
                 f"Others: {', '.join(path for path in versions if path not in shown)} (explain one by its path)",
