@@ -28,7 +28,7 @@ from executor import storage
 from executor.errors import LeaseLostError
 from executor.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
 from executor.lease import Heartbeat, Lease, LeaseSettings
-from executor.records import info_path, write_manifest
+from executor.records import clear_outputs, info_path, write_manifest
 from executor.retry import RetryPolicy, is_transient
 from executor.status import (
     StatusEvent,
@@ -165,6 +165,8 @@ class _Attempt:
     """Counted across runs: the n-th RUNNING event of the step's history."""
     in_run: int
     """Counted in this executor run only: what the retry budget is measured against."""
+    starts_forced_run: bool = False
+    """The first attempt of a forced rerun: it deletes the old outputs before the step function runs."""
 
 
 def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepResult | _Retry:
@@ -180,7 +182,7 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
             interrupter.interrupt(StepAborted)
 
         with Heartbeat(lease, on_lost=stop_step, on_tick=step_log.upload) as beat:
-            error = _call_step_fn(task, stop, interrupter)
+            error = _call_step_fn(task, stop, interrupter, attempt.starts_forced_run)
             beat.raise_if_lost()
             if error is None:
                 write_manifest(task.output_path)
@@ -200,9 +202,10 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
 def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     """`.executor_info` and the RUNNING event; the first attempt of a forced run starts a new generation."""
     events = read_events(task.output_path)
-    attempt = _Attempt(number=attempts_so_far(events) + 1, in_run=attempts_so_far(events, run=task.run_id) + 1)
+    in_run = attempts_so_far(events, run=task.run_id) + 1
+    attempt = _Attempt(attempts_so_far(events) + 1, in_run, starts_forced_run=task.force and in_run == 1)
     details: dict[str, Any] = {"run": task.run_id}
-    if task.force and attempt.in_run == 1:
+    if attempt.starts_forced_run:
         details["force_run"] = True  # sharded steps redo every shard committed before this attempt
     started = StatusEvent(
         StepStatus.RUNNING, attempt=attempt.number, worker=lease.worker_id, details=details, lease=lease.number
@@ -214,12 +217,20 @@ def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     return attempt
 
 
-def _call_step_fn(task: StepTask, stop: StopSignal, interrupter: Interrupter) -> BaseException | None:
-    """Run the step function; what it raised (or what interrupted it), or None if it returned."""
+def _call_step_fn(
+    task: StepTask, stop: StopSignal, interrupter: Interrupter, clear_first: bool
+) -> BaseException | None:
+    """Run the step function; what it raised (or what interrupted it), or None if it returned.
+
+    With `clear_first` (a forced rerun) the old outputs are deleted first, here: under the heartbeat (deleting
+    10^5 shard files takes a while) and with a failure recorded and retried like the step's own."""
     try:
         with interrupter:
             stop.register(interrupter)
             try:
+                if clear_first:
+                    deleted = clear_outputs(task.output_path)
+                    logger.info("%s: force_run: deleted the old outputs %s", task.label, ", ".join(deleted) or "(none)")
                 storage.forget_listings(task.output_path, everything=True)
                 task.fn(task.config)
             finally:
