@@ -4,19 +4,23 @@ message names the step and the file or component, and says what to do."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from test_scaling import HERO_COMPUTE, LADDER_COMPUTE, TRUE_E, law, write_rung
+from test_steps_train import build_data, train_config
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
 from executor.errors import StepFailedError
 from executor.status import read_events
 from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
+from steps.train.train import TrainConfig, data_mixture, record_mixture, train
 
 
 def run_through_executor(prefix: Path, name: str, fn: Any, config: Any) -> tuple[str, str, Path]:
@@ -119,3 +123,98 @@ def test_fit_warnings_are_empty_for_a_well_posed_ladder(tmp_path):
     status, _, output = run_through_executor(tmp_path / "prefix", "scaling/ladder", predict_from_ladder,
                                              ladder(tmp_path, noisy, asymptote=TRUE_E))  # fmt: skip
     assert status == "SUCCESS" and json.loads((output / "prediction.json").read_text())["warnings"] == []
+
+
+# --- the train step's data inputs (points 4 to 7) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tokenizer and two tokenize step outputs of real text (test_steps_train's)."""
+    return build_data(tmp_path_factory.mktemp("train-data"))
+
+
+def train_through_executor(prefix: Path, config: TrainConfig) -> tuple[str, str, Path]:
+    return run_through_executor(prefix, "train/tiny", train, dataclasses.replace(config, output_path=THIS_OUTPUT_PATH))
+
+
+def write_weights(folder: Path, weights: dict[str, float]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "weights.json").write_text(json.dumps({"phases": [{"fraction": 1.0, "weights": weights}]}))
+    return folder / "weights.json"
+
+
+def test_a_weight_on_a_misspelt_component_fails_the_train_step(data, tmp_path):
+    weights_file = write_weights(tmp_path / "weights", {"python_stdl1b": 0.9, "python_docstrings": 0.1})
+    config = train_config(data, "unused", mixture_weights_path=str(weights_file.parent))
+    status, message, output = train_through_executor(tmp_path / "prefix", config)
+    assert status == "FAILED"
+    assert f"train step {output.name} ({output})" in message and f"phase 1 of {weights_file}" in message
+    assert "['python_stdl1b'] name no component of this run" in message and "fix " in message
+    assert not (output / "checkpoints").exists()
+
+
+def test_weights_on_cells_tokenize_left_out_are_dropped_by_name_in_the_log_and_mixture_json(data, tmp_path, caplog):
+    tokenized = tmp_path / "tokenized"
+    tokenized.mkdir()
+    (tokenized / "components.json").write_text(json.dumps({"components": {}, "excluded": {"cell_b": {}}}))
+    weights_file = write_weights(tmp_path / "weights", {"cell_b": 0.2, "python_stdlib": 0.4, "python_docstrings": 0.4})
+    output = tmp_path / "train-out"
+    weights_path = str(weights_file.parent)
+    config = train_config(data, str(output), components_path=str(tokenized), mixture_weights_path=weights_path)
+    assert data_mixture(config)[1] == [(0, {"python_stdlib": 0.4, "python_docstrings": 0.4})]
+    record_mixture(config)
+    assert json.loads((output / "mixture.json").read_text())["dropped"] == {"cell_b": [0.2]}
+    assert any("cell_b" in record.getMessage() and str(output) in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [
+        ({"python_stdlib": math.nan, "python_docstrings": 0.5}, "the weight of 'python_stdlib' is nan, not a finite"),
+        ({"python_stdlib": math.inf, "python_docstrings": 0.5}, "the weight of 'python_stdlib' is inf, not a finite"),
+        ({"python_stdlib": math.nan, "python_docstrings": math.nan}, "is nan, not a finite number"),
+        ({"python_stdlib": -0.5, "python_docstrings": 1.0}, "the weight of 'python_stdlib' is negative (-0.5)"),
+    ],
+    ids=["nan", "inf", "all-nan", "negative"],
+)
+def test_a_non_finite_or_negative_weight_names_the_step_file_phase_and_component(data, tmp_path, weights, expected):
+    weights_file = write_weights(tmp_path / "weights", weights)
+    config = train_config(data, "unused", mixture_weights_path=str(weights_file.parent))
+    status, message, output = train_through_executor(tmp_path / "prefix", config)
+    assert status == "FAILED"
+    assert f"train step {output.name} ({output}): phase 1 of {weights_file}" in message and expected in message
+    assert "rerun its mixture_weights step" in message
+
+
+def damaged_copy(data: dict[str, str], root: Path, damage: Any) -> dict[str, str]:
+    """The data with a copy of python_docstrings whose train split `damage(split folder)` has damaged."""
+    copy = root / "python_docstrings"
+    shutil.copytree(data["python_docstrings"], copy)
+    damage(copy / "train")
+    return {**data, "python_docstrings": str(copy)}
+
+
+def cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda split: cut_in_half(split / "shard_ledger.json"), "shard_ledger.json is not valid JSON"),
+        (lambda split: (split / "shard_ledger.json").write_text("[1, 2]"), "holds a JSON list, not a Levanter cache"),
+        (lambda split: cut_in_half(split / "part-00000" / "input_ids" / "data" / "c" / "0"), "cannot be read"),
+        (lambda split: cut_in_half(split / "part-00000" / "input_ids" / "offsets" / "c" / "0"), "cannot be read"),
+        (lambda split: (split / "part-00000" / "input_ids" / "offsets" / "c" / "0").unlink(), "holds 0 rows"),
+    ],
+    ids=["ledger-cut", "ledger-a-list", "data-file-cut", "offsets-file-cut", "offsets-file-gone"],
+)
+def test_a_damaged_cache_fails_the_train_step_naming_the_component_and_file(data, tmp_path, damage, expected):
+    damaged = damaged_copy(data, tmp_path / "damaged", damage)
+    split = Path(damaged["python_docstrings"]) / "train"
+    status, message, output = train_through_executor(tmp_path / "prefix", train_config(damaged, "unused"))
+    assert status == "FAILED"
+    assert f"train step {output.name} ({output}): component 'python_docstrings': {split}" in message
+    assert expected in message and "rerun the tokenize step" in message
+    assert not (output / "checkpoints").exists()
