@@ -8,6 +8,9 @@ import dataclasses
 import json
 import math
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +221,52 @@ def test_a_damaged_cache_fails_the_train_step_naming_the_component_and_file(data
     assert f"train step {output.name} ({output}): component 'python_docstrings': {split}" in message
     assert expected in message and "rerun the tokenize step" in message
     assert not (output / "checkpoints").exists()
+
+
+# --- storage errors in the executor's failure path (point 10) -----------------------------------------------
+
+FULL_DISK_RUNNER = textwrap.dedent("""
+    import logging, resource, signal, sys
+    from dataclasses import dataclass
+    # Every file this process writes is capped at LIMIT bytes: a write past it fails with EFBIG, as writes on
+    # a full disk fail with ENOSPC (no file name in the error). SIGXFSZ would kill the process instead.
+    LIMIT = 128 * 1024
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.RLIM_INFINITY))
+    logging.basicConfig(level=logging.INFO)
+    from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage
+
+    @dataclass(frozen=True)
+    class ExportConfig:
+        output_path: str
+
+    def export(config: ExportConfig) -> None:
+        # An HF export's shape: a long log, then a weights file larger than the disk has room for.
+        for number in range(2000):
+            logging.getLogger("export").info("converted tensor %d of 2000: %s", number, "x" * 80)
+        storage.write_atomic(storage.join(config.output_path, "hf", "model.safetensors"), bytes(4 * LIMIT))
+
+    step = ExecutorStep(name="train/export", fn=export, config=ExportConfig(output_path=THIS_OUTPUT_PATH))
+    executor = Executor(sys.argv[1])
+    executor.run([step])
+""")
+
+
+def test_a_full_disk_during_an_export_ends_failed_with_its_log_and_the_file_named(tmp_path):
+    prefix = tmp_path / "prefix"
+    run = subprocess.run([sys.executable, "-c", FULL_DISK_RUNNER, str(prefix)], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, timeout=600)  # fmt: skip
+    output = next(prefix.glob("train/export-*"))
+    events = read_events(str(output))
+    assert run.returncode != 0 and str(events[-1].status) == "FAILED", (events[-1], run.stderr[-3000:])
+    assert events[-1].message.startswith("OSError: [Errno 27] File too large")
+    assert f"File too large: '{output}/hf/model.safetensors'" in events[-1].message
+    # The whole log did not fit: the store holds its end and the traceback, the message says where the rest is.
+    kept = events[-1].message.split("it is kept at ")[-1]
+    assert "converted tensor 0 of 2000" in Path(kept).read_text()
+    log = (output / "logs" / "step.log").read_text()
+    assert f"it is kept at {kept}" in log and "converted tensor" in log
+    model_file = output / "hf" / "model.safetensors"
+    assert log.rstrip().endswith(f"OSError: [Errno 27] File too large: {str(model_file)!r}")
+    Path(kept).unlink()
+    assert not list(output.rglob("*.tmp-*")), "a failed write leaves no partial temp file"
