@@ -16,14 +16,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tensorstore as ts
 from test_scaling import HERO_COMPUTE, LADDER_COMPUTE, TRUE_E, law, write_rung
-from test_steps_train import build_data, train_config
+from test_steps_train import SOURCES, build_data, train_config
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
 from executor.errors import StepFailedError
 from executor.status import read_events
+from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
 from steps.train.train import TrainConfig, data_mixture, record_mixture, train
+from steps.train.train_metrics import read_metrics
 
 
 def run_through_executor(prefix: Path, name: str, fn: Any, config: Any) -> tuple[str, str, Path]:
@@ -270,3 +273,92 @@ def test_a_full_disk_during_an_export_ends_failed_with_its_log_and_the_file_name
     assert log.rstrip().endswith(f"OSError: [Errno 27] File too large: {str(model_file)!r}")
     Path(kept).unlink()
     assert not list(output.rglob("*.tmp-*")), "a failed write leaves no partial temp file"
+
+
+# --- a trained run's checkpoints, damaged (points 1, 2 and 8) --------------------------------------------------
+
+
+def tiny_run(data: dict[str, str], **changes: Any) -> TrainConfig:
+    """Three steps of the tiny MoE with a permanent checkpoint after each."""
+    fields = dict(num_train_steps=3, checkpoint_every_steps=1, temporary_checkpoint_seconds=1e6, steps_per_eval=100,
+                  max_eval_batches=1, watch_interval=100, hf_export=False)  # fmt: skip
+    return train_config(data, "unused", **{**fields, **changes})
+
+
+@pytest.fixture(scope="module")
+def trained(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The train step's output of one tiny run, trained through the Executor (copy it before damaging it)."""
+    status, message, output = train_through_executor(tmp_path_factory.mktemp("trained"), tiny_run(data))
+    assert status == "SUCCESS", message
+    return output
+
+
+def checkpoint_copy(trained: Path, root: Path) -> tuple[Path, Path]:
+    """A copy of the run's checkpoints/ and its latest step-N folder."""
+    copy = root / "checkpoints"
+    shutil.copytree(trained / "checkpoints", copy)
+    return copy, max(copy.glob("step-*"), key=lambda folder: int(folder.name.removeprefix("step-")))
+
+
+def evaluate_through_executor(data: dict[str, str], prefix: Path, checkpoint_path: Path) -> tuple[str, str, Path]:
+    config = EvaluateConfig(checkpoint_path=str(checkpoint_path), shape=tiny_run(data).shape,
+                            tokenizer_path=data["tokenizer"], components={source: data[source] for source in SOURCES},
+                            output_path=THIS_OUTPUT_PATH, max_batches=1)  # fmt: skip
+    return run_through_executor(prefix, "evaluate/tiny", evaluate, config)
+
+
+def test_a_checkpoint_with_non_finite_weights_fails_the_evaluate_step(data, trained, tmp_path):
+    checkpoints, latest = checkpoint_copy(trained, tmp_path)
+    # The final norm's weights go NaN, as a diverging run's do: written into the checkpoint's own OCDBT store.
+    spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{latest}/",
+                                           "path": "model/transformer/norm/weight/"}}  # fmt: skip
+    norm = ts.open(spec).result()
+    norm.write(np.full(norm.shape, np.nan, dtype=np.float32)).result()
+    status, message, output = evaluate_through_executor(data, tmp_path / "prefix", checkpoints)
+    assert status == "FAILED"
+    assert f"evaluate step {output.name} ({output}): the checkpoint {latest} scores" in message
+    assert "macro_loss = nan" in message and "python_stdlib loss = nan" in message
+    assert "Evaluate an earlier checkpoint" in message and not (output / "results.json").exists()
+
+
+def test_a_damaged_latest_checkpoint_is_refused_not_silently_skipped(data, trained, tmp_path):
+    checkpoints, latest = checkpoint_copy(trained, tmp_path)
+    cut_in_half(latest / "metadata.json")
+    status, message, output = evaluate_through_executor(data, tmp_path / "prefix", checkpoints)
+    assert status == "FAILED" and not (output / "results.json").exists()
+    label = f"evaluate step {output.name} ({output})"
+    assert f"{label}: the checkpoint {latest} is damaged ({latest}/metadata.json" in message
+    assert f"Move {latest} aside to use the previous complete checkpoint" in message
+    # The train step, resuming from the same damage, says the same instead of a bare JSONDecodeError.
+    run_copy = tmp_path / "run" / "train" / trained.name
+    shutil.copytree(trained, run_copy)
+    cut_in_half(run_copy / "checkpoints" / latest.name / "metadata.json")
+    config = dataclasses.replace(tiny_run(data), output_path=THIS_OUTPUT_PATH)
+    step = ExecutorStep(name="train/tiny", fn=train, config=config)
+    with pytest.raises(StepFailedError):
+        Executor(str(tmp_path / "run")).run([step], force_run=["train/tiny"])
+    last = read_events(str(run_copy))[-1]
+    assert str(last.status) == "FAILED"
+    assert f"the checkpoint {run_copy}/checkpoints/{latest.name} is damaged" in (last.message or "")
+
+
+def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_try(data, trained, tmp_path):
+    step = ExecutorStep(name="train/tiny", fn=train,
+                        config=dataclasses.replace(tiny_run(data, num_train_steps=6, learning_rate=1e30),
+                                                   output_path=THIS_OUTPUT_PATH))  # fmt: skip
+    executor = Executor(str(tmp_path / "prefix"))
+    executor.run([step], dry_run=True)
+    output = Path(executor.output_paths[step])
+    # A fork of the trained run: its checkpoints and metrics, continued at a learning rate that diverges.
+    shutil.copytree(trained / "checkpoints", output / "checkpoints")
+    shutil.copy(trained / "metrics.jsonl", output / "metrics.jsonl")
+    with pytest.raises(StepFailedError):
+        executor.run([step])
+    last = read_events(str(output))[-1]
+    message = last.message or ""
+    finite = [r["step"] for r in read_metrics(str(output)) if math.isfinite(r.get("train/loss", math.nan))]
+    assert str(last.status) == "FAILED"
+    assert f"train step {output.name} ({output}): the training loss diverged" in message
+    assert f"the last finite train/loss in {output}/metrics.jsonl is at step {max(finite)}" in message
+    assert f"the last complete checkpoint is {output}/checkpoints/step-" in message
+    assert "Try a lower learning_rate (now 1e+30)" in message

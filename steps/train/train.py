@@ -61,6 +61,7 @@ from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
 
 from executor import storage
+from steps.model.checkpoints import check_checkpoints
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config
 from steps.model.model_size import MoeShape, flops_per_token
@@ -68,6 +69,7 @@ from steps.model.moe_model import MoeWatchConfig
 from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
+from steps.train.failures import divergence_explained
 from steps.train.input_checks import (
     MIXTURE_FILE,
     TrainInputError,
@@ -161,11 +163,13 @@ class TrainConfig:
 def train(config: TrainConfig) -> None:
     """The train step: checks its inputs, then runs Levanter's trainer under `training_environment`."""
     check_inputs(config)
+    check_checkpoints(storage.join(config.output_path, "checkpoints"), _step_label(config))
     record_mixture(config)
     with training_environment(config.output_path):
         run = levanter_config(config)
         try:
-            train_lm.main(run)
+            with divergence_explained(_step_label(config), config.output_path, config.learning_rate):
+                train_lm.main(run)
             if config.hf_export:
                 hf_folder = storage.join(config.output_path, HF_FOLDER)
                 checkpoints = run.trainer.checkpointer.base_path
