@@ -362,3 +362,32 @@ def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_tr
     assert f"the last finite train/loss in {output}/metrics.jsonl is at step {max(finite)}" in message
     assert f"the last complete checkpoint is {output}/checkpoints/step-" in message
     assert "Try a lower learning_rate (now 1e+30)" in message
+
+
+def test_a_latest_checkpoint_with_a_cut_tensor_file_is_moved_aside_and_the_rerun_resumes_before_it(
+    data, trained, tmp_path
+):
+    prefix = tmp_path / "prefix"
+    output = prefix / "train" / trained.name
+    shutil.copytree(trained, output)
+    steps = sorted(int(folder.name.removeprefix("step-")) for folder in (output / "checkpoints").glob("step-*"))
+    latest = output / "checkpoints" / f"step-{steps[-1]}"
+    cut_in_half(max((latest / "d").iterdir(), key=lambda path: path.stat().st_size))
+    step = ExecutorStep(
+        name="train/tiny", fn=train, config=dataclasses.replace(tiny_run(data), output_path=THIS_OUTPUT_PATH)
+    )
+    with pytest.raises(StepFailedError):
+        Executor(str(prefix)).run([step], force_run=["train/tiny"])
+    last = read_events(str(output))[-1]
+    message = last.message or ""
+    assert (
+        str(last.status) == "FAILED"
+        and f"train step {output.name} ({output}): the checkpoint {latest} cannot be read" in message
+    )
+    aside = next((output / "damaged-checkpoints").glob(f"{latest.name}-*"))
+    assert f"moved aside to {aside}" in message and not latest.exists()
+    previous = f"resumes from {output}/checkpoints/step-{steps[-2]}" if len(steps) > 1 else "starts from step 0"
+    assert previous in message
+    # The rerun (what the executor does after a failure) resumes from the previous checkpoint and finishes.
+    Executor(str(prefix)).run([step])
+    assert str(read_events(str(output))[-1].status) == "SUCCESS" and latest.exists()

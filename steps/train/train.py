@@ -69,7 +69,7 @@ from steps.model.moe_model import MoeWatchConfig
 from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
-from steps.train.failures import divergence_explained
+from steps.train.failures import damaged_checkpoint_set_aside, divergence_explained
 from steps.train.input_checks import (
     MIXTURE_FILE,
     TrainInputError,
@@ -168,7 +168,11 @@ def train(config: TrainConfig) -> None:
     with training_environment(config.output_path):
         run = levanter_config(config)
         try:
-            with divergence_explained(_step_label(config), config.output_path, config.learning_rate):
+            label = _step_label(config)
+            with (
+                divergence_explained(label, config.output_path, config.learning_rate),
+                damaged_checkpoint_set_aside(label, config.output_path),
+            ):
                 train_lm.main(run)
             if config.hf_export:
                 hf_folder = storage.join(config.output_path, HF_FOLDER)
