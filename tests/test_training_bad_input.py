@@ -330,28 +330,30 @@ def test_a_damaged_latest_checkpoint_is_refused_not_silently_skipped(data, train
     assert f"{label}: the checkpoint {latest} is damaged ({latest}/metadata.json" in message
     assert f"Move {latest} aside to use the previous complete checkpoint" in message
     # The train step, resuming from the same damage, says the same instead of a bare JSONDecodeError.
-    run_copy = tmp_path / "run" / "train" / trained.name
-    shutil.copytree(trained, run_copy)
-    cut_in_half(run_copy / "checkpoints" / latest.name / "metadata.json")
-    config = dataclasses.replace(tiny_run(data), output_path=THIS_OUTPUT_PATH)
-    step = ExecutorStep(name="train/tiny", fn=train, config=config)
+    executor, step, run_output = fork(trained, tmp_path / "run", tiny_run(data))
+    cut_in_half(run_output / "checkpoints" / latest.name / "metadata.json")
     with pytest.raises(StepFailedError):
-        Executor(str(tmp_path / "run")).run([step], force_run=["train/tiny"])
-    last = read_events(str(run_copy))[-1]
+        executor.run([step])
+    last = read_events(str(run_output))[-1]
     assert str(last.status) == "FAILED"
-    assert f"the checkpoint {run_copy}/checkpoints/{latest.name} is damaged" in (last.message or "")
+    assert f"train step {run_output.name} ({run_output}): the checkpoint {run_output}/checkpoints/{latest.name} is " \
+           "damaged" in (last.message or "")  # fmt: skip
+
+
+def fork(trained: Path, prefix: Path, config: TrainConfig) -> tuple[Executor, ExecutorStep, Path]:
+    """A train step under `prefix` that starts from a copy of the trained run's checkpoints and metrics."""
+    step = ExecutorStep(name="train/tiny", fn=train, config=dataclasses.replace(config, output_path=THIS_OUTPUT_PATH))
+    executor = Executor(str(prefix))
+    executor.run([step], dry_run=True)
+    output = Path(executor.output_paths[step])
+    shutil.copytree(trained / "checkpoints", output / "checkpoints")
+    shutil.copy(trained / "metrics.jsonl", output / "metrics.jsonl")
+    return executor, step, output
 
 
 def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_try(data, trained, tmp_path):
-    step = ExecutorStep(name="train/tiny", fn=train,
-                        config=dataclasses.replace(tiny_run(data, num_train_steps=6, learning_rate=1e30),
-                                                   output_path=THIS_OUTPUT_PATH))  # fmt: skip
-    executor = Executor(str(tmp_path / "prefix"))
-    executor.run([step], dry_run=True)
-    output = Path(executor.output_paths[step])
-    # A fork of the trained run: its checkpoints and metrics, continued at a learning rate that diverges.
-    shutil.copytree(trained / "checkpoints", output / "checkpoints")
-    shutil.copy(trained / "metrics.jsonl", output / "metrics.jsonl")
+    # A fork of the trained run, continued at a learning rate that diverges.
+    executor, step, output = fork(trained, tmp_path / "prefix", tiny_run(data, num_train_steps=6, learning_rate=1e30))
     with pytest.raises(StepFailedError):
         executor.run([step])
     last = read_events(str(output))[-1]
@@ -367,27 +369,20 @@ def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_tr
 def test_a_latest_checkpoint_with_a_cut_tensor_file_is_moved_aside_and_the_rerun_resumes_before_it(
     data, trained, tmp_path
 ):
-    prefix = tmp_path / "prefix"
-    output = prefix / "train" / trained.name
-    shutil.copytree(trained, output)
+    executor, step, output = fork(trained, tmp_path / "prefix", tiny_run(data))
     steps = sorted(int(folder.name.removeprefix("step-")) for folder in (output / "checkpoints").glob("step-*"))
     latest = output / "checkpoints" / f"step-{steps[-1]}"
     cut_in_half(max((latest / "d").iterdir(), key=lambda path: path.stat().st_size))
-    step = ExecutorStep(
-        name="train/tiny", fn=train, config=dataclasses.replace(tiny_run(data), output_path=THIS_OUTPUT_PATH)
-    )
     with pytest.raises(StepFailedError):
-        Executor(str(prefix)).run([step], force_run=["train/tiny"])
+        executor.run([step])
     last = read_events(str(output))[-1]
     message = last.message or ""
-    assert (
-        str(last.status) == "FAILED"
-        and f"train step {output.name} ({output}): the checkpoint {latest} cannot be read" in message
-    )
+    assert str(last.status) == "FAILED"
+    assert f"train step {output.name} ({output}): the checkpoint {latest} cannot be read" in message
     aside = next((output / "damaged-checkpoints").glob(f"{latest.name}-*"))
     assert f"moved aside to {aside}" in message and not latest.exists()
     previous = f"resumes from {output}/checkpoints/step-{steps[-2]}" if len(steps) > 1 else "starts from step 0"
     assert previous in message
     # The rerun (what the executor does after a failure) resumes from the previous checkpoint and finishes.
-    Executor(str(prefix)).run([step])
+    Executor(str(tmp_path / "prefix")).run([step])
     assert str(read_events(str(output))[-1].status) == "SUCCESS" and latest.exists()
