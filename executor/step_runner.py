@@ -16,6 +16,7 @@ Every status event carries the writer's lease number, so a taken-over holder's l
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import traceback
 import uuid
@@ -175,6 +176,16 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
     Raises LeaseLostError (having written nothing more) if the lease is lost on the way.
     """
     attempt = _record_start(task, lease)
+    try:
+        return _run_attempt(task, lease, stop, attempt)
+    except LeaseLostError:
+        raise
+    except Exception as error:  # the executor's own writes failed (a full disk under the log or the manifest)
+        return _record_failure(task, lease, None, attempt, error)
+
+
+def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attempt) -> StepResult | _Retry:
+    """The step function under the heartbeat and the step log, then its outcome recorded."""
     with StepLog(task.output_path) as step_log:
         interrupter = Interrupter()
 
@@ -193,10 +204,10 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
                 _append_holding(task.output_path, lease, beat, success)
                 logger.info("%s: SUCCESS %s", task.label, task.output_path)
                 return StepResult(Outcome.SUCCEEDED)
-            step_log.write_exception(error)
+            log_note = step_log.save_failure(error)
             if isinstance(error, (StepInterrupted, KeyboardInterrupt)):
                 return _record_interrupt(task, lease, beat, attempt, error)
-            return _record_failure(task, lease, beat, attempt, error)
+            return _record_failure(task, lease, beat, attempt, error, log_note)
 
 
 def _record_start(task: StepTask, lease: Lease) -> _Attempt:
@@ -255,11 +266,23 @@ def _record_interrupt(
     return StepResult(Outcome.FAILED, message)
 
 
+_STORAGE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+
+
 def _record_failure(
-    task: StepTask, lease: Lease, beat: Heartbeat, attempt: _Attempt, error: BaseException
+    task: StepTask,
+    lease: Lease,
+    beat: Heartbeat | None,
+    attempt: _Attempt,
+    error: BaseException,
+    log_note: str | None = None,
 ) -> StepResult | _Retry:
     """FAILED with the traceback; or, for a retryable error with attempts left in this run, WAITING and a backoff."""
     message = f"{type(error).__name__}: {error}"
+    if isinstance(error, OSError) and error.errno in _STORAGE_FULL_ERRNOS and not error.filename:
+        message += f" (writing under {task.output_path})"  # a full disk's error names no file
+    if log_note:
+        message += f"; {log_note}"
     details = {"traceback": "".join(traceback.format_exception(error))}
     if task.retry.should_retry(error, attempt.in_run):
         wait_s = task.retry.backoff_s(attempt.in_run)
