@@ -3,7 +3,7 @@
     metrics.jsonl with train/loss rows    run view: loss with the predicted curve of the scaling step that
                                           the config's `prediction_path` names, learning rate, gradient and
                                           parameter norms, the router bias apart, expert load, throughput and
-                                          MFU, eval loss per component
+                                          MFU, eval loss per component, the alerts of `alerts.jsonl`
     prediction.json                       ladder view (ladder.py): the rungs' final losses against compute, the
                                           fitted law out to the target, the prediction's band, the achieved loss
     composition.json and/or weights.json  composition view: topic x quality cells with tokens, weights per
@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from executor import storage
+from executor.alerts import read_alerts
 from executor.dashboard import files
 from executor.dashboard.safety import relative_to, resolve_under
 from executor.metrics_log import read_metrics_bytes
@@ -241,5 +242,6 @@ def run_view(prefix: str, output_path: str) -> dict[str, Any]:
         "prediction": {"source": prediction_source, "points": len(curve)} if curve else None,
         "prediction_error": prediction_error,
         "thinned": stride > 1,
+        "alerts": read_alerts(output_path),
         "charts": charts,
     }
