@@ -31,7 +31,7 @@ PRIVATE_FIELDS = frozenset({"user", "host", "worker", "hostname", "pid"})
 _SECRET_KEY = re.compile(
     r"(secret|password|passwd|api_?key|credential|private_?key|(^|[._-])token$|auth_?token|authorization)", re.I
 )
-_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/\"'<>]+/)+(?=[^\s/\"'<>]+)")
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~>-])/(?:[^\s/\"'<>]+/)+(?=[^\s/\"'<>]+)")
 
 
 class PublishError(RuntimeError):
@@ -82,7 +82,10 @@ class SiteWriter:
         try:
             manifest = storage.read_json(storage.join(self.destination, MANIFEST))
         except (OSError, StorageError, ValueError) as error:
-            raise PublishError(f"cannot read the site at {self.destination}: {error}") from error
+            raise PublishError(
+                f"cannot use {self.destination} as the site's destination (reading its {MANIFEST} failed: {error}); "
+                "pass a folder, gs:// or s3:// path that you can write"
+            ) from error
         self.manifest: dict[str, str] = manifest if isinstance(manifest, dict) else {}
         self._saved_manifest = json.dumps(self.manifest, sort_keys=True).encode()
 
