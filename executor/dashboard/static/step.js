@@ -106,7 +106,8 @@ async function stepPage(main, path) {
   const refreshLog = async () => {
     const log = await api("/api/step/log", { path });
     const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
-    logBox.textContent = log.exists ? (log.truncated ? "… (earlier lines cut)\n" : "") + log.text : "(no log yet: it is uploaded while the step runs)";
+    logBox.textContent = log.published === false ? "(logs are not published on this site)"
+      : log.exists ? (log.truncated ? "… (earlier lines cut)\n" : "") + log.text : "(no log yet: it is uploaded while the step runs)";
     if (atBottom) logBox.scrollTop = logBox.scrollHeight;
   };
   const refreshMetrics = async () => {
