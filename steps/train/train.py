@@ -148,6 +148,9 @@ class TrainConfig:
     """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
     hf_export: bool = True
     """After training, export the final checkpoint under `hf/` (steps/model/hf_export.py). Plain."""
+    alerts: dict[str, float | str] | None = None
+    """Alert thresholds by `executor.alerts.AlertRules` field name (None: its defaults), read by
+    `python -m executor publish` while the run goes on. Plain: tuning an alert never restarts a run."""
 
 
 class TrainInputError(ValueError):
