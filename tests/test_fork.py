@@ -1,0 +1,88 @@
+"""Forks and rollbacks as steps: a tiny real Levanter run, and a fork of it at a checkpoint with a lower LR.
+
+The fork is its own content-hashed step (`fork_of`), starts from the parent's checkpoint (its first loss is
+the parent's at that step: same weights, same batch, the new learning rate not applied yet), records its
+lineage, and its run view draws the parent's curve up to the fork. A fork of a step the parent never
+checkpointed is refused before any compute, naming the path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_steps_train import build_data, train_config, train_losses
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
+from executor.dashboard import DashboardApp
+from executor.errors import StepFailedError
+from executor.status import LINEAGE_FILE, METRICS_FILE, read_status
+from experiments.train_defaults import fork_of
+from steps.train.train import train
+
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1500)]
+STEPS = 8
+FORK_AT = 4
+
+
+def metrics(output_path: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(output_path, METRICS_FILE).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    data = build_data(tmp_path_factory.mktemp("fork-data"))
+    prefix = tmp_path_factory.mktemp("fork-prefix")
+    config = train_config(data, THIS_OUTPUT_PATH, num_train_steps=STEPS, checkpoint_every_steps=FORK_AT,
+                          steps_per_eval=STEPS, temporary_checkpoint_seconds=3600.0, hf_export=False,
+                          learning_rate=versioned(1e-2))  # fmt: skip
+    parent = ExecutorStep(name="train/parent", fn=train, config=config)
+    fork = fork_of(parent, step=FORK_AT, name="train/fork", learning_rate=versioned(1e-4))
+    executor = Executor(str(prefix))
+    executor.run([parent, fork])
+    return {"prefix": prefix, "executor": executor, "parent": parent, "fork": fork}
+
+
+def test_a_fork_starts_from_the_parents_checkpoint(runs) -> None:
+    executor = runs["executor"]
+    parent_path, fork_path = executor.output_paths[runs["parent"]], executor.output_paths[runs["fork"]]
+    assert parent_path != fork_path and Path(fork_path).name.startswith("fork-")
+    parent_losses = dict(train_losses(metrics(parent_path)))
+    fork_losses = train_losses(metrics(fork_path))
+    first_step, first_loss = fork_losses[0]
+    assert first_step > FORK_AT - 1 and first_step in parent_losses  # it went on from the checkpoint, not from 0
+    assert first_loss == pytest.approx(parent_losses[first_step], abs=1e-5)
+    later_step, later_loss = fork_losses[-1]
+    assert abs(later_loss - parent_losses[later_step]) > 1e-6  # the lower learning rate took effect
+    lineage = json.loads(Path(fork_path, LINEAGE_FILE).read_text())
+    assert lineage == {
+        "parent": parent_path,
+        "step": FORK_AT,
+        "checkpoint": f"{parent_path}/checkpoints/step-{FORK_AT}",
+    }
+
+
+def test_the_run_view_draws_the_parent_up_to_the_fork(runs) -> None:
+    prefix, executor = runs["prefix"], runs["executor"]
+    relative = executor.output_paths[runs["fork"]][len(str(prefix)) + 1 :]
+    response = DashboardApp(str(prefix)).handle("/api/step/run", {"path": relative})
+    view = json.loads(response.body)
+    assert view["lineage"]["step"] == FORK_AT and view["lineage"]["parent"].startswith("train/parent-")
+    loss = view["charts"][0]
+    labels = [series["label"] for series in loss["series"]]
+    parent = loss["series"][labels.index("parent train/loss")]
+    steps = [x for x, value in zip(loss["x"], parent["values"], strict=True) if value is not None]
+    assert steps and max(steps) <= FORK_AT
+
+
+def test_a_fork_of_a_missing_checkpoint_is_refused_naming_it(runs) -> None:
+    fork = fork_of(runs["parent"], step=FORK_AT + 1, name="train/bad-fork")
+    executor = Executor(str(runs["prefix"]))
+    with pytest.raises(StepFailedError):
+        executor.run([fork])
+    output_path = executor.output_paths[fork]
+    assert read_status(output_path) == "FAILED"
+    log = Path(output_path, ".executor_status").read_text()
+    assert f"checkpoints/step-{FORK_AT + 1} is not a complete checkpoint" in log
