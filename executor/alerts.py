@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import storage
+from executor.metrics_log import rows_by_step
 
 logger = logging.getLogger(__name__)
 
@@ -197,16 +198,6 @@ def _over(series: Sequence[tuple[int, float]], limit: float) -> Iterable[Check]:
     return ((step, value > limit, value, limit) for step, value in series if math.isfinite(value))
 
 
-def by_step(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
-    """One row per step, later lines winning (a resumed run's lines replace the killed run's)."""
-    rows: dict[int, dict[str, Any]] = {}
-    for record in records:
-        step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            rows.setdefault(step, {}).update(record)
-    return rows
-
-
 def below_band(
     rows: Mapping[int, Mapping[str, Any]], curve: Sequence[Mapping[str, float]], margin: float, now: float
 ) -> list[Alert]:
@@ -234,7 +225,7 @@ def evaluate(
     curve: Sequence[Mapping[str, float]] = (),
 ) -> list[Alert]:
     """Every episode of every rule in a run's metrics lines so far (`running`: its lease is live now)."""
-    rows = by_step(records)
+    rows = rows_by_step(records)
     loss = _raw_series(rows, "train/loss")
     alerts = _episodes(
         ((s, not math.isfinite(v), v, math.inf) for s, v in loss), "nonfinite_loss", now, "train/loss is not finite"

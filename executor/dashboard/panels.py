@@ -28,7 +28,7 @@ from executor import storage
 from executor.alerts import read_alerts
 from executor.dashboard import files
 from executor.dashboard.safety import relative_to, resolve_under
-from executor.metrics_log import read_metrics_bytes
+from executor.metrics_log import read_metrics_bytes, rows_by_step
 from executor.status import INFO_FILE, LINEAGE_FILE, METRICS_FILE
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -138,16 +138,6 @@ def chart(chart_id: str, title: str, series: list[dict[str, Any]], **options: An
     }
 
 
-def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """One row per step: the lines of a step merged in file order, so a resumed run's later line wins."""
-    rows: dict[int, dict[str, Any]] = {}
-    for record in records:
-        step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            rows.setdefault(step, {}).update(record)
-    return rows
-
-
 def eval_components(rows: Mapping[int, Mapping[str, Any]]) -> list[str]:
     keys = {key for row in rows.values() for key in row}
     return sorted(
@@ -225,13 +215,13 @@ def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[
     records = files.metrics_records(storage.join(resolve_under(prefix, relative), METRICS_FILE)) or []
     fork_at = lineage.get("step")
     last: float = fork_at if isinstance(fork_at, int) else math.inf
-    losses = series_of(by_step(records), TRAIN_LOSS)
+    losses = series_of(rows_by_step(records), TRAIN_LOSS)
     return {step: loss for step, loss in losses.items() if step <= last}, {"parent": relative, "step": fork_at}
 
 
 def run_view(prefix: str, output_path: str) -> dict[str, Any]:
     records = files.metrics_records(storage.join(output_path, METRICS_FILE))
-    rows = by_step(records or [])
+    rows = rows_by_step(records or [])
     train = series_of(rows, TRAIN_LOSS)
     if not train:
         raise PanelError(f"{storage.join(output_path, METRICS_FILE)} has no {TRAIN_LOSS} rows (yet): no run to show")

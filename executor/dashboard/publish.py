@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import alerts, storage
+from executor.dashboard import files
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
 from executor.dashboard.panels import PanelError, predicted_curve, step_config
@@ -202,7 +203,7 @@ class SitePublisher:
             config = {}
         rules = alerts.AlertRules.from_config(config.get("alerts"), where)
         curve, _, _ = predicted_curve(self.prefix, step.output_path)
-        records = _records(read_metrics_bytes(storage.join(step.output_path, METRICS_FILE)) or b"")
+        records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
         live_lease = running and takeover_reason(step.output_path, LeaseSettings.from_env()) is None
         fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve)
         new = alerts.record_alerts(step.output_path, fired)
