@@ -9,6 +9,9 @@ checkpointed is refused before any compute, naming the path.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.dashboard import DashboardApp
 from executor.errors import StepFailedError
 from executor.status import LINEAGE_FILE, METRICS_FILE, read_status
+from executor.wandb_sync import offline_runs
 from experiments.train_defaults import fork_of
 from steps.train.train import train
 
@@ -86,3 +90,30 @@ def test_a_fork_of_a_missing_checkpoint_is_refused_naming_it(runs) -> None:
     assert read_status(output_path) == "FAILED"
     log = Path(output_path, ".executor_status").read_text()
     assert f"checkpoints/step-{FORK_AT + 1} is not a complete checkpoint" in log
+
+
+def wandb_run_bytes(output_path: str) -> bytes:
+    """The offline wandb run's record file (protobuf: config values and fork_from appear as plain text)."""
+    [run] = offline_runs(output_path)
+    return b"".join(path.read_bytes() for path in Path(run).glob("*.wandb"))
+
+
+def test_the_wandb_runs_name_their_step_and_the_fork_names_its_parent(runs) -> None:
+    executor = runs["executor"]
+    parent_path, fork_path = executor.output_paths[runs["parent"]], executor.output_paths[runs["fork"]]
+    parent_run, fork_run = wandb_run_bytes(parent_path), wandb_run_bytes(fork_path)
+    assert b"executor/step" in parent_run and b"train/parent" in parent_run and parent_path.encode() in parent_run
+    fork_hash = json.loads(Path(fork_path, ".executor_info").read_text())["hash"]
+    assert fork_hash.encode() in fork_run and b"train/fork" in fork_run
+    assert f"{Path(parent_path).name}?_step={FORK_AT}".encode() in fork_run  # wandb's fork_from
+
+
+def test_wandb_sync_says_what_failed(runs, tmp_path: Path) -> None:
+    fork_path = runs["executor"].output_paths[runs["fork"]]
+    env = {**os.environ, "WANDB_API_KEY": "", "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": "online"}
+    command = [sys.executable, "-m", "executor", "wandb-sync"]
+    offline = subprocess.run([*command, fork_path], capture_output=True, text=True, env=env, timeout=600)
+    assert offline.returncode == 2 and "Traceback" not in offline.stderr
+    assert "wandb sync of" in offline.stderr and fork_path in offline.stderr
+    empty = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert empty.returncode == 2 and f"no offline wandb run under {tmp_path}/wandb/wandb" in empty.stderr

@@ -245,6 +245,8 @@ def redact_lines(data: bytes, prefix: str) -> bytes:
 
 def publish(prefix: str, destination: str, watch_s: float | None = None, webhook_url: str | None = None) -> None:
     """The CLI's entry: one cycle, or one every `watch_s` seconds until interrupted."""
+    if watch_s is not None and watch_s <= 0:
+        raise PublishError(f"--watch {watch_s}: give the seconds between republishing, a positive number")
     try:
         publisher = SitePublisher(prefix, destination, webhook_url=webhook_url)
         if watch_s is None:
@@ -259,5 +261,7 @@ def publish(prefix: str, destination: str, watch_s: float | None = None, webhook
             )
         else:
             publisher.watch(watch_s)
+    except KeyboardInterrupt:
+        logger.info("stopped publishing %s", prefix)
     except StorageError as error:
         raise PublishError(f"publishing {prefix} to {destination} failed: {error}") from error

@@ -64,7 +64,6 @@ from levanter.checkpoint import CheckpointerConfig
 from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
 from levanter.tracker import wandb as levanter_wandb
-from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
 
 from executor import storage
@@ -78,6 +77,7 @@ from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
 from steps.train.lineage import record_lineage
 from steps.train.train_metrics import JsonlMetricsConfig
+from steps.train.wandb_run import wandb_config
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             flops_per_token=flops_per_token(config.shape),
             peak_flops_per_second=config.peak_flops_per_second,
         ),
-        WandbConfig(project=config.wandb_project, id=run_id, name=run_id, save_code=False),
+        wandb_config(config.wandb_project, config.output_path, config.initialize_from),
     )
     trainer = TrainerConfig(
         seed=config.seed,
