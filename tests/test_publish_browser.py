@@ -106,3 +106,39 @@ def test_the_ladder_and_composition_pages_render_on_the_site(page, tmp_path: Pat
         expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
         screenshot(page, "publish-tiny-run")
     assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
+
+
+def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Path) -> None:
+    """The tiny hero's prefix, published: the experiment, the hero's run view with its prediction, the ladder
+    and the composition pages render its data, no alert fires and no request leaves the site."""
+    expect = playwright_sync.expect
+    SitePublisher(str(prefix), str(site)).cycle()
+    assert not list(prefix.rglob("alerts.jsonl"))  # the demo's runs are healthy: no alert fires
+    urls = record_requests(page)
+    relative = {name: folder.relative_to(prefix).as_posix() for name, folder in outputs.items()}
+    with static_server(site) as base:
+        page.goto(f"{base}/index.html")
+        rows = page.locator("[data-testid=experiments] tbody tr")
+        expect(rows.first).to_contain_text("hero_535b.py", timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=alert-badge]")).to_have_count(0)
+        rows.first.click()
+        expect(page.locator("[data-testid=dag] g.node").first).to_be_visible(timeout=DEADLINE_MS)
+        screenshot(page, "publish-hero-experiment")
+        page.goto(f"{base}/index.html#/step/{relative['train/d6144']}")
+        expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=prediction-link]")).to_contain_text(relative["scaling/ladder"])
+        screenshot(page, "publish-hero-run")
+        page.goto(f"{base}/index.html#/step/{relative['scaling/ladder']}")
+        expect(page.locator("[data-testid=ladder-view] [data-chart] canvas")).to_have_count(1, timeout=DEADLINE_MS)
+        screenshot(page, "publish-hero-ladder")
+        page.goto(f"{base}/index.html#/step/{relative['mix/cells']}")
+        expect(page.locator("[data-testid=composition-view]")).to_be_visible(timeout=DEADLINE_MS)
+        screenshot(page, "publish-hero-composition")
+    assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
+
+
+@pytest.mark.slow
+@pytest.mark.training
+@pytest.mark.timeout(2400)
+def test_the_tiny_heros_prefix_published(page, hero_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    check_hero_site(page, hero_run.prefix, hero_run.outputs, tmp_path / "site")
