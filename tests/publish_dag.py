@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,25 @@ def fake_run(config: FakeRunConfig) -> None:
             line["train/loss"] = 4 * float(line["train/loss"])  # type: ignore[arg-type]
         lines.append(json.dumps(line))
     Path(config.output_path, METRICS_FILE).write_text("\n".join(lines) + "\n")
+
+
+STALL_GATES: dict[str, threading.Event] = {}
+"""Events that `train/stalled` steps wait on (after their last metrics line), by gate name."""
+
+
+@dataclass(frozen=True)
+class StalledRunConfig:
+    """Writes a few metrics lines, then hangs (its lease kept live by the executor) until its gate opens."""
+
+    output_path: str
+    gate: str = versioned("stall")
+    steps: int = 20
+
+
+def stalled_run(config: StalledRunConfig) -> None:
+    lines = "".join(json.dumps(metrics_line(step)) + "\n" for step in range(config.steps))
+    Path(config.output_path, METRICS_FILE).write_text(lines)
+    STALL_GATES[config.gate].wait(timeout=300)
 
 
 def publish_steps() -> dict[str, ExecutorStep]:

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from publish_dag import START_TIME, build_publish_prefix, metrics_line
+from conftest import wait_until
+from publish_dag import STALL_GATES, START_TIME, StalledRunConfig, build_publish_prefix, metrics_line, stalled_run
 
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.alerts import AlertConfigError, AlertRules, evaluate, read_alerts, record_alerts
 from executor.dashboard.publish import SitePublisher
+from executor.status import read_status
 
 DEMO_METRICS = Path(__file__).parent / "data" / "alerts" / "tiny_demo_metrics.jsonl.gz"
 
@@ -94,8 +97,10 @@ def test_leaving_the_prediction_band_fires() -> None:
     records = healthy()
     for step in (40, 80, 119):
         records[step]["eval/macro_loss"] = float(records[step]["train/loss"]) + (1.0 if step == 80 else 0.0)
-    curve = [{"step": step, "loss": 8.0 * (step + 10) ** -0.3, "low": 0.0, "high": 8.0 * (step + 10) ** -0.3 + 0.1}
-             for step in range(0, 130, 10)]  # fmt: skip
+    curve = [
+        {"step": step, "loss": 8.0 * (step + 10) ** -0.3, "low": 0.0, "high": 8.0 * (step + 10) ** -0.3 + 0.1}
+        for step in range(0, 130, 10)
+    ]
     alerts = evaluate(records, AlertRules(), now=START_TIME, curve=curve)
     assert [(alert.rule, alert.step) for alert in alerts] == [("prediction_band", 80)]
 
@@ -150,3 +155,37 @@ def test_the_webhook_receives_each_alert_once(tmp_path: Path, webhook: str) -> N
         "nonfinite_loss",
         "loss_spike",
     ]
+
+
+def test_a_stalled_running_step_fires_once_through_the_publisher(tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
+    gate = "publisher-stall"
+    STALL_GATES[gate] = threading.Event()
+    step = ExecutorStep(
+        name="train/stalled",
+        fn=stalled_run,
+        config=StalledRunConfig(output_path=THIS_OUTPUT_PATH, gate=versioned(gate)),
+    )
+    executor = Executor(str(tmp_path / "prefix"))
+    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/stall.py"})
+    runner.start()
+    try:
+        wait_until(
+            lambda: (
+                step in executor.output_paths
+                and read_status(executor.output_paths[step]) == "RUNNING"
+                and Path(executor.output_paths[step], "metrics.jsonl").exists()
+            ),
+            "the step to run",
+        )
+        clock = {"now": START_TIME + 2.0 * 19 + 60}  # one minute after its last line: not stalled yet
+        publisher = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site"), clock=lambda: clock["now"])
+        assert publisher.cycle().new_alerts == 0
+        clock["now"] += 3600  # an hour of silence with the lease live
+        assert publisher.cycle().new_alerts == 1
+        clock["now"] += 3600
+        assert publisher.cycle().new_alerts == 0  # the same stall: once per episode
+        [alert] = read_alerts(executor.output_paths[step])
+        assert (alert["rule"], alert["step"]) == ("stalled", 19)
+    finally:
+        STALL_GATES[gate].set()
+        runner.join(timeout=120)
