@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_dashboard_browser as browser_tests
+from test_dashboard_browser import DEADLINE_MS
+from test_publish_browser import static_server
 from test_steps_train import build_data, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.dashboard import DashboardApp
+from executor.dashboard.publish import SitePublisher
 from executor.errors import StepFailedError
 from executor.status import LINEAGE_FILE, METRICS_FILE, read_status
 from executor.wandb_sync import offline_runs
@@ -117,3 +121,21 @@ def test_wandb_sync_says_what_failed(runs, tmp_path: Path) -> None:
     assert "wandb sync of" in offline.stderr and fork_path in offline.stderr
     empty = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
     assert empty.returncode == 2 and f"no offline wandb run under {tmp_path}/wandb/wandb" in empty.stderr
+
+
+browser = browser_tests.browser  # the dashboard tests' Chromium, and a page that fails on any JavaScript error
+page = browser_tests.page
+
+
+@pytest.mark.browser
+def test_the_published_run_view_shows_the_fork_and_its_parent(runs, page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    expect = browser_tests.playwright_sync.expect
+    prefix, executor = runs["prefix"], runs["executor"]
+    SitePublisher(str(prefix), str(tmp_path / "site")).cycle()
+    relative = executor.output_paths[runs["fork"]][len(str(prefix)) + 1 :]
+    with static_server(tmp_path / "site") as base:
+        page.goto(f"{base}/index.html#/step/{relative}")
+        expect(page.locator("[data-testid=lineage]")).to_contain_text(f"at step {FORK_AT}", timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=lineage] a")).to_contain_text("train/parent-")
+        expect(page.locator('[data-testid=run-view] [data-chart="loss"]')).to_contain_text("parent train/loss")
+        browser_tests.screenshot(page, "publish-fork-run")
