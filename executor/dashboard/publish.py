@@ -16,8 +16,8 @@ Not published: logs, file previews, the step's outputs themselves, user/host/wor
 a secret-sounding key, any absolute path of the machine (README "Watch a run in public").
 
 With `--watch` the publisher repeats every SECONDS. A file is rewritten only when its bytes change, and the raw
-metrics go out as segments of `segment_bytes`: only the open (last) one is rewritten, so a cycle costs the
-new lines plus the bounded views (thinned to MAX_POINTS), however long the run.
+metrics go out as segments of `segment_bytes`: only the open (last) one is rewritten, so a cycle costs at most
+one segment plus the bounded views (thinned to MAX_POINTS), however long the run.
 """
 
 from __future__ import annotations
