@@ -1,4 +1,4 @@
-"""`python -m executor status|explain|verify|dashboard`: inspect what a DAG left in storage.
+"""`python -m executor status|explain|verify|dashboard|publish|wandb-sync`: inspect what a DAG left in storage.
 
 python -m executor status outputs                     # every step under a prefix
 python -m executor status 'outputs/experiments/demo-*.json'   # experiment files (several, or a glob)
@@ -7,6 +7,8 @@ python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs o
 python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
 python -m executor verify outputs                     # recompute checksums of every finished step
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
+python -m executor publish --prefix outputs --to site --watch 60   # a static public site, republished each minute
+python -m executor wandb-sync outputs/train/hero-1a2b3c4d  # upload a train step's offline wandb run
 
 A target is a prefix, one step's output folder, or experiment files (paths or quoted globs). Code drift
 is judged against the fingerprint the newest experiment file recorded for each step (this command
@@ -24,6 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from executor import storage
+from executor.alerts import AlertConfigError
+from executor.dashboard.site_files import PublishError
 from executor.explain import explain_output
 from executor.inventory import (
     StepRow,
@@ -37,6 +41,7 @@ from executor.inventory import (
 from executor.main import configure_logging, resolve_prefix
 from executor.records import verify_manifest
 from executor.status import INFO_FILE, StepStatus
+from executor.wandb_sync import WandbSyncError, sync_step
 
 STATUS_STYLES = {
     "SUCCESS": "green",
@@ -256,6 +261,20 @@ def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace, console: Console) -> int:
+    from executor.dashboard.publish import publish  # imported here, like the dashboard
+
+    publish(resolve_prefix(args.prefix), args.to, watch_s=args.watch, webhook_url=args.webhook)
+    console.print(f"published {resolve_prefix(args.prefix)} to {args.to}: open {args.to}/index.html")
+    return 0
+
+
+def cmd_wandb_sync(args: argparse.Namespace, console: Console) -> int:
+    for run in sync_step(args.output_path):
+        console.print(f"uploaded {run}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m executor",
@@ -297,6 +316,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="bind address; anything but loopback is logged as a warning"
     )
     dashboard.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
+    publish = command(
+        "publish",
+        "write a static, read-only site of every experiment under a prefix (README: Watch a run in public)",
+        "python -m executor publish --prefix outputs --to gs://my-public-bucket/site --watch 60",
+    )
+    publish.add_argument("--prefix", help="default: $EXECUTOR_PREFIX, else ./outputs (local, gs://, s3://)")
+    publish.add_argument("--to", required=True, help="destination: a local folder, gs://bucket/path or s3://...")
+    publish.add_argument("--watch", type=float, metavar="SECONDS", help="republish what changed every SECONDS")
+    publish.add_argument("--webhook", help="POST each new alert as JSON to this URL")
+    wandb_sync = command(
+        "wandb-sync",
+        "upload a train step's offline wandb runs (when the network allows)",
+        "python -m executor wandb-sync outputs/train/hero-1a2b3c4d",
+    )
+    wandb_sync.add_argument("output_path", help="a train step's output path (local, gs://, s3://)")
     return parser
 
 
@@ -304,9 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     console = Console(width=200) if not sys.stdout.isatty() else Console()
-    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "dashboard": cmd_dashboard}
+    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "dashboard": cmd_dashboard,
+                "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
     try:
         return handlers[args.command](args, console)
-    except (TargetError, FileNotFoundError) as error:
+    except (TargetError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError) as error:
         print(f"python -m executor {args.command}: {error}", file=sys.stderr)
         return 2

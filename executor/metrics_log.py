@@ -19,6 +19,8 @@ Readers (the train step's `read_metrics`, the dashboard) take the file's lines, 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from executor import storage
 
@@ -102,3 +104,13 @@ def read_metrics_bytes(path: str, limit: int | None = None) -> bytes | None:
         chunks.append(data if limit is None else data[: limit - held])
         held += len(chunks[-1])
     return b"".join(chunks)
+
+
+def rows_by_step(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """One row per step: the lines of a step merged in file order, so a resumed run's later line wins."""
+    rows: dict[int, dict[str, Any]] = {}
+    for record in records:
+        step = record.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            rows.setdefault(step, {}).update(record)
+    return rows

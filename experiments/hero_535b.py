@@ -355,6 +355,7 @@ def print_run_summary(executor: Executor, dag: HeroDag) -> None:
     if achieved is not None:
         print(f"  achieved macro held-out loss: {achieved['macro_loss']:.4f}  [{executor.output_paths[dag.hero_eval]}]")
     print(f"  watch it: python -m executor dashboard --prefix {executor.prefix}")
+    print(f"  publish it: python -m executor publish --prefix {executor.prefix} --to {executor.prefix}-site --watch 60")
 
 
 def main(argv: Sequence[str] | None = None) -> Executor:

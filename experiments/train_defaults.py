@@ -11,8 +11,10 @@ it is watched or laid out (eval and checkpoint cadence, microbatching, the accel
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, ResourceConfig, output_path_of, versioned
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
@@ -144,6 +146,20 @@ def default_train(
         # earlier runs have another tree and cannot be resumed.
         code_version="2",
     )
+
+
+def fork_of(run: ExecutorStep, step: int, name: str, **changes: Any) -> ExecutorStep:
+    """A train step that starts from `run`'s checkpoint at `step` with `changes` to its config (a fork, or a
+    rollback past a spike): its own content-hashed step, whose lineage the run view draws.
+
+        rollback = fork_of(hero, step=12_000, name="train/hero-rollback", learning_rate=versioned(2e-4))
+    """
+    if not isinstance(run.config, TrainConfig):
+        raise TypeError(f"fork_of: {run.name} is not a train step (its config is {type(run.config).__name__})")
+    config = dataclasses.replace(run.config, initialize_from=output_path_of(run, f"checkpoints/step-{step}"), **changes)
+    description = f"fork of {run.name} at step {step}" + (f": {', '.join(sorted(changes))}" if changes else "")
+    return ExecutorStep(name=name, fn=run.fn, config=config, description=description, resources=run.resources,
+                        code_version=run.code_version)  # fmt: skip
 
 
 def default_evaluate(

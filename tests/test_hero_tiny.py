@@ -43,6 +43,7 @@ def test_every_step_succeeded_and_the_summary_says_where_and_how_well(hero_run: 
     achieved = re.search(r"achieved macro held-out loss: ([\d.]+)", summary)
     assert predicted and achieved, summary[-3000:]
     assert f"python -m executor dashboard --prefix {hero_run.prefix}" in summary
+    assert f"python -m executor publish --prefix {hero_run.prefix} --to" in summary
     results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())
     assert float(achieved.group(1)) == pytest.approx(results["macro_loss"], abs=1e-4)
 

@@ -3,7 +3,7 @@
     metrics.jsonl with train/loss rows    run view: loss with the predicted curve of the scaling step that
                                           the config's `prediction_path` names, learning rate, gradient and
                                           parameter norms, the router bias apart, expert load, throughput and
-                                          MFU, eval loss per component
+                                          MFU, eval loss per component, the alerts of `alerts.jsonl`
     prediction.json                       ladder view (ladder.py): the rungs' final losses against compute, the
                                           fitted law out to the target, the prediction's band, the achieved loss
     composition.json and/or weights.json  composition view: topic x quality cells with tokens, weights per
@@ -25,10 +25,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from executor import storage
+from executor.alerts import read_alerts
 from executor.dashboard import files
 from executor.dashboard.safety import relative_to, resolve_under
-from executor.metrics_log import read_metrics_bytes
-from executor.status import INFO_FILE, METRICS_FILE
+from executor.metrics_log import read_metrics_bytes, rows_by_step
+from executor.status import INFO_FILE, LINEAGE_FILE, METRICS_FILE
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 RUN_DETECT_BYTES = 256 * 1024
@@ -137,16 +138,6 @@ def chart(chart_id: str, title: str, series: list[dict[str, Any]], **options: An
     }
 
 
-def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """One row per step: the lines of a step merged in file order, so a resumed run's later line wins."""
-    rows: dict[int, dict[str, Any]] = {}
-    for record in records:
-        step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            rows.setdefault(step, {}).update(record)
-    return rows
-
-
 def eval_components(rows: Mapping[int, Mapping[str, Any]]) -> list[str]:
     keys = {key for row in rows.values() for key in row}
     return sorted(
@@ -192,13 +183,19 @@ def predicted_curve(prefix: str, output_path: str) -> tuple[list[dict[str, float
 
 
 def loss_chart(
-    train: dict[int, float], evals: dict[int, float], curve: list[dict[str, float]], eval_label: str
+    train: dict[int, float],
+    evals: dict[int, float],
+    curve: list[dict[str, float]],
+    eval_label: str,
+    parent: dict[int, float] | None = None,
 ) -> dict[str, Any]:
-    """Train loss, eval points and, when there is one, the predicted curve with its band."""
+    """Train loss, eval points, a fork's parent's loss and, when there is one, the predicted curve with its band."""
     series: list[dict[str, Any]] = [
         {"label": TRAIN_LOSS, "kind": "line", "points": train},
         {"label": eval_label, "kind": "points", "points": evals},
     ]
+    if parent:
+        series.append({"label": "parent train/loss", "kind": "line", "points": parent})
     for label, kind, key in (("predicted", "dashed", "loss"), ("predicted low", "band_low", "low"),
                              ("predicted high", "band_high", "high")):  # fmt: skip
         if curve:
@@ -206,9 +203,25 @@ def loss_chart(
     return chart("loss", "loss", series, x_label="step")
 
 
+def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[str, Any] | None]:
+    """A fork's parent's train loss up to the step it forked at, and the lineage ({parent, step}) to show;
+    nothing for a run that is no fork, or whose parent lies outside the prefix."""
+    lineage = read_json(storage.join(output_path, LINEAGE_FILE), LINEAGE_FILE)
+    if not isinstance(lineage, dict) or not isinstance(lineage.get("parent"), str):
+        return {}, None
+    relative = relative_to(prefix, lineage["parent"])
+    if relative is None:
+        return {}, {"parent": None, "step": lineage.get("step")}
+    records = files.metrics_records(storage.join(resolve_under(prefix, relative), METRICS_FILE)) or []
+    fork_at = lineage.get("step")
+    last: float = fork_at if isinstance(fork_at, int) else math.inf
+    losses = series_of(rows_by_step(records), TRAIN_LOSS)
+    return {step: loss for step, loss in losses.items() if step <= last}, {"parent": relative, "step": fork_at}
+
+
 def run_view(prefix: str, output_path: str) -> dict[str, Any]:
     records = files.metrics_records(storage.join(output_path, METRICS_FILE))
-    rows = by_step(records or [])
+    rows = rows_by_step(records or [])
     train = series_of(rows, TRAIN_LOSS)
     if not train:
         raise PanelError(f"{storage.join(output_path, METRICS_FILE)} has no {TRAIN_LOSS} rows (yet): no run to show")
@@ -220,7 +233,8 @@ def run_view(prefix: str, output_path: str) -> dict[str, Any]:
     evals = {step: loss for step, row in rows.items() if (loss := macro_eval(row, components)) is not None}
     curve, prediction_source, prediction_error = predicted_curve(prefix, output_path)
     train_kept = {step: loss for step, loss in train.items() if step in kept}
-    charts = [loss_chart(train_kept, evals, curve, "eval (macro)" if components else "eval/loss")]
+    parent, lineage = parent_curve(prefix, output_path)  # a fork: its parent's curve up to the fork
+    charts = [loss_chart(train_kept, evals, curve, "eval (macro)" if components else "eval/loss", parent)]
     for chart_id, title, keys in RUN_CHARTS:
         series: list[dict[str, Any]] = [
             {"label": key, "kind": "line", "points": series_of(thinned, key)} for key in keys
@@ -241,5 +255,7 @@ def run_view(prefix: str, output_path: str) -> dict[str, Any]:
         "prediction": {"source": prediction_source, "points": len(curve)} if curve else None,
         "prediction_error": prediction_error,
         "thinned": stride > 1,
+        "alerts": read_alerts(output_path),
+        "lineage": lineage,
         "charts": charts,
     }

@@ -26,12 +26,19 @@ The step translates its frozen config into Levanter's `TrainLmConfig` (model: `q
   at the next batch.
 - `metrics.jsonl`: every metric Levanter logs, with MFU from steps/model/model_size.py (steps/train/train_metrics.py).
 - `wandb/`: wandb's offline run files (`wandb sync` uploads them); `logs/`: Levanter's log files.
+- `lineage.json` (a fork only): the parent run and step it started from.
 - `hf/`: the final checkpoint as an HF-style folder (config.json, model.safetensors, the tokenizer), which
   `steps.model.hf_export.load_hf_export` rebuilds exactly (`hf_export`).
 
-Bad input is refused before JAX compiles anything: a missing cache, a cache tokenized with another
-vocabulary than the model's, a batch the devices cannot split. (A top-k above the expert count cannot
-even be written: `MoeShape` refuses it.)
+A fork or rollback starts from another run's checkpoint: `initialize_from=output_path_of(parent,
+"checkpoints/step-N")` (or `experiments/train_defaults.fork_of`) loads that state (weights, optimizer, step
+counter, so the data loader continues at batch N + 1) when the fork has no checkpoint of its own yet; its
+changed versioned settings (learning rate, mixture, seed...) apply from there. The checkpoint is a
+dependency, so the fork is its own content-hashed step.
+
+Bad input is refused before JAX compiles anything: a missing cache, a fork's missing checkpoint, a cache
+tokenized with another vocabulary than the model's, a batch the devices cannot split. (A top-k above the
+expert count cannot even be written: `MoeShape` refuses it.)
 
 The environment Levanter reads (offline Hugging Face hub, offline wandb under the output path, a
 temporary MARIN_PREFIX) is set by `training_environment`, around the step, not read by its logic.
@@ -57,7 +64,6 @@ from levanter.checkpoint import CheckpointerConfig
 from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
 from levanter.tracker import wandb as levanter_wandb
-from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
 
 from executor import storage
@@ -78,7 +84,9 @@ from steps.train.input_checks import (
     excluded_cells,
     weights_file_schedule,
 )
+from steps.train.lineage import record_lineage
 from steps.train.train_metrics import JsonlMetricsConfig
+from steps.train.wandb_run import wandb_config
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +166,12 @@ class TrainConfig:
     """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
     hf_export: bool = True
     """After training, export the final checkpoint under `hf/` (steps/model/hf_export.py). Plain."""
+    initialize_from: str | None = None
+    """A checkpoint of another run to start from (a fork / rollback), `output_path_of(run, "checkpoints/step-N")`:
+    a dependency, hashed through that run's hash and the step. Ignored once the fork has checkpoints of its own."""
+    alerts: dict[str, float | str] | None = None
+    """Alert thresholds by `executor.alerts.AlertRules` field name (None: its defaults), read by
+    `python -m executor publish` while the run goes on. Plain: tuning an alert never restarts a run."""
 
 
 def train(config: TrainConfig) -> None:
@@ -165,6 +179,7 @@ def train(config: TrainConfig) -> None:
     check_inputs(config)
     check_checkpoints(storage.join(config.output_path, "checkpoints"), _step_label(config))
     record_mixture(config)
+    record_lineage(config.output_path, config.initialize_from)
     with training_environment(config.output_path):
         run = levanter_config(config)
         try:
@@ -204,6 +219,11 @@ def _step_label(config: TrainConfig) -> str:
 def check_inputs(config: TrainConfig) -> None:
     """Refuse, naming the step, what would fail (or silently mis-train) once Levanter has started."""
     label = _step_label(config)
+    if config.initialize_from is not None and not storage.exists(storage.join(config.initialize_from, "metadata.json")):
+        raise TrainInputError(
+            f"{label}: initialize_from={config.initialize_from} is not a complete checkpoint (no metadata.json); "
+            "fork from a step the parent run checkpointed (its checkpoints/step-N folders)"
+        )
     devices = jax.device_count()
     microbatch = config.per_device_parallelism * devices if config.per_device_parallelism > 0 else devices
     if config.train_batch_size <= 0 or config.train_batch_size % microbatch:
@@ -274,7 +294,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             flops_per_token=flops_per_token(config.shape),
             peak_flops_per_second=config.peak_flops_per_second,
         ),
-        WandbConfig(project=config.wandb_project, id=run_id, name=run_id, save_code=False),
+        wandb_config(config.wandb_project, config.output_path, config.initialize_from),
     )
     trainer = TrainerConfig(
         seed=config.seed,
@@ -294,6 +314,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             save_interval=timedelta(seconds=config.temporary_checkpoint_seconds),
             keep=[{"every": config.checkpoint_every_steps}],
         ),
+        initialize_from=config.initialize_from,
         require_accelerator=False,
         log_jaxprs=False,
         log_xla_hlo=False,

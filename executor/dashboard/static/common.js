@@ -25,6 +25,7 @@ function appendAll(element, children) {
 }
 
 async function api(path, params) {
+  if (SITE) return siteApi(path, params || {});
   const query = new URLSearchParams();
   for (const [key, value] of Object.entries(params || {})) {
     if (value !== null && value !== undefined && value !== "") query.set(key, value);
@@ -164,7 +165,7 @@ function showError(container, error) {
 
 function stepHref(path, experiment) {
   const encoded = path.split("/").map(encodeURIComponent).join("/");
-  return `/step/${encoded}` + (experiment ? `?experiment=${encodeURIComponent(experiment)}` : "");
+  return pageHref(`/step/${encoded}` + (experiment ? `?experiment=${encodeURIComponent(experiment)}` : ""));
 }
 
 function copyBox(text) {

@@ -7,15 +7,15 @@ async function experimentsPage(main) {
     const data = await api("/api/experiments");
     document.title = `experiments · ${data.prefix}`;
     const rows = data.experiments.map((experiment) => h("tr", { class: "clickable", "data-experiment": experiment.file,
-      onclick: () => { location.href = `/experiment/${encodeURIComponent(experiment.file)}`; } },
-      h("td", {}, h("a", { href: `/experiment/${encodeURIComponent(experiment.file)}` }, experiment.script),
+      onclick: () => { location.href = pageHref(`/experiment/${encodeURIComponent(experiment.file)}`); } },
+      h("td", {}, h("a", { href: pageHref(`/experiment/${encodeURIComponent(experiment.file)}`) }, experiment.script),
         h("div", { class: "muted mono" }, experiment.file)),
       h("td", {}, experiment.description || ""),
       h("td", { class: "mono" }, (experiment.git_commit || "").slice(0, 10)),
       h("td", {}, experiment.user || ""),
       h("td", {}, timeCell(experiment.created)),
       h("td", { class: "num" }, fmtNum(experiment.steps)),
-      h("td", {}, countChips(experiment.counts))));
+      h("td", {}, countChips(experiment.counts), alertBadge(experiment.alerts))));
     const running = data.experiments.some((experiment) => experiment.counts.RUNNING || experiment.counts.WAITING);
     setLive(running, running ? "live" : "idle");
     main.replaceChildren(
@@ -32,7 +32,7 @@ async function experimentsPage(main) {
 class StepTable {
   constructor(file, onChange) {
     this.file = file;
-    const params = new URLSearchParams(location.search);
+    const params = new URLSearchParams(route().search);
     this.state = { statuses: new Set((params.get("status") || "").split(",").filter(Boolean)),
       name: params.get("name") || "", prefix: params.get("prefix") || "", sort: params.get("sort") || "order",
       desc: params.get("desc") === "1", offset: Number(params.get("offset") || 0), limit: 50 };
@@ -50,7 +50,7 @@ class StepTable {
     Object.assign(this.state, changes);
     const params = new URLSearchParams();
     for (const [key, value] of Object.entries(this.query())) if (value && key !== "file" && key !== "limit") params.set(key, value);
-    history.replaceState(null, "", `${location.pathname}${params.toString() ? "?" + params : ""}`);
+    if (!SITE) history.replaceState(null, "", `${location.pathname}${params.toString() ? "?" + params : ""}`);
     this.onChange();
   }
 
@@ -104,7 +104,7 @@ class StepTable {
 }
 
 async function experimentPage(main, file) {
-  setCrumbs([{ text: "experiments", href: "/" }, { text: file }]);
+  setCrumbs([{ text: "experiments", href: pageHref("/") }, { text: file }]);
   const head = h("div", {}), graphBox = h("div", { class: "graph", "data-testid": "graph" });
   let table = null;
   const dag = new DagView(graphBox, (node) => {
@@ -125,7 +125,7 @@ async function experimentPage(main, file) {
         h("span", {}, "user ", h("b", {}, summary.user || "?")), h("span", {}, "started ", h("b", {}, fmtTime(summary.created))),
         h("span", {}, "steps ", h("b", { "data-testid": "total-steps" }, fmtNum(summary.steps))),
         shards.steps ? h("span", {}, `running: ${fmtNum(shards.shards_done)} / ${fmtNum(shards.shards_total)} shards in ${shards.steps} step(s)`) : ""),
-      h("div", { "data-testid": "counts" }, countChips(summary.counts)));
+      h("div", { "data-testid": "counts" }, countChips(summary.counts), alertBadge(summary.alerts)));
     const busy = summary.counts.RUNNING || summary.counts.WAITING;
     setLive(Boolean(busy), busy ? "live" : "idle");
     dag.update(graph);

@@ -3,7 +3,7 @@
 
 (async () => {
   const main = document.getElementById("main");
-  const path = location.pathname;
+  const path = route().path;
   try {
     if (path.startsWith("/experiment/")) await experimentPage(main, decodeURIComponent(path.slice("/experiment/".length)));
     else if (path.startsWith("/step/")) await stepPage(main, path.slice("/step/".length).split("/").map(decodeURIComponent).join("/"));

@@ -106,11 +106,25 @@ class RunPanel extends ChartPanel {
         h("span", {}, "train loss ", h("b", { "data-testid": "last-train-loss" }, fmtNum(data.last_train_loss))),
         data.last_eval !== null ? h("span", {}, "eval loss ", h("b", {}, fmtNum(data.last_eval))) : "",
         data.components.length ? h("span", {}, "domains ", h("b", {}, data.components.join(", "))) : "",
-        source ? h("span", {}, "predicted by ", h("a", { href: stepHref(source), "data-testid": "prediction-link" }, source)) : ""),
+        source ? h("span", {}, "predicted by ", h("a", { href: stepHref(source), "data-testid": "prediction-link" }, source)) : "",
+        data.lineage ? h("span", { "data-testid": "lineage" }, "fork of ", data.lineage.parent ? h("a", { href: stepHref(data.lineage.parent) }, data.lineage.parent) : "a run outside this prefix", ` at step ${data.lineage.step}`) : ""),
       data.prediction_error ? h("div", { class: "warn", "data-testid": "prediction-error" }, data.prediction_error) : "",
+      alertList(data.alerts || []),
       plots);
     draw();
   }
+}
+
+// The run's alerts (executor/alerts.py), newest first.
+function alertList(alerts) {
+  if (!alerts.length) return "";
+  return h("div", { class: "error", "data-testid": "alerts" }, h("b", {}, `${alerts.length} alert(s)`),
+    h("ul", {}, alerts.slice().reverse().map((alert) => h("li", { "data-rule": alert.rule },
+      h("span", { class: "mono" }, alert.rule), ` at step ${alert.step}: ${alert.message}`))));
+}
+
+function alertBadge(count) {
+  return count ? h("span", { class: "badge FAILED", "data-testid": "alert-badge" }, `${count} alert${count > 1 ? "s" : ""}`) : "";
 }
 
 function cellValue(value, digits) {

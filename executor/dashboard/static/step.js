@@ -95,7 +95,7 @@ function rowsTable(rows, data) {
 }
 
 async function stepPage(main, path) {
-  const experiment = new URLSearchParams(location.search).get("experiment");
+  const experiment = new URLSearchParams(route().search).get("experiment");
   const logBox = h("pre", { class: "log", "data-testid": "log" }, "");
   const metricsBox = h("div", { "data-testid": "metrics" });
   const metricsView = new MetricsView(metricsBox);
@@ -106,7 +106,8 @@ async function stepPage(main, path) {
   const refreshLog = async () => {
     const log = await api("/api/step/log", { path });
     const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
-    logBox.textContent = log.exists ? (log.truncated ? "… (earlier lines cut)\n" : "") + log.text : "(no log yet: it is uploaded while the step runs)";
+    logBox.textContent = log.published === false ? "(logs are not published on this site)"
+      : log.exists ? (log.truncated ? "… (earlier lines cut)\n" : "") + log.text : "(no log yet: it is uploaded while the step runs)";
     if (atBottom) logBox.scrollTop = logBox.scrollHeight;
   };
   const refreshMetrics = async () => {
@@ -128,7 +129,7 @@ async function stepPage(main, path) {
   const render = async () => {
     const step = await api("/api/step", { path, experiment });
     document.title = `${step.name} · step`;
-    setCrumbs([{ text: "experiments", href: "/" }, step.experiment ? { text: step.experiment, href: `/experiment/${encodeURIComponent(step.experiment)}` } : { text: "(no experiment)" }, { text: step.name }]);
+    setCrumbs([{ text: "experiments", href: pageHref("/") }, step.experiment ? { text: step.experiment, href: pageHref(`/experiment/${encodeURIComponent(step.experiment)}`) } : { text: "(no experiment)" }, { text: step.name }]);
     const failed = [...step.live.events].reverse().find((event) => event.status === "FAILED");
     const info = step.info;
     main.replaceChildren(

@@ -1,0 +1,267 @@
+"""`python -m executor publish --prefix P --to DEST [--watch SECONDS]`: the dashboard as a static, public site.
+
+The site is the dashboard's own pages and scripts reading JSON files instead of the API: every file under
+`data/` is the body of one API answer, made by the same `DashboardApp` the server uses, then redacted
+(site_files.py). Nothing runs on the host: a folder, a GCS or S3 bucket behind a static website works.
+
+    index.html, static/...                        the page shell (routes by #/experiment/F, #/step/R) and assets
+    data/experiments.json                         /api/experiments, with each experiment's alert count
+    data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
+    data/step/<R>/{step,live,views,metrics,files}.json   one step (R: its path relative to the prefix)
+    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for
+    data/step/<R>/alerts.json                     the run's alerts (executor/alerts.py), evaluated here
+    data/step/<R>/metrics/index.json, NNNNN.jsonl the run's raw metrics lines as appended segments
+
+Not published: logs, file previews, the step's outputs themselves, user/host/worker names, config values with
+a secret-sounding key, any absolute path of the machine (README "Watch a run in public").
+
+With `--watch` the publisher repeats every SECONDS. A file is rewritten only when its bytes change, and the raw
+metrics go out as segments of `segment_bytes`: only the open (last) one is rewritten, so a cycle costs at most
+one segment plus the bounded views (thinned to MAX_POINTS), however long the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from executor import alerts, storage
+from executor.dashboard import files
+from executor.dashboard.app import DashboardApp, load_static
+from executor.dashboard.experiments import Experiment, ExperimentStep
+from executor.dashboard.panels import PanelError, predicted_curve, step_config
+from executor.dashboard.site_files import PublishError, SiteWriter, redact
+from executor.errors import StorageError
+from executor.lease import LeaseSettings, takeover_reason
+from executor.metrics_log import read_metrics_bytes
+from executor.status import METRICS_FILE
+
+logger = logging.getLogger(__name__)
+
+SEGMENT_BYTES = 1 << 20
+STEP_ROUTES = {
+    "step": "/api/step",
+    "live": "/api/step/live",
+    "views": "/api/step/views",
+    "metrics": "/api/step/metrics",
+    "files": "/api/step/files",
+}
+VIEW_ROUTES = {"run": "/api/step/run", "ladder": "/api/step/ladder", "composition": "/api/step/composition"}
+ALL_ROWS = 1 << 30
+
+
+@dataclass
+class CycleReport:
+    experiments: int
+    steps: int
+    files_written: int
+    bytes_written: int
+    new_alerts: int
+
+
+class SitePublisher:
+    """Publishes every experiment under `prefix` to `destination` (module docstring); `cycle()` once."""
+
+    def __init__(
+        self,
+        prefix: str,
+        destination: str,
+        *,
+        segment_bytes: int = SEGMENT_BYTES,
+        webhook_url: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.prefix = storage.make_absolute(prefix)
+        if not storage.exists(self.prefix):
+            raise PublishError(f"the prefix {self.prefix} does not exist: nothing to publish (check --prefix)")
+        self.app = DashboardApp(self.prefix, live_ttl_s=0.0, finished_ttl_s=300.0)
+        self.site = SiteWriter(destination)
+        self.segment_bytes = segment_bytes
+        self.webhook_url = webhook_url
+        self.clock = clock
+
+    def _answer(self, route: str, **query: str) -> Any:
+        response = self.app.handle(route, query)
+        body = json.loads(response.body)
+        if response.status != 200:
+            return {"error": body.get("error", f"HTTP {response.status}"), "status": response.status}
+        return body
+
+    def _put(self, relative: str, value: Any) -> None:
+        self.site.write_json(relative, redact(value, self.prefix))
+
+    def cycle(self) -> CycleReport:
+        """Publish what changed since the last cycle; returns what it wrote."""
+        written_before, bytes_before = self.site.files_written, self.site.bytes_written
+        self._put_shell()
+        experiments = self.app.experiments.all()
+        published: set[str] = set()
+        alert_counts: dict[str, int] = {}
+        new_alerts = 0
+        for experiment in experiments:
+            count = 0
+            for step in experiment.steps:
+                if step.relative not in published:
+                    published.add(step.relative)
+                    new_alerts += self._publish_step(step)
+                count += len(alerts.read_alerts(step.output_path))
+            alert_counts[experiment.file] = count
+            self._publish_experiment(experiment, count)
+        listing = self._answer("/api/experiments")
+        for summary in listing.get("experiments", []):
+            summary["alerts"] = alert_counts.get(summary["file"], 0)
+        self._put("data/experiments.json", listing)
+        self.site.save_manifest()
+        return CycleReport(
+            len(experiments),
+            len(published),
+            self.site.files_written - written_before,
+            self.site.bytes_written - bytes_before,
+            new_alerts,
+        )
+
+    def watch(self, seconds: float, cycles: int | None = None) -> None:
+        """Publish every `seconds` until interrupted (or `cycles` times)."""
+        done = 0
+        while cycles is None or done < cycles:
+            report = self.cycle()
+            logger.info(
+                "published %d experiments, %d steps to %s: %d files, %d bytes, %d new alerts",
+                report.experiments,
+                report.steps,
+                self.site.destination,
+                report.files_written,
+                report.bytes_written,
+                report.new_alerts,
+            )
+            done += 1
+            if cycles is None or done < cycles:
+                time.sleep(seconds)
+
+    def _put_shell(self) -> None:
+        assets = load_static()
+        page = assets["page.html"].decode()
+        page = page.replace('<html lang="en">', '<html lang="en" data-site="static">')
+        page = page.replace('href="/static/', 'href="static/').replace('src="/static/', 'src="static/')
+        page = page.replace('href="/" class="brand"', 'href="#/" class="brand"')
+        self.site.write("index.html", page.encode())
+        for name, data in assets.items():
+            if name != "page.html":
+                self.site.write(f"static/{name}", data)
+
+    def _publish_experiment(self, experiment: Experiment, alert_count: int) -> None:
+        folder = f"data/experiment/{experiment.file}"
+        summary = self._answer("/api/experiment", file=experiment.file)
+        summary["alerts"] = alert_count
+        self._put(f"{folder}/summary.json", summary)
+        self._put(f"{folder}/graph.json", self._answer("/api/experiment/graph", file=experiment.file))
+        self._put(
+            f"{folder}/steps.json", self._answer("/api/experiment/steps", file=experiment.file, limit=str(ALL_ROWS))
+        )
+
+    def _publish_step(self, step: ExperimentStep) -> int:
+        """One step's files; returns how many new alerts its run fired."""
+        folder = f"data/step/{step.relative}"
+        live = self._answer("/api/step/live", path=step.relative)
+        if "error" in live:  # never ran: nothing stored to show
+            return 0
+        views = self._answer("/api/step/views", path=step.relative).get("views", [])
+        fired = 0
+        if "run" in views:  # alerts first, so this cycle's run view already lists them
+            fired = self._evaluate_alerts(step, running=live.get("status") == "RUNNING")
+            self._put(f"{folder}/alerts.json", {"alerts": alerts.read_alerts(step.output_path)})
+            self._publish_segments(step, folder)
+        for name, route in STEP_ROUTES.items():
+            self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
+        for view in views:
+            self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
+        return fired
+
+    def _publish_segments(self, step: ExperimentStep, folder: str) -> None:
+        """The run's metrics lines as segments: closed ones are never rewritten, the open (last) one grows."""
+        data = read_metrics_bytes(storage.join(step.output_path, METRICS_FILE)) or b""
+        data = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
+        segments = cut_segments(data, self.segment_bytes)
+        for index, (start, end) in enumerate(segments):
+            relative = f"{folder}/metrics/{index:05d}.jsonl"
+            if index < len(segments) - 1 and relative in self.site.manifest:
+                continue  # closed, and written whole when it closed
+            self.site.write(relative, redact_lines(data[start:end], self.prefix))
+        index_document = {"segments": [f"{index:05d}.jsonl" for index in range(len(segments))], "bytes": len(data)}
+        self._put(f"{folder}/metrics/index.json", index_document)
+
+    def _evaluate_alerts(self, step: ExperimentStep, running: bool) -> int:
+        where = f"step {step.name} ({step.relative})"
+        try:
+            config = step_config(step.output_path)
+        except PanelError as error:
+            logger.warning("%s: no config for its alerts: %s", where, error)
+            config = {}
+        rules = alerts.AlertRules.from_config(config.get("alerts"), where)
+        curve, _, _ = predicted_curve(self.prefix, step.output_path)
+        records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
+        live_lease = running and takeover_reason(step.output_path, LeaseSettings.from_env()) is None
+        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve)
+        new = alerts.record_alerts(step.output_path, fired)
+        hook = rules.webhook_url or self.webhook_url
+        if new and hook:
+            alerts.post_webhook(hook, step.relative, new)
+        for alert in new:
+            logger.warning("alert %s on %s: %s", alert.rule, where, alert.message)
+        return len(new)
+
+
+def cut_segments(data: bytes, segment_bytes: int) -> list[tuple[int, int]]:
+    """(start, end) of each segment: lines from `start` up to the first line end past `segment_bytes`. A
+    segment's bounds depend only on the bytes before its end, so they stay put as the file grows."""
+    segments, start = [], 0
+    while start < len(data):
+        end = data.find(b"\n", min(start + segment_bytes, len(data)) - 1) + 1 or len(data)
+        segments.append((start, end))
+        start = end
+    return segments
+
+
+def _records(data: bytes) -> list[dict[str, Any]]:
+    records = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def redact_lines(data: bytes, prefix: str) -> bytes:
+    """Metrics lines in their public form (a line that is not JSON is left out)."""
+    return b"".join(json.dumps(redact(record, prefix)).encode() + b"\n" for record in _records(data))
+
+
+def publish(prefix: str, destination: str, watch_s: float | None = None, webhook_url: str | None = None) -> None:
+    """The CLI's entry: one cycle, or one every `watch_s` seconds until interrupted."""
+    if watch_s is not None and watch_s <= 0:
+        raise PublishError(f"--watch {watch_s}: give the seconds between republishing, a positive number")
+    try:
+        publisher = SitePublisher(prefix, destination, webhook_url=webhook_url)
+        if watch_s is None:
+            report = publisher.cycle()
+            logger.info(
+                "published %d experiments, %d steps to %s (%d files, %d bytes)",
+                report.experiments,
+                report.steps,
+                publisher.site.destination,
+                report.files_written,
+                report.bytes_written,
+            )
+        else:
+            publisher.watch(watch_s)
+    except KeyboardInterrupt:
+        logger.info("stopped publishing %s", prefix)
+    except StorageError as error:
+        raise PublishError(f"publishing {prefix} to {destination} failed: {error}") from error

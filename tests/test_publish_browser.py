@@ -1,0 +1,144 @@
+"""The published site in headless Chromium, served by a plain static HTTP server (`python -m http.server`).
+
+Every request the pages make is recorded: all of them must stay on the site's own origin (no CDN, no API).
+Screenshots go to `$TEST_ARTIFACTS_DIR/dashboard/publish-*.png` like the dashboard's (README: "Watch a run
+in public"). The fast test publishes tests/publish_dag.py's DAG; the slow one publishes the dashboard views'
+DAG (a real tiny Levanter run, a scaling ladder, data composition) for the ladder and composition pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_dashboard_browser as browser_tests
+from publish_dag import build_publish_prefix
+from services import free_port, wait_for_port
+from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
+
+from executor.dashboard.publish import SitePublisher
+
+pytestmark = pytest.mark.browser
+
+browser = browser_tests.browser  # the dashboard tests' Chromium, and a page that fails on any JavaScript error
+page = browser_tests.page
+
+
+@contextlib.contextmanager
+def static_server(folder: Path) -> Iterator[str]:
+    """`python -m http.server` on the folder: a plain static host, as a bucket's website would be."""
+    port = free_port()
+    command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(folder)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process, "http.server")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def record_requests(page: Any) -> list[str]:
+    urls: list[str] = []
+    page.on("request", lambda request: urls.append(request.url))
+    return urls
+
+
+def test_the_published_site_renders_from_a_static_server(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    expect = playwright_sync.expect
+    paths = build_publish_prefix(tmp_path / "prefix")
+    SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site")).cycle()
+    urls = record_requests(page)
+    with static_server(tmp_path / "site") as base:
+        page.goto(f"{base}/index.html")
+        rows = page.locator("[data-testid=experiments] tbody tr")
+        expect(rows).to_have_count(1, timeout=DEADLINE_MS)
+        expect(rows.first).to_contain_text("publish_demo.py")
+        expect(rows.first.locator("[data-testid=alert-badge]")).to_have_text("2 alerts")
+        screenshot(page, "publish-experiments")
+
+        rows.first.click()
+        expect(page.locator("[data-testid=dag] g.node")).to_have_count(3, timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=steps] tbody tr")).to_have_count(3)
+        expect(page.locator("[data-testid=counts] [data-testid=alert-badge]")).to_have_text("2 alerts")
+        page.locator("[data-testid=name-filter]").fill("faulty")
+        expect(page.locator("[data-testid=steps] tbody tr")).to_have_count(1, timeout=DEADLINE_MS)
+        screenshot(page, "publish-experiment")
+
+        page.locator('tr[data-step="train/faulty"] a').click()
+        expect(page.locator("[data-testid=step-status]")).to_have_text("SUCCESS", timeout=DEADLINE_MS)
+        expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
+        alerts = page.locator("[data-testid=alerts] li")
+        expect(alerts).to_have_count(2)
+        expect(alerts.first).to_have_attribute("data-rule", "loss_spike")
+        expect(page.locator('[data-testid=config] tr[data-key="api_token"]')).to_contain_text("<redacted>")
+        expect(page.locator("[data-testid=log]")).to_have_text("(logs are not published on this site)")
+        assert paths["faulty"] in page.url
+        screenshot(page, "publish-run")
+    outside = [url for url in urls if not url.startswith(base + "/") and not url.startswith("data:")]
+    assert not outside, outside
+    assert not [url for url in urls if "/api/" in url]
+
+
+@pytest.mark.slow
+@pytest.mark.training
+@pytest.mark.timeout(900)
+def test_the_ladder_and_composition_pages_render_on_the_site(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from views_dag import build_views_prefix
+
+    expect = playwright_sync.expect
+    built = build_views_prefix(tmp_path / "views")
+    SitePublisher(str(built["prefix"]), str(tmp_path / "site")).cycle()
+    urls = record_requests(page)
+    with static_server(tmp_path / "site") as base:
+        page.goto(f"{base}/index.html#/step/{built['paths']['scaling']}")
+        expect(page.locator("[data-testid=ladder-view] [data-chart] canvas")).to_have_count(1, timeout=DEADLINE_MS)
+        screenshot(page, "publish-ladder")
+        page.goto(f"{base}/index.html#/step/{built['paths']['weights']}")
+        expect(page.locator("[data-testid=composition-view]")).to_be_visible(timeout=DEADLINE_MS)
+        screenshot(page, "publish-composition")
+        page.goto(f"{base}/index.html#/step/{built['paths']['train']}")
+        expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
+        screenshot(page, "publish-tiny-run")
+    assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
+
+
+def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Path) -> None:
+    """The tiny hero's prefix, published: the experiment, the hero's run view with its prediction, the ladder
+    and the composition pages render its data, no alert fires and no request leaves the site."""
+    expect = playwright_sync.expect
+    SitePublisher(str(prefix), str(site)).cycle()
+    assert not list(prefix.rglob("alerts.jsonl"))  # the demo's runs are healthy: no alert fires
+    urls = record_requests(page)
+    relative = {name: folder.relative_to(prefix).as_posix() for name, folder in outputs.items()}
+    with static_server(site) as base:
+        page.goto(f"{base}/index.html")
+        rows = page.locator("[data-testid=experiments] tbody tr")
+        expect(rows.first).to_contain_text("hero_535b.py", timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=alert-badge]")).to_have_count(0)
+        rows.first.click()
+        expect(page.locator("[data-testid=dag] g.node").first).to_be_visible(timeout=DEADLINE_MS)
+        screenshot(page, "publish-hero-experiment")
+        page.goto(f"{base}/index.html#/step/{relative['train/d6144']}")
+        expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=prediction-link]")).to_contain_text(relative["scaling/ladder"])
+        screenshot(page, "publish-hero-run")
+        page.goto(f"{base}/index.html#/step/{relative['scaling/ladder']}")
+        expect(page.locator("[data-testid=ladder-view] [data-chart] canvas")).to_have_count(1, timeout=DEADLINE_MS)
+        screenshot(page, "publish-hero-ladder")
+        page.goto(f"{base}/index.html#/step/{relative['mix/cells']}")
+        expect(page.locator("[data-testid=composition-view]")).to_be_visible(timeout=DEADLINE_MS)
+        screenshot(page, "publish-hero-composition")
+    assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
+
+
+@pytest.mark.slow
+@pytest.mark.training
+@pytest.mark.timeout(2400)
+def test_the_tiny_heros_prefix_published(page, hero_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    check_hero_site(page, hero_run.prefix, hero_run.outputs, tmp_path / "site")
