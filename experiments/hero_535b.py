@@ -1,8 +1,10 @@
 """The 535B-A23B MoE run as one DAG: data -> cells -> tokenize -> two-phase mixture -> 4-rung ladder -> hero.
 
-    download/<source> -> data/<source>/exact_dedup -> heuristics -> fasttext_filter -> fuzzy_dedup -> decontaminate
-        (sources: web, code, math, reference, books; quality/fasttext_model learns reference vs web;
-         decontamination against download/eval_sets)
+    download/<source> -> data/exact_dedup (all sources at once) -> data/<source>/heuristics -> fasttext_filter
+        -> data/fuzzy_dedup (all sources at once) -> data/<source>/decontaminate
+        (sources: web, code, math, reference, books; the dedup steps skip the exempt ones (reference) and
+         write docs/<source>/; quality/fasttext_model learns reference vs web; decontamination against
+         download/eval_sets)
     every source's clean docs -> tokenizer/hero (BPE) -> mix/cells (topic x quality) -> tokenized/cells
                                                           mix/cells -> mix/weights (two phases, exposure cap)
     train/d768, d1024, d1536, d2048 -> evaluate/<rung> -> scaling/ladder -> train/d6144 -> evaluate/d6144
@@ -51,6 +53,7 @@ from experiments.defaults import (
     default_quality_heuristics,
     default_real_corpus,
     default_tokenizer,
+    docs_of_source,
 )
 from experiments.train_defaults import (
     Recipe,
@@ -93,6 +96,9 @@ class Scale:
     corpus: dict = field(default_factory=dict)
     """Tiny only: the offline corpus standing in for the sources (default_real_corpus arguments)."""
     fuzzy_bands: tuple[int, int] = (16, 6)
+    dedup_exempt: tuple[str, ...] = ("reference",)
+    """Sources the global exact and fuzzy dedup passes leave out (the hero exempted 16 of its 292): curated
+    ones, deduplicated upstream, kept whole rather than losing pages to copies in sources read before them."""
     bootstrap_samples: int = 1000
     """Resamples of the rungs behind the prediction's band."""
 
@@ -210,7 +216,8 @@ def tiny_scale() -> Scale:
             checkpoints_per_run=2,
             temporary_checkpoint_seconds=20,
         ),
-        corpus={"docs_per_domain": 120, "near_copies": 2, "eval_docs": 4, "domains": list(corpus_domains.values())},
+        corpus={"docs_per_domain": 120, "near_copies": 2, "eval_docs": 4, "domains": list(corpus_domains.values()),
+                "cross_copies": 2},
         fuzzy_bands=(16, 6),
         bootstrap_samples=300,
     )
@@ -226,6 +233,41 @@ class HeroDag:
     """Rung name -> (rung, its train step)."""
     scaling: ExecutorStep
     hero_eval: ExecutorStep
+
+
+def _data_chain(scale: Scale, downloads: dict[str, ExecutorStep], classifier: ExecutorStep, evals: ExecutorStep,
+                steps: list[ExecutorStep]) -> list[ExecutorStep]:  # fmt: skip
+    """Global exact dedup -> per-source heuristics and fastText -> global fuzzy dedup -> per-source decontamination;
+    appends the steps to `steps` and returns each source's clean documents. The two dedup steps run over every
+    source not in `scale.dedup_exempt` at once (a page copied into two sources is kept once, from the earlier
+    source) and write `docs/<source>/`, so the per-source steps after them still see one source each."""
+    deduplicated = [source for source in downloads if source not in scale.dedup_exempt]
+    exact = default_dedup([downloads[s] for s in deduplicated], name="data/exact_dedup", sources=deduplicated)
+    filtered: dict[str, ExecutorStep] = {}
+    per_source: list[ExecutorStep] = []
+    for source, fetched in downloads.items():
+        heuristics = default_quality_heuristics(
+            docs_of_source(exact, source) if source in deduplicated else fetched,
+            skip_sources=["*"] if source == "code" else ["code_*"],
+            name=f"data/{source}/heuristics",
+        )
+        filtered[source] = default_fasttext_filter(
+            heuristics, classifier, scale.keep_fraction[source], name=f"data/{source}/fasttext_filter"
+        )
+        per_source += [heuristics, filtered[source]]
+    fuzzy = default_fuzzy_dedup(
+        [filtered[s] for s in deduplicated], *scale.fuzzy_bands, name="data/fuzzy_dedup", sources=deduplicated
+    )
+    clean = [
+        default_decontaminate(
+            docs_of_source(fuzzy, source) if source in deduplicated else filtered[source],
+            [output_path_of(evals, "files")],
+            name=f"data/{source}/decontaminate",
+        )
+        for source in downloads
+    ]
+    steps += [exact, *per_source, fuzzy, *clean]
+    return clean
 
 
 def build_dag(scale: Scale) -> HeroDag:
@@ -250,21 +292,7 @@ def build_dag(scale: Scale) -> HeroDag:
         positive=output_path_of(downloads["reference"], "files"), negative=output_path_of(downloads["web"], "files")
     )
     steps += [evals, *downloads.values(), classifier]
-    clean = []
-    for source, fetched in downloads.items():
-        exact = default_dedup([fetched], name=f"data/{source}/exact_dedup")
-        heuristics = default_quality_heuristics(
-            exact, skip_sources=["*"] if source == "code" else ["code_*"], name=f"data/{source}/heuristics"
-        )
-        kept = default_fasttext_filter(
-            heuristics, classifier, scale.keep_fraction[source], name=f"data/{source}/fasttext_filter"
-        )
-        fuzzy = default_fuzzy_dedup(kept, *scale.fuzzy_bands, name=f"data/{source}/fuzzy_dedup")
-        decontaminated = default_decontaminate(
-            fuzzy, [output_path_of(evals, "files")], name=f"data/{source}/decontaminate"
-        )
-        steps += [exact, heuristics, kept, fuzzy, decontaminated]
-        clean.append(decontaminated)
+    clean = _data_chain(scale, downloads, classifier, evals, steps)
 
     tokenizer = default_tokenizer(
         clean, vocab_size=scale.vocab_size, sample_bytes=scale.tokenizer_sample_bytes, name="tokenizer/hero"

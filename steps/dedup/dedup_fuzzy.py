@@ -72,10 +72,11 @@ from steps.data.documents import (
     estimated_documents,
     file_shards,
     flow_stats,
-    list_input_files,
+    list_source_files,
     merge_stats,
     read_documents,
     shard_file,
+    source_stats,
     split_key,
     text_bytes,
     to_table,
@@ -85,15 +86,15 @@ from steps.data.documents import (
 from steps.dedup.connected_components import (
     EDGE_BYTES_PER_DOCUMENT,
     connected_components,
-    read_partition,
-    star_assignments,
     write_partitioned_edges,
 )
 from steps.dedup.minhash import BATCH_CHARS, MAX_SHINGLED_CHARS, MinHasher, text_batches
 from steps.dedup.representatives import (
     REPRESENTATIVE_BYTES_PER_DOCUMENT,
+    AssignPayload,
     AttachPayload,
     RepresentativesPayload,
+    assign_shard,
     attach_shard,
     representatives_shard,
     shard_name,
@@ -113,6 +114,10 @@ class FuzzyDedupConfig:
     """Document files, folders or globs (JSONL or Parquet), read in this order: earlier documents win."""
     output_path: str
     """Where docs/, clusters/, stats.json and work/ go (THIS_OUTPUT_PATH in a DAG)."""
+    input_sources: list[str] | None = None
+    """A source name for each entry of `input_paths` (one step over many sources): the kept documents of the
+    files under `input_paths[i]` go to `docs/<input_sources[i]>/`, so each source's later steps read their own
+    folder, and `stats.json` counts documents by source. None: one `docs/` folder. Versioned."""
     n_grams: int = 5
     """Words per shingle. Versioned."""
     bands: int = 16
@@ -274,19 +279,6 @@ def _verify_second_shard(payload: _VerifyPayload, writer: ShardWriter) -> dict[s
     return {"rows": int(kept.sum()), "verified_pairs": int(kept.sum()), "rejected_pairs": int((~kept).sum())}
 
 
-@dataclass(frozen=True)
-class _AssignPayload:
-    components_folder: str
-    partition: int
-
-
-def _assign_shard(payload: _AssignPayload, writer: ShardWriter) -> dict[str, int]:
-    source, target = read_partition(payload.components_folder, payload.partition)
-    nodes, roots = star_assignments(source, target)
-    save_routed(writer, f"{payload.partition:04d}", nodes >> 32, shard_name, doc=nodes, root=roots)
-    return {"rows": len(nodes), "clustered_docs": len(nodes), "dropped": int(np.sum(nodes != roots))}
-
-
 def _cluster_id(key: int) -> str:
     shard_index, row = split_key(key)
     return f"{shard_index:05d}:{row}"
@@ -307,12 +299,13 @@ def _filter_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> 
             clustered.append({"id": document["id"], "cluster_id": _cluster_id(root), "kept": root == key})
         if root is None or root == key:
             kept.append(document)
-    write_table(writer, shard_file(payload.shard_index), to_table(kept))
+    write_table(writer, shard_file(payload.shard_index, payload.source), to_table(kept))
     cluster_schema = pa.schema([("id", pa.string()), ("cluster_id", pa.string()), ("kept", pa.bool_())])
     clusters = pa.Table.from_pylist(clustered, schema=cluster_schema)
     write_table(writer, f"clusters/shard-{shard_name(payload.shard_index)}.parquet", clusters)
     stats = flow_stats(report, len(kept), text_bytes(document["text"] for document in kept))
     stats["dropped"] = {"fuzzy_duplicate": report.docs - len(kept)}
+    stats.update(source_stats(payload.source, report.docs, len(kept)))
     return stats
 
 
@@ -357,8 +350,8 @@ def _clusters(config: FuzzyDedupConfig, files: int, edges_folder: str, node_part
     converged = connected_components(storage.join(work, "components"), edges_folder, node_partitions,
                                      parallelism=config.parallelism,
                                      memory_bytes=config.shard_memory_bytes)  # fmt: skip
-    assign_shards = [Shard(f"{p:04d}", _AssignPayload(converged, p)) for p in range(node_partitions)]
-    run_stage(config, storage.join(work, "assign"), assign_shards, _assign_shard, "cluster assignment")
+    assign_shards = [Shard(f"{p:04d}", AssignPayload(converged, p)) for p in range(node_partitions)]
+    run_stage(config, storage.join(work, "assign"), assign_shards, assign_shard, "cluster assignment")
     attach_folder = storage.join(work, "attach")
     attach_shards = [Shard(shard_name(i), AttachPayload(config.output_path, i, greedy_partitions))
                      for i in range(files)]  # fmt: skip
@@ -375,12 +368,13 @@ def _clusters(config: FuzzyDedupConfig, files: int, edges_folder: str, node_part
 def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
     if not 0 <= config.jaccard_threshold <= 1:
         raise ValueError(f"jaccard_threshold must be in [0, 1], got {config.jaccard_threshold}")
-    files = list_input_files(config.input_paths)
+    files, sources = list_source_files(config.input_paths, config.input_sources)
     hash_ranges, node_partitions, greedy_partitions = config.layout(estimated_documents(files))
     candidates_folder, unsigned = _candidates(config, files, hash_ranges)
     edges_folder, pair_counts = _verify(config, len(files), candidates_folder, node_partitions)
     greedy_counts = _clusters(config, len(files), edges_folder, node_partitions, greedy_partitions)
-    filter_report = run_stage(config, config.output_path, file_shards(config, files), _filter_shard, "fuzzy filter")
+    filter_shards = file_shards(config, files, sources)
+    filter_report = run_stage(config, config.output_path, filter_shards, _filter_shard, "fuzzy filter")
     stats = merge_stats(filter_report)
     stats.update(pair_counts)
     stats["chain_splits"] = greedy_counts

@@ -15,8 +15,10 @@ each other are never both kept (whichever comes first would have taken the other
 direct copies is what the pair verification gave. All components of a partition go round by round at
 once in numpy; the rounds are as many as the largest component's representatives.
 
-Two stages, each a set of shards through `run_stage`:
+Three stages, each a set of shards through `run_stage`:
 
+0. assign (one shard per converged node partition): (document, component root) for every node,
+   routed to the document's input file, `work/assign/to-SSSSS/from-PPPP.npz`;
 1. attach (one shard per input file S): the (document, component root) pairs routed to S by the
    assignment stage get their signatures from S's signature file and go to the root's node partition,
    `work/attach/to-PPPP/from-SSSSS.npz`, so that a component lands whole in one shard;
@@ -39,6 +41,7 @@ import numpy as np
 from executor import storage
 from executor.shard_writer import ShardWriter
 from steps.data.arrays import column, load_arrays, load_routed, save_routed
+from steps.dedup.connected_components import read_partition, star_assignments
 from steps.dedup.minhash import node_partition
 
 REPRESENTATIVE_BYTES_PER_DOCUMENT = 2048
@@ -88,6 +91,20 @@ def greedy_representatives(root: np.ndarray, doc: np.ndarray, signature: np.ndar
         representative[left[joins]] = doc[pivot[joins]]
         left = left[~joins]
     return representative
+
+
+@dataclass(frozen=True)
+class AssignPayload:
+    components_folder: str
+    partition: int
+
+
+def assign_shard(payload: AssignPayload, writer: ShardWriter) -> dict[str, int]:
+    """(document, component root) for every node of a converged partition, routed to the document's input file."""
+    source, target = read_partition(payload.components_folder, payload.partition)
+    nodes, roots = star_assignments(source, target)
+    save_routed(writer, f"{payload.partition:04d}", nodes >> 32, shard_name, doc=nodes, root=roots)
+    return {"rows": len(nodes), "clustered_docs": len(nodes), "dropped": int(np.sum(nodes != roots))}
 
 
 @dataclass(frozen=True)
