@@ -19,6 +19,7 @@ from executor.step_spec import InputName, VersionedValue
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.download import DownloadConfig, download
+from steps.data.source_schema import SourceSchema
 from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
 from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 from steps.filter.decontaminate import DecontaminateConfig, decontaminate
@@ -116,15 +117,19 @@ def default_real_corpus(
 
 
 def default_download(
-    name: str, source: Any, include: Sequence[str] = ("*",)
+    name: str, source: Any, include: Sequence[str] = ("*",), schema: SourceSchema | None = None
 ) -> ExecutorStep[DownloadConfig]:
-    """Fetch the files under `source` (a URL, or another step's output) matching `include`."""
+    """Fetch the files under `source` (a URL, or another step's output) matching `include`; with `schema`,
+    its text and id columns become `text` and `id` (versioned only where they differ, so hashes stay)."""
+    columns: dict[str, Any] = {}
+    if schema is not None and (schema.text_column, schema.id_column) != ("text", "id"):
+        columns = {"text_column": versioned(schema.text_column), "id_column": versioned(schema.id_column)}
     return ExecutorStep(
         name=f"download/{name}",
         fn=download,
         description=f"Download {include} from {source}",
         config=DownloadConfig(source=versioned(source) if isinstance(source, str) else source,
-                              include=versioned(list(include)), output_path=THIS_OUTPUT_PATH),
+                              include=versioned(list(include)), output_path=THIS_OUTPUT_PATH, **columns),
     )
 
 

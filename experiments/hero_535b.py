@@ -63,6 +63,7 @@ from experiments.train_defaults import (
     default_tokenize_cells,
     default_train,
 )
+from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
 
 logger = logging.getLogger(__name__)
@@ -124,14 +125,24 @@ def full_scale() -> Scale:
     hub = "hf://datasets"
     return Scale(
         name="full",
+        # What each source's Parquet files hold (checked by `check_sources` where the Hub is reachable). The code
+        # source is The Stack v1 (dedup): v2's files carry Software Heritage blob ids, not file contents.
         sources={
-            "web": {"source": f"{hub}/HuggingFaceFW/fineweb-edu/data", "include": ["*/*.parquet"]},
-            "code": {"source": f"{hub}/bigcode/the-stack-v2-dedup/data", "include": ["*/*.parquet"]},
-            "math": {"source": f"{hub}/open-web-math/open-web-math/data", "include": ["*.parquet"]},
-            "reference": {"source": f"{hub}/wikimedia/wikipedia/20231101.en", "include": ["*.parquet"]},
-            "books": {"source": f"{hub}/manu/project_gutenberg/data", "include": ["*.parquet"]},
+            "web": {"source": f"{hub}/HuggingFaceFW/fineweb-edu/data", "include": ["*/*.parquet"],
+                    "schema": SourceSchema("text", "id", license="ODC-By 1.0")},
+            "code": {"source": f"{hub}/bigcode/the-stack-dedup/data", "include": ["*/*.parquet"],
+                     "schema": SourceSchema("content", "hexsha", gated=True,
+                                            license="permissively licensed files, each under its own license "
+                                                    "(max_stars_repo_licenses); The Stack's terms of use")},
+            "math": {"source": f"{hub}/open-web-math/open-web-math/data", "include": ["*.parquet"],
+                     "schema": SourceSchema("text", "url", license="ODC-By 1.0")},
+            "reference": {"source": f"{hub}/wikimedia/wikipedia/20231101.en", "include": ["*.parquet"],
+                          "schema": SourceSchema("text", "id", license="CC BY-SA 3.0 and GFDL")},
+            "books": {"source": f"{hub}/manu/project_gutenberg/data", "include": ["*.parquet"],
+                      "schema": SourceSchema("text", "id", license="public domain in the US (Project Gutenberg)")},
         },
-        eval_sets={"source": f"{hub}/cais/mmlu/all", "include": ["test-*.parquet"]},
+        eval_sets={"source": f"{hub}/cais/mmlu/all", "include": ["test-*.parquet"],
+                   "schema": SourceSchema("question", None, license="MIT")},
         keep_fraction={"web": 0.3, "code": 0.9, "math": 0.8, "reference": 0.9, "books": 0.8},
         vocab_size=128_256,
         tokenizer_sample_bytes=10 << 30,
@@ -280,7 +291,7 @@ def build_dag(scale: Scale) -> HeroDag:
 
     def download(name: str, spec: dict) -> ExecutorStep:
         if "source" in spec:
-            return default_download(name, spec["source"], include=spec["include"])
+            return default_download(name, spec["source"], include=spec["include"], schema=spec.get("schema"))
         if corpus is None:
             raise ConfigError(f"scale {scale.name}: download {name} names no source and the scale has no corpus")
         source = output_path_of(corpus, "eval" if name == "eval_sets" else "raw")
@@ -329,6 +340,14 @@ def build_dag(scale: Scale) -> HeroDag:
     trains[scale.hero.name] = (scale.hero, hero)
     steps += [scaling, hero, hero_eval]
     return HeroDag(steps=steps, trains=trains, scaling=scaling, hero_eval=hero_eval)
+
+
+def check_sources(scale: Scale) -> list[str]:
+    """Each URL source's schema against one of its Parquet files, where its metadata is reachable; raises
+    `SourceSchemaError` for a source without its text column, before anything is planned or run."""
+    specs = {**scale.sources, "eval_sets": scale.eval_sets}
+    return [check_source_schema(name, spec["source"], spec["include"], spec["schema"])
+            for name, spec in specs.items() if "source" in spec and "schema" in spec]  # fmt: skip
 
 
 def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
@@ -389,12 +408,24 @@ def print_run_summary(executor: Executor, dag: HeroDag) -> None:
     print(f"  watch it: python -m executor dashboard --prefix {executor.prefix}")
 
 
+def _is_dry_run(executor_args: Sequence[str]) -> bool:
+    """Whether the arguments left for `executor_main` ask for a dry run (it parses them again itself)."""
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--dry_run", default="false")
+    return peek.parse_known_args(list(executor_args))[0].dry_run.lower() == "true"
+
+
 def main(argv: Sequence[str] | None = None) -> Executor:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], add_help=False)
     parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
     parser.add_argument("--plan_json", default=None, help="also write the plan as JSON to this path")
+    parser.add_argument("--check_sources", choices=["auto", "true", "false"], default="auto",
+                        help="read each URL source's Parquet schema first (auto: on dry runs)")  # fmt: skip
     known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
     scale = SCALES[known.scale]()
+    if known.check_sources == "true" or (known.check_sources == "auto" and _is_dry_run(rest)):
+        for line in check_sources(scale):
+            print(line)
     dag = build_dag(scale)
     started = time.perf_counter()
     executor = executor_main(dag.steps, description=f"535B-A23B MoE run at scale {scale.name}", args=rest)
