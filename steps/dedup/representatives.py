@@ -41,7 +41,7 @@ import numpy as np
 from executor import storage
 from executor.shard_writer import ShardWriter
 from steps.data.arrays import column, load_arrays, load_routed, save_routed
-from steps.dedup.connected_components import read_partition, star_assignments
+from steps.dedup.connected_components import group_starts, read_partition, star_assignments
 from steps.dedup.minhash import node_partition
 
 REPRESENTATIVE_BYTES_PER_DOCUMENT = 2048
@@ -69,12 +69,6 @@ def signatures_of(signatures_folder: str, shard_index: int, keys: np.ndarray, ou
     return stored["signature"][rows]
 
 
-def _runs(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start index of each run of equal values, and each element's run number."""
-    new_run = np.concatenate([[True], sorted_values[1:] != sorted_values[:-1]])
-    return np.flatnonzero(new_run), np.cumsum(new_run) - 1
-
-
 def greedy_representatives(root: np.ndarray, doc: np.ndarray, signature: np.ndarray, threshold: float
                            ) -> np.ndarray:  # fmt: skip
     """The representative of each document, for members sorted by (component root, document key).
@@ -84,7 +78,7 @@ def greedy_representatives(root: np.ndarray, doc: np.ndarray, signature: np.ndar
     representative = np.full(len(doc), -1, np.int64)
     left = np.arange(len(doc))
     while len(left):
-        starts, run = _runs(root[left])
+        starts, run = group_starts(root[left])
         pivot = left[starts][run]
         similarity = np.mean(signature[left] == signature[pivot], axis=1)
         joins = (similarity >= threshold) | (left == pivot)
