@@ -80,3 +80,28 @@ def test_tiny_cross_source_copies_are_removed_by_the_global_passes(tmp_path: Pat
         folders = sorted(path.name for path in Path(outputs[step], "docs").iterdir())
         assert folders == sorted(stats["docs_out_by_source"])
 
+
+
+def test_dedup_over_sources_keeps_each_source_apart_and_refuses_unnamed_inputs(tmp_path: Path) -> None:
+    """A page in two sources is kept once, from the source read first; each source's survivors sit in its own folder."""
+    from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
+    from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
+
+    page = " ".join(f"word{number} filler{number % 7}" for number in range(120))
+    web_only, code_only = "only on the web " * 20, "def only_in_code(): pass\n" * 10
+    sources = {"web": [{"id": "w1", "text": page}, {"id": "w2", "text": web_only}],
+               "code": [{"id": "c1", "text": page}, {"id": "c2", "text": code_only}]}  # fmt: skip
+    for name, documents in sources.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in documents))
+    inputs = [str(tmp_path / name) for name in sources]
+    for step, config in ((exact_dedup, ExactDedupConfig), (fuzzy_dedup, FuzzyDedupConfig)):
+        output = tmp_path / step.__name__
+        step(config(input_paths=inputs, input_sources=list(sources), output_path=str(output), parallelism="thread"))
+        kept = {name: {row for path in list_input_files(str(output / "docs" / name))
+                       for row in read_shard_table(path).column("id").to_pylist()} for name in sources}  # fmt: skip
+        assert kept == {"web": {"w1", "w2"}, "code": {"c2"}}, step.__name__
+        stats = json.loads((output / "stats.json").read_text())
+        assert stats["docs_in_by_source"] == {"web": 2, "code": 2} and stats["docs_out_by_source"]["code"] == 1
+        with pytest.raises(ValueError, match=rf"dedup at {tmp_path}/bad: input_sources must name each of the 2"):
+            step(config(input_paths=inputs, input_sources=["web"], output_path=str(tmp_path / "bad")))

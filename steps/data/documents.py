@@ -102,15 +102,16 @@ def file_shards[ConfigT](config: ConfigT, files: Sequence[str], sources: Sequenc
             for index, (path, source) in enumerate(zip(files, named, strict=True))]  # fmt: skip
 
 
-def list_source_files(input_paths: Sequence[str], input_sources: Sequence[str] | None
+def list_source_files(input_paths: Sequence[str], input_sources: Sequence[str] | None, step: str
                       ) -> tuple[list[str], list[str | None]]:  # fmt: skip
-    """`list_input_files` with each file's source: `input_sources[i]` names the files under `input_paths[i]`."""
+    """`list_input_files` with each file's source: `input_sources[i]` names the files under `input_paths[i]`;
+    `step` names the step in errors."""
     if input_sources is None:
         unnamed = list_input_files(input_paths)
         return unnamed, [None] * len(unnamed)
     if len(input_sources) != len(input_paths) or len(set(input_sources)) != len(input_sources):
-        raise ValueError(f"input_sources must name each of the {len(input_paths)} input paths once, got "
-                         f"{list(input_sources)}")  # fmt: skip
+        raise ValueError(f"{step}: input_sources must name each of the {len(input_paths)} input paths once, got "
+                         f"{list(input_sources)}; give one distinct source name per input path")  # fmt: skip
     files: list[str] = []
     sources: list[str | None] = []
     for input_path, source in zip(input_paths, input_sources, strict=True):

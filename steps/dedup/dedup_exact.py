@@ -219,7 +219,7 @@ def _partitions(config: ExactDedupConfig, files: list[str]) -> int:
 
 
 def exact_dedup(config: ExactDedupConfig) -> None:
-    files, sources = list_source_files(config.input_paths, config.input_sources)
+    files, sources = list_source_files(config.input_paths, config.input_sources, f"exact dedup at {config.output_path}")
     partitions = _partitions(config, files)
     work = storage.join(config.output_path, "work")
     per_file = file_shards(config, files, sources)

@@ -368,7 +368,7 @@ def _clusters(config: FuzzyDedupConfig, files: int, edges_folder: str, node_part
 def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
     if not 0 <= config.jaccard_threshold <= 1:
         raise ValueError(f"jaccard_threshold must be in [0, 1], got {config.jaccard_threshold}")
-    files, sources = list_source_files(config.input_paths, config.input_sources)
+    files, sources = list_source_files(config.input_paths, config.input_sources, f"fuzzy dedup at {config.output_path}")
     hash_ranges, node_partitions, greedy_partitions = config.layout(estimated_documents(files))
     candidates_folder, unsigned = _candidates(config, files, hash_ranges)
     edges_folder, pair_counts = _verify(config, len(files), candidates_folder, node_partitions)
