@@ -19,6 +19,7 @@ from executor.step_spec import InputName, VersionedValue
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.download import DownloadConfig, download
+from steps.data.source_schema import SourceSchema
 from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
 from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
 from steps.filter.decontaminate import DecontaminateConfig, decontaminate
@@ -87,10 +88,15 @@ def default_tokenizer(
 
 
 def default_real_corpus(
-    docs_per_domain: int = 300, near_copies: int = 10, eval_docs: int = 0, domains: Sequence[str] | None = None
+    docs_per_domain: int = 300,
+    near_copies: int = 10,
+    eval_docs: int = 0,
+    domains: Sequence[str] | None = None,
+    cross_copies: int = 0,
 ) -> ExecutorStep[RealCorpusConfig]:
     """The offline multi-domain corpus (KJV prose, stdlib code, pydoc reference) with planted duplicates,
-    and with `eval_docs` > 0 an eval set per domain that quotes training documents (for decontamination)."""
+    and with `eval_docs` > 0 an eval set per domain that quotes training documents (for decontamination);
+    `cross_copies` > 0 plants copies of each domain's documents in the next one's file."""
     return ExecutorStep(
         name="raw/real_corpus",
         fn=build_real_corpus,
@@ -101,6 +107,8 @@ def default_real_corpus(
             near_copies=versioned(near_copies),
             eval_docs=versioned(eval_docs),
             domains=versioned(list(domains)) if domains is not None else None,
+            # Not hashed when 0, so corpora built before cross-source copies existed keep their hash.
+            cross_copies=versioned(cross_copies) if cross_copies else 0,
             # The stdlib's text is an input the executor cannot see; its version stands in for it.
             seed=versioned(0),
         ),
@@ -109,47 +117,73 @@ def default_real_corpus(
 
 
 def default_download(
-    name: str, source: Any, include: Sequence[str] = ("*",)
+    name: str, source: Any, include: Sequence[str] = ("*",), schema: SourceSchema | None = None
 ) -> ExecutorStep[DownloadConfig]:
-    """Fetch the files under `source` (a URL, or another step's output) matching `include`."""
+    """Fetch the files under `source` (a URL, or another step's output) matching `include`; with `schema`,
+    its text and id columns become `text` and `id` (versioned only where they differ, so hashes stay)."""
+    columns: dict[str, Any] = {}
+    if schema is not None and (schema.text_column, schema.id_column) != ("text", "id"):
+        columns = {"text_column": versioned(schema.text_column), "id_column": versioned(schema.id_column)}
     return ExecutorStep(
         name=f"download/{name}",
         fn=download,
         description=f"Download {include} from {source}",
         config=DownloadConfig(source=versioned(source) if isinstance(source, str) else source,
-                              include=versioned(list(include)), output_path=THIS_OUTPUT_PATH),
+                              include=versioned(list(include)), output_path=THIS_OUTPUT_PATH, **columns),
     )
 
 
-def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True,
-                  name: str = "dedup/exact") -> ExecutorStep[ExactDedupConfig]:  # fmt: skip
-    """Exact document- and paragraph-level dedup over `inputs` (downloads or document steps), first wins."""
+def default_dedup(inputs: Sequence[ExecutorStep], paragraphs: bool = True, name: str = "dedup/exact",
+                  sources: Sequence[str] | None = None) -> ExecutorStep[ExactDedupConfig]:  # fmt: skip
+    """Exact document- and paragraph-level dedup over `inputs` (downloads or document steps), first wins.
+    With `sources` (a name per input), one pass over every source that writes each one's `docs/<source>/`."""
     return ExecutorStep(
         name=name,
         fn=exact_dedup,
-        description="Exact dedup of documents" + (" and paragraphs" if paragraphs else ""),
+        description="Exact dedup of documents" + (" and paragraphs" if paragraphs else "") + _across(sources),
         config=ExactDedupConfig(input_paths=[_docs_of(step) for step in inputs], paragraphs=versioned(paragraphs),
-                                min_paragraph_chars=versioned(64), output_path=THIS_OUTPUT_PATH),
+                                min_paragraph_chars=versioned(64), input_sources=_versioned_names(sources),
+                                output_path=THIS_OUTPUT_PATH),
         code_version="2",  # 2: CRLF and CR line endings split paragraphs
     )
 
 
-def default_fuzzy_dedup(input_step: ExecutorStep, bands: int = 16, rows: int = 6, jaccard_threshold: float = 0.65,
-                        name: str = "dedup/fuzzy") -> ExecutorStep[FuzzyDedupConfig]:  # fmt: skip
-    """MinHash + LSH near-duplicate removal with verified pairs, one document kept per cluster."""
+def default_fuzzy_dedup(inputs: ExecutorStep | Sequence[ExecutorStep], bands: int = 16, rows: int = 6,
+                        jaccard_threshold: float = 0.65, name: str = "dedup/fuzzy",
+                        sources: Sequence[str] | None = None) -> ExecutorStep[FuzzyDedupConfig]:  # fmt: skip
+    """MinHash + LSH near-duplicate removal with verified pairs, one document kept per verified star.
+    With `sources` (a name per input), one pass over every source that writes each one's `docs/<source>/`."""
+    steps = [inputs] if isinstance(inputs, ExecutorStep) else list(inputs)
     return ExecutorStep(
         name=name,
         fn=fuzzy_dedup,
-        description=f"MinHash LSH, 5-grams, {bands} bands x {rows} rows, pairs verified at Jaccard {jaccard_threshold}",
-        config=FuzzyDedupConfig(input_paths=[_docs_of(input_step)], n_grams=versioned(5), bands=versioned(bands),
-                                rows=versioned(rows), seed=versioned(1), jaccard_threshold=versioned(jaccard_threshold),
-                                all_pairs_bucket_size=versioned(32), raw_input=False,
+        description=f"MinHash LSH, 5-grams, {bands} bands x {rows} rows, pairs verified at Jaccard {jaccard_threshold}"
+        + _across(sources),
+        config=FuzzyDedupConfig(input_paths=[_docs_of(step) for step in steps], n_grams=versioned(5),
+                                bands=versioned(bands), rows=versioned(rows), seed=versioned(1),
+                                jaccard_threshold=versioned(jaccard_threshold), all_pairs_bucket_size=versioned(32),
+                                input_sources=_versioned_names(sources), raw_input=False,
                                 output_path=THIS_OUTPUT_PATH),
-        code_version="2",  # 2: normalization turns punctuation into spaces and folds diacritics
+        # 2: normalization turns punctuation into spaces and folds diacritics
+        # 3: components split into stars verified against the kept document (chains no longer drop far ends)
+        code_version="3",
     )
 
 
-def default_decontaminate(input_step: ExecutorStep, eval_sets: Sequence[Any], n_grams: int = 13,
+def docs_of_source(step: ExecutorStep, source: str) -> InputName:
+    """One source's documents in the output of a dedup step run over many sources (`sources=`)."""
+    return output_path_of(step, f"docs/{source}")
+
+
+def _versioned_names(sources: Sequence[str] | None) -> Any:
+    return versioned(list(sources)) if sources is not None else None
+
+
+def _across(sources: Sequence[str] | None) -> str:
+    return f", across {len(sources)} sources" if sources is not None else ""
+
+
+def default_decontaminate(input_step: ExecutorStep | InputName, eval_sets: Sequence[Any], n_grams: int = 13,
                           threshold: float = 0.0, name: str = "dedup/decontaminate") -> ExecutorStep:  # fmt: skip
     """Drop documents sharing `n_grams`-word n-grams with the eval sets (paths inside step outputs)."""
     return ExecutorStep(
@@ -163,7 +197,7 @@ def default_decontaminate(input_step: ExecutorStep, eval_sets: Sequence[Any], n_
     )
 
 
-def default_quality_heuristics(input_step: ExecutorStep, skip_sources: Sequence[str] = ("code_*",),
+def default_quality_heuristics(input_step: ExecutorStep | InputName, skip_sources: Sequence[str] = ("code_*",),
                                name: str = "quality/heuristics") -> ExecutorStep:  # fmt: skip
     """datatrove's Gopher / C4 / FineWeb heuristics, with code sources passed through."""
     return ExecutorStep(
@@ -191,7 +225,7 @@ def default_quality_classifier(positive: Any, negative: Any) -> ExecutorStep:
     )
 
 
-def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_fraction: float = 0.8,
+def default_fasttext_filter(input_step: ExecutorStep | InputName, model: ExecutorStep, keep_fraction: float = 0.8,
                             name: str = "quality/fasttext_filter") -> ExecutorStep:  # fmt: skip
     """Keep the top `keep_fraction` of documents by the classifier's positive score."""
     return ExecutorStep(
@@ -204,8 +238,11 @@ def default_fasttext_filter(input_step: ExecutorStep, model: ExecutorStep, keep_
     )
 
 
-def _docs_of(step: ExecutorStep) -> Any:
-    """Where a step keeps its documents: `files/` for downloads, `docs/` for every document step."""
+def _docs_of(step: ExecutorStep | InputName) -> Any:
+    """Where a step keeps its documents: `files/` for downloads, `docs/` for every document step (a path
+    inside a step's output, such as `docs_of_source`, is taken as it is)."""
+    if isinstance(step, InputName):
+        return step
     return output_path_of(step, "files" if step.fn is download else "docs")
 
 

@@ -1,8 +1,10 @@
 """The 535B-A23B MoE run as one DAG: data -> cells -> tokenize -> two-phase mixture -> 4-rung ladder -> hero.
 
-    download/<source> -> data/<source>/exact_dedup -> heuristics -> fasttext_filter -> fuzzy_dedup -> decontaminate
-        (sources: web, code, math, reference, books; quality/fasttext_model learns reference vs web;
-         decontamination against download/eval_sets)
+    download/<source> -> data/exact_dedup (all sources at once) -> data/<source>/heuristics -> fasttext_filter
+        -> data/fuzzy_dedup (all sources at once) -> data/<source>/decontaminate
+        (sources: web, code, math, reference, books; the dedup steps skip the exempt ones (reference) and
+         write docs/<source>/; quality/fasttext_model learns reference vs web; decontamination against
+         download/eval_sets)
     every source's clean docs -> tokenizer/hero (BPE) -> mix/cells (topic x quality) -> tokenized/cells
                                                           mix/cells -> mix/weights (two phases, exposure cap)
     train/d768, d1024, d1536, d2048 -> evaluate/<rung> -> scaling/ladder -> train/d6144 -> evaluate/d6144
@@ -51,6 +53,7 @@ from experiments.defaults import (
     default_quality_heuristics,
     default_real_corpus,
     default_tokenizer,
+    docs_of_source,
 )
 from experiments.train_defaults import (
     Recipe,
@@ -60,6 +63,7 @@ from experiments.train_defaults import (
     default_tokenize_cells,
     default_train,
 )
+from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
 
 logger = logging.getLogger(__name__)
@@ -93,6 +97,9 @@ class Scale:
     corpus: dict = field(default_factory=dict)
     """Tiny only: the offline corpus standing in for the sources (default_real_corpus arguments)."""
     fuzzy_bands: tuple[int, int] = (16, 6)
+    dedup_exempt: tuple[str, ...] = ("reference",)
+    """Sources the global exact and fuzzy dedup passes leave out (the hero exempted 16 of its 292): curated
+    ones, deduplicated upstream, kept whole rather than losing pages to copies in sources read before them."""
     bootstrap_samples: int = 1000
     """Resamples of the rungs behind the prediction's band."""
 
@@ -118,14 +125,24 @@ def full_scale() -> Scale:
     hub = "hf://datasets"
     return Scale(
         name="full",
+        # What each source's Parquet files hold (checked by `check_sources` where the Hub is reachable). The code
+        # source is The Stack v1 (dedup): v2's files carry Software Heritage blob ids, not file contents.
         sources={
-            "web": {"source": f"{hub}/HuggingFaceFW/fineweb-edu/data", "include": ["*/*.parquet"]},
-            "code": {"source": f"{hub}/bigcode/the-stack-v2-dedup/data", "include": ["*/*.parquet"]},
-            "math": {"source": f"{hub}/open-web-math/open-web-math/data", "include": ["*.parquet"]},
-            "reference": {"source": f"{hub}/wikimedia/wikipedia/20231101.en", "include": ["*.parquet"]},
-            "books": {"source": f"{hub}/manu/project_gutenberg/data", "include": ["*.parquet"]},
+            "web": {"source": f"{hub}/HuggingFaceFW/fineweb-edu/data", "include": ["*/*.parquet"],
+                    "schema": SourceSchema("text", "id", license="ODC-By 1.0")},
+            "code": {"source": f"{hub}/bigcode/the-stack-dedup/data", "include": ["*/*.parquet"],
+                     "schema": SourceSchema("content", "hexsha", gated=True,
+                                            license="permissively licensed files, each under its own license "
+                                                    "(max_stars_repo_licenses); The Stack's terms of use")},
+            "math": {"source": f"{hub}/open-web-math/open-web-math/data", "include": ["*.parquet"],
+                     "schema": SourceSchema("text", "url", license="ODC-By 1.0")},
+            "reference": {"source": f"{hub}/wikimedia/wikipedia/20231101.en", "include": ["*.parquet"],
+                          "schema": SourceSchema("text", "id", license="CC BY-SA 3.0 and GFDL")},
+            "books": {"source": f"{hub}/manu/project_gutenberg/data", "include": ["*.parquet"],
+                      "schema": SourceSchema("text", "id", license="public domain in the US (Project Gutenberg)")},
         },
-        eval_sets={"source": f"{hub}/cais/mmlu/all", "include": ["test-*.parquet"]},
+        eval_sets={"source": f"{hub}/cais/mmlu/all", "include": ["test-*.parquet"],
+                   "schema": SourceSchema("question", None, license="MIT")},
         keep_fraction={"web": 0.3, "code": 0.9, "math": 0.8, "reference": 0.9, "books": 0.8},
         vocab_size=128_256,
         tokenizer_sample_bytes=10 << 30,
@@ -210,7 +227,8 @@ def tiny_scale() -> Scale:
             checkpoints_per_run=2,
             temporary_checkpoint_seconds=20,
         ),
-        corpus={"docs_per_domain": 120, "near_copies": 2, "eval_docs": 4, "domains": list(corpus_domains.values())},
+        corpus={"docs_per_domain": 120, "near_copies": 2, "eval_docs": 4, "domains": list(corpus_domains.values()),
+                "cross_copies": 2},
         fuzzy_bands=(16, 6),
         bootstrap_samples=300,
     )
@@ -228,6 +246,41 @@ class HeroDag:
     hero_eval: ExecutorStep
 
 
+def _data_chain(scale: Scale, downloads: dict[str, ExecutorStep], classifier: ExecutorStep, evals: ExecutorStep,
+                steps: list[ExecutorStep]) -> list[ExecutorStep]:  # fmt: skip
+    """Global exact dedup -> per-source heuristics and fastText -> global fuzzy dedup -> per-source decontamination;
+    appends the steps to `steps` and returns each source's clean documents. The two dedup steps run over every
+    source not in `scale.dedup_exempt` at once (a page copied into two sources is kept once, from the earlier
+    source) and write `docs/<source>/`, so the per-source steps after them still see one source each."""
+    deduplicated = [source for source in downloads if source not in scale.dedup_exempt]
+    exact = default_dedup([downloads[s] for s in deduplicated], name="data/exact_dedup", sources=deduplicated)
+    filtered: dict[str, ExecutorStep] = {}
+    per_source: list[ExecutorStep] = []
+    for source, fetched in downloads.items():
+        heuristics = default_quality_heuristics(
+            docs_of_source(exact, source) if source in deduplicated else fetched,
+            skip_sources=["*"] if source == "code" else ["code_*"],
+            name=f"data/{source}/heuristics",
+        )
+        filtered[source] = default_fasttext_filter(
+            heuristics, classifier, scale.keep_fraction[source], name=f"data/{source}/fasttext_filter"
+        )
+        per_source += [heuristics, filtered[source]]
+    fuzzy = default_fuzzy_dedup(
+        [filtered[s] for s in deduplicated], *scale.fuzzy_bands, name="data/fuzzy_dedup", sources=deduplicated
+    )
+    clean = [
+        default_decontaminate(
+            docs_of_source(fuzzy, source) if source in deduplicated else filtered[source],
+            [output_path_of(evals, "files")],
+            name=f"data/{source}/decontaminate",
+        )
+        for source in downloads
+    ]
+    steps += [exact, *per_source, fuzzy, *clean]
+    return clean
+
+
 def build_dag(scale: Scale) -> HeroDag:
     """Every step of the run at `scale`."""
     steps: list[ExecutorStep] = []
@@ -238,7 +291,7 @@ def build_dag(scale: Scale) -> HeroDag:
 
     def download(name: str, spec: dict) -> ExecutorStep:
         if "source" in spec:
-            return default_download(name, spec["source"], include=spec["include"])
+            return default_download(name, spec["source"], include=spec["include"], schema=spec.get("schema"))
         if corpus is None:
             raise ConfigError(f"scale {scale.name}: download {name} names no source and the scale has no corpus")
         source = output_path_of(corpus, "eval" if name == "eval_sets" else "raw")
@@ -250,21 +303,7 @@ def build_dag(scale: Scale) -> HeroDag:
         positive=output_path_of(downloads["reference"], "files"), negative=output_path_of(downloads["web"], "files")
     )
     steps += [evals, *downloads.values(), classifier]
-    clean = []
-    for source, fetched in downloads.items():
-        exact = default_dedup([fetched], name=f"data/{source}/exact_dedup")
-        heuristics = default_quality_heuristics(
-            exact, skip_sources=["*"] if source == "code" else ["code_*"], name=f"data/{source}/heuristics"
-        )
-        kept = default_fasttext_filter(
-            heuristics, classifier, scale.keep_fraction[source], name=f"data/{source}/fasttext_filter"
-        )
-        fuzzy = default_fuzzy_dedup(kept, *scale.fuzzy_bands, name=f"data/{source}/fuzzy_dedup")
-        decontaminated = default_decontaminate(
-            fuzzy, [output_path_of(evals, "files")], name=f"data/{source}/decontaminate"
-        )
-        steps += [exact, heuristics, kept, fuzzy, decontaminated]
-        clean.append(decontaminated)
+    clean = _data_chain(scale, downloads, classifier, evals, steps)
 
     tokenizer = default_tokenizer(
         clean, vocab_size=scale.vocab_size, sample_bytes=scale.tokenizer_sample_bytes, name="tokenizer/hero"
@@ -301,6 +340,14 @@ def build_dag(scale: Scale) -> HeroDag:
     trains[scale.hero.name] = (scale.hero, hero)
     steps += [scaling, hero, hero_eval]
     return HeroDag(steps=steps, trains=trains, scaling=scaling, hero_eval=hero_eval)
+
+
+def check_sources(scale: Scale) -> list[str]:
+    """Each URL source's schema against one of its Parquet files, where its metadata is reachable; raises
+    `SourceSchemaError` for a source without its text column, before anything is planned or run."""
+    specs = {**scale.sources, "eval_sets": scale.eval_sets}
+    return [check_source_schema(name, spec["source"], spec["include"], spec["schema"])
+            for name, spec in specs.items() if "source" in spec and "schema" in spec]  # fmt: skip
 
 
 def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
@@ -358,12 +405,24 @@ def print_run_summary(executor: Executor, dag: HeroDag) -> None:
     print(f"  publish it: python -m executor publish --prefix {executor.prefix} --to {executor.prefix}-site --watch 60")
 
 
+def _is_dry_run(executor_args: Sequence[str]) -> bool:
+    """Whether the arguments left for `executor_main` ask for a dry run (it parses them again itself)."""
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--dry_run", default="false")
+    return peek.parse_known_args(list(executor_args))[0].dry_run.lower() == "true"
+
+
 def main(argv: Sequence[str] | None = None) -> Executor:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], add_help=False)
     parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
     parser.add_argument("--plan_json", default=None, help="also write the plan as JSON to this path")
+    parser.add_argument("--check_sources", choices=["auto", "true", "false"], default="auto",
+                        help="read each URL source's Parquet schema first (auto: on dry runs)")  # fmt: skip
     known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
     scale = SCALES[known.scale]()
+    if known.check_sources == "true" or (known.check_sources == "auto" and _is_dry_run(rest)):
+        for line in check_sources(scale):
+            print(line)
     dag = build_dag(scale)
     started = time.perf_counter()
     executor = executor_main(dag.steps, description=f"535B-A23B MoE run at scale {scale.name}", args=rest)

@@ -44,7 +44,7 @@ def test_full_plan_reproduces_the_published_table(tmp_path: Path, capsys: pytest
         assert figures["tokens"] == pytest.approx(tokens, rel=0.02), rung
         assert figures["flops"] == pytest.approx(flops, rel=0.10), rung
     printed = capsys.readouterr().out
-    assert "planned 47 steps in" in printed and "H100-hours" in printed
+    assert "planned 39 steps in" in printed and "H100-hours" in printed
     assert "d6144:  535.193B total,  22.650B active" in printed
 
 

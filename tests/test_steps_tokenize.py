@@ -336,7 +336,8 @@ def test_sigkill_mid_way_then_rerun_redoes_only_unfinished_groups(tmp_path, corp
 
 def test_per_folder_gives_each_cell_its_own_caches_and_lists_the_usable_ones(corpus, tokenizer_path, tmp_path):
     """A cells step's layout (`cells/<cell>/<file>`): one step, one pair of caches per cell; a cell whose documents
-    all fall in one split cannot be trained and evaluated on, so components.json leaves it out and says why."""
+    all fall in the training split is listed as `train_only`: a train step trains on it (Levanter's mixture has it,
+    weighted) and evaluates it nowhere (no validation set), so its data is not lost from the mixture."""
     cells = tmp_path / "cells"
     layout = {"code": sorted(Path(corpus, "python_stdlib").glob("shard-*.jsonl.gz")),
               "prose": sorted(Path(corpus, "python_docstrings").glob("shard-*.jsonl.gz"))}  # fmt: skip
@@ -355,18 +356,43 @@ def test_per_folder_gives_each_cell_its_own_caches_and_lists_the_usable_ones(cor
 
     listed = json.loads(Path(output_path, "components.json").read_text())
     assert sorted(listed["components"]) == ["code", "prose"]
-    lonely = listed["excluded"]["lonely"]
-    assert list(listed["excluded"]) == ["lonely"] and lonely["train_tokens"] > 0
+    lonely = listed["train_only"]["lonely"]
+    assert listed["excluded"] == {} and lonely["train_tokens"] > 0
     assert (lonely["train_docs"], lonely["validation_docs"], lonely["validation_tokens"]) == (1, 0, 0)
     assert load_components(output_path) == {name: f"{output_path}/{name}" for name in ("code", "prose")}
+    assert load_components(output_path, train_only=True) == {"lonely": f"{output_path}/lonely"}
+    assert len(rows(f"{output_path}/lonely/train")) == 1
     for cell, files in layout.items():
         documents = documents_of([str(file) for file in files])
         for split in ("train", "validation"):
             expected = [d for d in documents if in_validation(d["id"], VALIDATION_FRACTION) == (split == "validation")]
             assert len(rows(f"{output_path}/{cell}/{split}")) == len(expected) > 0
             assert listed["components"][cell][f"{split}_docs"] == len(expected)
-    assert not Path(output_path, "lonely", "train", "shard_ledger.json").exists()
     assert not Path(output_path, "train").exists()
+    trained, evaluated = mixture_of_a_train_step(output_path, tokenizer_path, str(tmp_path / "train"))
+    assert trained == {"code", "prose", "lonely"} and evaluated == {"code", "prose"}
+
+
+def mixture_of_a_train_step(tokenized: str, tokenizer_path: str, output_path: str) -> tuple[set[str], set[str]]:
+    """What Levanter would train on (weighted components with a training cache) and evaluate, for a train step
+    over the per-folder output `tokenized`, after the step's own input checks."""
+    from haliax import Axis
+
+    from steps.model.model_size import MoeShape
+    from steps.train.train import TrainConfig, check_inputs, levanter_config
+
+    vocab = load_tokenizer(tokenizer_path).get_vocab_size()
+    shape = MoeShape(d_model=32, n_layers=2, vocab_size=vocab, n_heads=2, head_dim=16, kv_heads_local=1,
+                     kv_heads_global=1, global_every=1, sliding_window=None, n_experts=4, top_k=2, expert_width=64,
+                     latent_dim=None, n_shared_experts=0, shared_width=0, seq_len=64)  # fmt: skip
+    config = TrainConfig(shape=shape, tokenizer_path=tokenizer_path, components={}, components_path=tokenized,
+                         output_path=output_path, num_train_steps=2, train_batch_size=8)  # fmt: skip
+    check_inputs(config)
+    data = levanter_config(config).data
+    weights = data.train_weights
+    assert isinstance(weights, dict)
+    trained = {name for name, cache in data.build_caches("train").items() if weights.get(name, 0) > 0 and len(cache)}
+    return trained, set(data.validation_sets(Axis("position", 64)))
 
 
 def test_a_cell_without_documents_is_counted_and_left_out_of_the_components(tmp_path, tokenizer_path):

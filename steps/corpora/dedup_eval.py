@@ -33,7 +33,8 @@ def evaluate_fuzzy_dedup(corpus_path: str, dedup_path: str, min_jaccard: float =
     dropped = {doc_id for doc_id, cluster in clusters.items() if kept_by_cluster.get(cluster) != doc_id}
     levels: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for record in truth:
-        level = "exact" if record["kind"] == "exact" else f"{record['target_jaccard']:.2f}"
+        kind = record["kind"]
+        level = kind if kind == "exact" or kind.startswith("cross") else f"{record['target_jaccard']:.2f}"
         levels[level][0] += record["id"] in dropped
         levels[level][1] += 1
     false_positives = []

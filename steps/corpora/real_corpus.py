@@ -78,6 +78,11 @@ class RealCorpusConfig:
     eval_docs: int = 0
     """Per domain, the last this-many originals also go, as 60-word excerpts, into eval/<domain>.jsonl:
     a benchmark that leaked into the training data, for decontamination to find. Versioned."""
+    cross_copies: int = 0
+    """Per domain after the first, this many exact and this many near (Jaccard ~0.9) copies of the previous
+    domain's originals (near ones flattened into one paragraph), appended to this domain's file: a page copied
+    into two sources, which only a dedup across sources finds (ground truth kinds "cross_exact", "cross_near").
+    Versioned."""
 
 
 def domains() -> list[str]:
@@ -89,16 +94,20 @@ def build_real_corpus(config: RealCorpusConfig) -> None:
     rng = random.Random(config.seed)
     truth: list[dict[str, Any]] = []
     stats: dict[str, Any] = {"domains": {}}
+    previous: list[dict[str, Any]] = []
     for domain in config.domains or domains():
         long_enough = (doc for doc in _read_domain(domain) if len(doc["text"].split()) >= config.min_words)
         originals = list(itertools.islice(long_enough, config.docs_per_domain))  # read no further than needed
         planted = _plant(originals, domain, config, rng)
-        truth.extend(record for _doc, record in planted)
-        documents = _interleave(originals, [doc for doc, _record in planted], rng)
+        crossed = _plant_across(previous, originals[0]["source"], domain, config.cross_copies, rng)
+        truth.extend(record for _doc, record in planted + crossed)
+        documents = _interleave(originals, [doc for doc, _record in planted], rng) + [doc for doc, _ in crossed]
+        previous = originals
         extension = _FORMATS.get(domain, "jsonl.gz")
         storage.write_atomic(storage.join(config.output_path, "raw", f"{domain}.{extension}"),
                              _encode(documents, extension))  # fmt: skip
-        stats["domains"][domain] = {"originals": len(originals), "planted": len(planted), "docs": len(documents)}
+        stats["domains"][domain] = {"originals": len(originals), "planted": len(planted) + len(crossed),
+                                    "docs": len(documents)}  # fmt: skip
         if config.eval_docs:
             leaked = _eval_excerpts(originals[-config.eval_docs :], domain)
             storage.write_atomic(storage.join(config.output_path, "eval", f"{domain}.jsonl"),
@@ -143,6 +152,25 @@ def _plant(originals: list[dict[str, Any]], domain: str, config: RealCorpusConfi
         for number, original in enumerate(rng.sample(originals, min(config.near_copies, len(originals)))):
             text, measured = near_copy(original["text"], level, vocabulary, rng)
             planted.append(_copy(original, f"{domain}/dup-near-{level}-{number}", text, "near", level, measured))
+    return planted
+
+
+def _plant_across(originals: list[dict[str, Any]], source: str, domain: str, copies: int,
+                  rng: random.Random) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # fmt: skip
+    """Exact and near copies of another domain's `originals`, as documents of `source` (the domain they land in)."""
+    if not originals or not copies:
+        return []
+    vocabulary = sorted({word for doc in originals[:50] for word in doc["text"].split()})
+    planted = []
+    for number, original in enumerate(rng.sample(originals, min(2 * copies, len(originals)))):
+        exact = number < copies
+        # A near copy is flattened into one paragraph, so that exact paragraph dedup cannot take its unchanged
+        # paragraphs away first and only a fuzzy pass can find it.
+        flat = " ".join(original["text"].split())
+        text, measured = (original["text"], 1.0) if exact else near_copy(flat, 0.9, vocabulary, rng)
+        kind = "cross_exact" if exact else "cross_near"
+        document, record = _copy(original, f"{domain}/{kind}-{number}", text, kind, 1.0 if exact else 0.9, measured)
+        planted.append(({**document, "source": source}, record))
     return planted
 
 

@@ -90,11 +90,35 @@ class FileShard[ConfigT]:
     config: ConfigT
     shard_index: int
     path: str
+    source: str | None = None
+    """The source the file belongs to, for steps over many sources that write `docs/<source>/`."""
 
 
-def file_shards[ConfigT](config: ConfigT, files: Sequence[str]) -> list[Shard]:
-    """One shard per input file, named by its position (so a restart finds the same shard ids)."""
-    return [Shard(f"{index:05d}", FileShard(config, index, path)) for index, path in enumerate(files)]
+def file_shards[ConfigT](config: ConfigT, files: Sequence[str], sources: Sequence[str | None] = ()) -> list[Shard]:
+    """One shard per input file, named by its position (so a restart finds the same shard ids); `sources`
+    gives each file's source where a step keeps sources apart."""
+    named = list(sources) or [None] * len(files)
+    return [Shard(f"{index:05d}", FileShard(config, index, path, source))
+            for index, (path, source) in enumerate(zip(files, named, strict=True))]  # fmt: skip
+
+
+def list_source_files(input_paths: Sequence[str], input_sources: Sequence[str] | None, step: str
+                      ) -> tuple[list[str], list[str | None]]:  # fmt: skip
+    """`list_input_files` with each file's source: `input_sources[i]` names the files under `input_paths[i]`;
+    `step` names the step in errors."""
+    if input_sources is None:
+        unnamed = list_input_files(input_paths)
+        return unnamed, [None] * len(unnamed)
+    if len(input_sources) != len(input_paths) or len(set(input_sources)) != len(input_sources):
+        raise ValueError(f"{step}: input_sources must name each of the {len(input_paths)} input paths once, got "
+                         f"{list(input_sources)}; give one distinct source name per input path")  # fmt: skip
+    files: list[str] = []
+    sources: list[str | None] = []
+    for input_path, source in zip(input_paths, input_sources, strict=True):
+        found = list_input_files(input_path)
+        files += found
+        sources += [source] * len(found)
+    return files, sources
 
 
 def doc_key(shard_index: int, row: int) -> int:
@@ -317,8 +341,17 @@ def write_table(writer: ShardWriter, relative: str, table: pa.Table) -> None:
         handle.write(table_bytes(table))
 
 
-def shard_file(shard_index: int) -> str:
-    return f"{DOCS_DIR}/shard-{shard_index:05d}.parquet"
+def shard_file(shard_index: int, source: str | None = None) -> str:
+    """Where a step writes the kept documents of input file `shard_index` (under `docs/<source>/` by source)."""
+    folder = f"{DOCS_DIR}/{source}" if source is not None else DOCS_DIR
+    return f"{folder}/shard-{shard_index:05d}.parquet"
+
+
+def source_stats(source: str | None, docs_in: int, docs_out: int) -> dict[str, dict[str, int]]:
+    """A shard's figures by source, which `merge_stats` sums by key across shards ({} for a step without sources)."""
+    if source is None:
+        return {}
+    return {"docs_in_by_source": {source: docs_in}, "docs_out_by_source": {source: docs_out}}
 
 
 def text_bytes(texts: Iterable[str]) -> int:

@@ -14,6 +14,10 @@ Checksums: every file's sha256 and size go into `manifest.json`, next to the che
 publishes where it does — GCS `md5Hash`, S3 `ETag` (single-part uploads are MD5), the Hub's LFS
 `sha256`, or a `SHA256SUMS` file in the source folder — and a mismatch fails the shard.
 
+Columns: a source whose Parquet files name their text or id column otherwise (`text_column`, `id_column`)
+has them renamed to `text` and `id` once its bytes are verified (`steps/data/source_schema.py`); the
+manifest then holds the stored file's sha256 and `source_sha256`, the one the source published.
+
 Output: `files/<relative path>`, `manifest.json`, `stats.json`.
 """
 
@@ -36,6 +40,7 @@ from executor import storage
 from executor.retry import TransientError
 from executor.shard_writer import Shard, ShardWriter
 from executor.shards import run_sharded
+from steps.data.source_schema import normalize_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,11 @@ class DownloadConfig:
     """Files transferred at once (threads). Performance only."""
     timeout_s: float = 60.0
     """Socket timeout of one HTTP request."""
+    text_column: str = "text"
+    """The column of the source's Parquet files that holds the text; another name is renamed to `text` at
+    download (`steps/data/source_schema.py`). Versioned."""
+    id_column: str | None = "id"
+    """The column with a document id, renamed to `id`; None numbers each file's rows. Versioned."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,8 @@ class _Transfer:
     """Checksums the source publishes: {"md5": hex} or {"sha256": hex}."""
     partial_path: str
     timeout_s: float
+    columns: tuple[str, str | None] = ("text", "id")
+    """(text column, id column) of the source; other than ("text", "id"), Parquet files are normalized."""
 
 
 def _is_http(url: str) -> bool:
@@ -203,11 +215,15 @@ def _download_shard(transfer: _Transfer, writer: ShardWriter) -> dict[str, Any]:
         if digests[algorithm] != expected.lower():
             os.remove(transfer.partial_path)
             raise ChecksumMismatchError(f"{transfer.url}: {algorithm} {digests[algorithm]} != published {expected}")
+    source_sha256 = digests["sha256"]
+    if transfer.columns != ("text", "id") and transfer.relative.endswith(".parquet"):
+        normalize_parquet(transfer.partial_path, transfer.relative, *transfer.columns)
+        size, digests = _size(transfer.partial_path), _digests(transfer.partial_path)
     storage.upload_file(transfer.partial_path, writer.path(f"files/{transfer.relative}"))
     os.remove(transfer.partial_path)
     return {"rows": 1, "url": transfer.url, "path": f"files/{transfer.relative}", "size": size,
-            "sha256": digests["sha256"], "resumed_from": offset, "published": transfer.published,
-            "verified": sorted(transfer.published)}  # fmt: skip
+            "sha256": digests["sha256"], "source_sha256": source_sha256, "resumed_from": offset,
+            "published": transfer.published, "verified": sorted(transfer.published)}  # fmt: skip
 
 
 def _shard_id(relative: str) -> str:
@@ -232,12 +248,15 @@ def download(config: DownloadConfig) -> None:
         if relative in sums:
             published = {**published, "sha256": sums[relative]}
         size = info.get("size") if isinstance(info.get("size"), int) else None
-        transfer = _Transfer(url, relative, size, published, os.path.join(partial_root, relative), config.timeout_s)
+        transfer = _Transfer(url, relative, size, published, os.path.join(partial_root, relative), config.timeout_s,
+                             (config.text_column, config.id_column))  # fmt: skip
         shards.append(Shard(_shard_id(relative), transfer))
     report = run_sharded(config.output_path, shards, _download_shard, parallelism="thread",
                          max_workers=config.parallel, description=f"download {config.source}")  # fmt: skip
     files = [report.markers[shard.shard_id]["stats"] for shard in shards]
     manifest = [{key: entry[key] for key in ("path", "url", "size", "sha256", "published", "verified")}
+                | ({"source_sha256": entry["source_sha256"]} if entry.get("source_sha256", entry["sha256"])
+                   != entry["sha256"] else {})
                 for entry in files]  # fmt: skip
     storage.write_json_atomic(storage.join(config.output_path, "manifest.json"), manifest)
     stats = {"source": config.source, "files": len(files), "bytes": sum(entry["size"] for entry in files),

@@ -73,7 +73,7 @@ def read_partition(folder: str, partition: int) -> tuple[np.ndarray, np.ndarray]
     return pairs[:, 0], pairs[:, 1]
 
 
-def _group_starts(source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_starts(source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Start index of each run of equal sources, and each edge's run number."""
     starts = np.flatnonzero(np.concatenate([[True], source[1:] != source[:-1]]))
     return starts, np.cumsum(np.concatenate([[True], source[1:] != source[:-1]])) - 1
@@ -82,14 +82,14 @@ def _group_starts(source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def count_violations(source: np.ndarray, target: np.ndarray) -> int:
     if not len(source):
         return 0
-    starts, run = _group_starts(source)
+    starts, run = group_starts(source)
     smaller = np.bincount(run, weights=target < source, minlength=len(starts))
     larger = np.bincount(run, weights=target > source, minlength=len(starts))
     return int(np.sum((smaller > 1) | ((smaller == 1) & (larger > 0))))
 
 
 def large_star(source: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    starts, run = _group_starts(source)
+    starts, run = group_starts(source)
     smallest = np.minimum(source[starts], np.minimum.reduceat(target, starts))[run]
     keep = target > source
     return target[keep], smallest[keep]
@@ -100,7 +100,7 @@ def small_star(source: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.n
     source, target = source[keep], target[keep]
     if not len(source):
         return source, target
-    starts, run = _group_starts(source)
+    starts, run = group_starts(source)
     smallest = np.minimum.reduceat(target, starts)[run]
     members = np.concatenate([target, source[starts]])
     roots = np.concatenate([smallest, smallest[starts]])
@@ -160,6 +160,6 @@ def star_assignments(source: np.ndarray, target: np.ndarray) -> tuple[np.ndarray
     """In a converged star forest: (node, root) for every node of the partition, roots included."""
     if not len(source):
         return source, target
-    starts, _run = _group_starts(source)
+    starts, _run = group_starts(source)
     smallest = np.minimum(source[starts], np.minimum.reduceat(target, starts))
     return source[starts], smallest

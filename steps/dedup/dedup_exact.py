@@ -46,10 +46,11 @@ from steps.data.documents import (
     estimated_documents,
     file_shards,
     flow_stats,
-    list_input_files,
+    list_source_files,
     merge_stats,
     read_documents,
     shard_file,
+    source_stats,
     text_bytes,
     to_table,
     write_stats,
@@ -76,6 +77,10 @@ class ExactDedupConfig:
     """Document files, folders or globs (JSONL or Parquet), read in this order: earlier documents win."""
     output_path: str
     """Where docs/, removed/ and stats.json go (THIS_OUTPUT_PATH in a DAG)."""
+    input_sources: list[str] | None = None
+    """A source name for each entry of `input_paths` (one step over many sources): the kept documents of the
+    files under `input_paths[i]` go to `docs/<input_sources[i]>/`, so each source's later steps read their own
+    folder, and `stats.json` counts documents by source. None: one `docs/` folder. Versioned."""
     paragraphs: bool = True
     """Also remove repeated paragraphs (not only whole documents). Versioned."""
     min_paragraph_chars: int = 64
@@ -186,13 +191,14 @@ def _rewrite_shard(payload: FileShard[ExactDedupConfig], writer: ShardWriter) ->
                 continue
             document = {**document, "text": text}
         kept.append(document)
-    write_table(writer, shard_file(payload.shard_index), to_table(kept))
+    write_table(writer, shard_file(payload.shard_index, payload.source), to_table(kept))
     schema = pa.schema([("id", pa.string()), ("spans", pa.list_(pa.list_(pa.int64())))])
     removed_table = pa.Table.from_pylist(removed, schema=schema)
     write_table(writer, f"removed/shard-{payload.shard_index:05d}.parquet", removed_table)
     stats = flow_stats(report, len(kept), text_bytes(document["text"] for document in kept))
     stats["dropped"] = dropped
     stats["paragraphs_removed"] = paragraphs_removed
+    stats.update(source_stats(payload.source, report.docs, len(kept)))
     return stats
 
 
@@ -213,10 +219,10 @@ def _partitions(config: ExactDedupConfig, files: list[str]) -> int:
 
 
 def exact_dedup(config: ExactDedupConfig) -> None:
-    files = list_input_files(config.input_paths)
+    files, sources = list_source_files(config.input_paths, config.input_sources, f"exact dedup at {config.output_path}")
     partitions = _partitions(config, files)
     work = storage.join(config.output_path, "work")
-    per_file = file_shards(config, files)
+    per_file = file_shards(config, files, sources)
     hashes_folder = storage.join(work, "hashes")
     hash_shards = [Shard(shard.shard_id, _HashPayload(shard.payload, partitions)) for shard in per_file]
     run_stage(config, hashes_folder, hash_shards, _hash_shard, "exact dedup: hash")

@@ -1,4 +1,4 @@
-"""Fuzzy dedup: MinHash + LSH, verified candidate pairs, connected components, keep the first of each cluster.
+"""Fuzzy dedup: MinHash + LSH, verified candidate pairs, components split into verified stars, one kept per star.
 
 Stages, each a set of shards committed with `run_sharded` under `work/` (so a restart redoes only
 unfinished shards of the first unfinished stage), none of which needs all data on one node. Every
@@ -24,8 +24,11 @@ hand-over is stored by destination (`steps/data/arrays.py`): a consumer lists on
    no shard reads more signatures than those of its own input file.
 5. components: large-star / small-star rounds over node partitions until every component is a
    star around its smallest document key, which is the first document in input order.
-6. assign (one shard per node partition): (document, cluster root) pairs, routed to input files.
-7. filter (one shard per input file): keep a document unless its cluster root is another
+6. assign (one shard per node partition): (document, component root) pairs, routed to input files.
+7. greedy clusters (`steps/dedup/representatives.py`): each component, whole in one shard, is split
+   into stars around kept representatives, so a dropped document is verified against the one its
+   cluster keeps (components alone chain: A ~ B ~ C dropped C for A although J(A, C) < 0.5).
+8. filter (one shard per input file): keep a document unless its representative is another
    document; write the kept documents and `clusters/shard-SSSSS.parquet` (id, cluster_id, kept)
    for every clustered document, so anyone can see which document a dropped one matched.
 
@@ -36,7 +39,7 @@ FineWeb does; see `experiments/data_demo.py`).
 The hash ranges and node partitions default to counts sized from the input (`shard_memory_bytes`);
 the per-document costs are in `steps/README.md`. datatrove runs stage 5 on a single CPU over all
 edges (their issue #106); here it is as parallel as stage 2. A cluster id is "SSSSS:ROW" of its
-root document, which is the one kept.
+representative, which is the one kept.
 
 Output: `docs/shard-*.parquet`, `clusters/shard-*.parquet`, `stats.json`, `work/` (intermediate).
 """
@@ -56,7 +59,6 @@ from executor.shard_writer import Shard, ShardWriter
 from steps.data.arrays import (
     DEFAULT_SHARD_MEMORY_BYTES,
     column,
-    load_arrays,
     load_routed,
     partitions_for,
     run_stage,
@@ -70,10 +72,11 @@ from steps.data.documents import (
     estimated_documents,
     file_shards,
     flow_stats,
-    list_input_files,
+    list_source_files,
     merge_stats,
     read_documents,
     shard_file,
+    source_stats,
     split_key,
     text_bytes,
     to_table,
@@ -83,11 +86,20 @@ from steps.data.documents import (
 from steps.dedup.connected_components import (
     EDGE_BYTES_PER_DOCUMENT,
     connected_components,
-    read_partition,
-    star_assignments,
     write_partitioned_edges,
 )
 from steps.dedup.minhash import BATCH_CHARS, MAX_SHINGLED_CHARS, MinHasher, text_batches
+from steps.dedup.representatives import (
+    REPRESENTATIVE_BYTES_PER_DOCUMENT,
+    AssignPayload,
+    AttachPayload,
+    RepresentativesPayload,
+    assign_shard,
+    attach_shard,
+    representatives_shard,
+    shard_name,
+    signatures_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +114,10 @@ class FuzzyDedupConfig:
     """Document files, folders or globs (JSONL or Parquet), read in this order: earlier documents win."""
     output_path: str
     """Where docs/, clusters/, stats.json and work/ go (THIS_OUTPUT_PATH in a DAG)."""
+    input_sources: list[str] | None = None
+    """A source name for each entry of `input_paths` (one step over many sources): the kept documents of the
+    files under `input_paths[i]` go to `docs/<input_sources[i]>/`, so each source's later steps read their own
+    folder, and `stats.json` counts documents by source. None: one `docs/` folder. Versioned."""
     n_grams: int = 5
     """Words per shingle. Versioned."""
     bands: int = 16
@@ -141,16 +157,14 @@ class FuzzyDedupConfig:
         return MinHasher(n_grams=self.n_grams, bands=self.bands, rows=self.rows, seed=self.seed,
                          max_chars=self.max_shingled_chars)  # fmt: skip
 
-    def layout(self, documents: int) -> tuple[int, int]:
-        """(hash ranges, node partitions) for about `documents` input documents."""
+    def layout(self, documents: int) -> tuple[int, int, int]:
+        """(hash ranges, node partitions, representative partitions) for about `documents` input documents;
+        the last is sized as if every document were clustered."""
         budget = self.shard_memory_bytes
         hash_ranges = self.hash_ranges or partitions_for(documents, BUCKET_BYTES_PER_DOCUMENT, budget)
         node_partitions = self.node_partitions or partitions_for(documents, EDGE_BYTES_PER_DOCUMENT, budget)
-        return hash_ranges, node_partitions
-
-
-def _shard_name(shard_index: int) -> str:
-    return f"{shard_index:05d}"
+        greedy = max(node_partitions, partitions_for(documents, REPRESENTATIVE_BYTES_PER_DOCUMENT, budget))
+        return hash_ranges, node_partitions, greedy
 
 
 def _bucket_name(band: int, hash_range: int) -> str:
@@ -180,10 +194,10 @@ def _signature_shard(payload: _SignaturePayload, writer: ShardWriter) -> dict[st
     keys = np.concatenate([np.zeros(0, np.int64), *key_parts])
     bands = np.concatenate([np.zeros((0, config.bands), np.uint64), *band_parts])
     all_signatures = np.concatenate([np.zeros((0, config.bands * config.rows), np.uint32), *signature_parts])
-    save_arrays(writer, f"signatures/shard-{_shard_name(shard_index)}.npz", doc=keys, signature=all_signatures)
+    save_arrays(writer, f"signatures/shard-{shard_name(shard_index)}.npz", doc=keys, signature=all_signatures)
     ranges = ((bands >> np.uint64(32)) % np.uint64(payload.hash_ranges)).astype(np.int64)
     for band in range(config.bands):
-        save_routed(writer, _shard_name(shard_index), ranges[:, band], functools.partial(_bucket_name, band),
+        save_routed(writer, shard_name(shard_index), ranges[:, band], functools.partial(_bucket_name, band),
                     folder="buckets", band_key=bands[:, band], doc=keys)  # fmt: skip
     stats = flow_stats(report, 0, 0)
     stats["docs_without_signature"] = int(documents - len(keys))
@@ -202,7 +216,7 @@ def _bucket_shard(payload: _BucketPayload, writer: ShardWriter) -> dict[str, int
     band_key, doc = column(loaded, "band_key", np.zeros(0, np.uint64)), column(loaded, "doc", np.zeros(0, np.int64))
     order = np.lexsort((doc, band_key))
     earlier, later = bucket_pairs(band_key[order], doc[order], payload.all_pairs_up_to)
-    save_routed(writer, payload.partition, earlier >> np.int64(32), _shard_name, first=earlier, second=later)
+    save_routed(writer, payload.partition, earlier >> np.int64(32), shard_name, first=earlier, second=later)
     return {"rows": len(earlier)}
 
 
@@ -233,17 +247,12 @@ class _VerifyPayload:
 
 def _signatures_of(config: FuzzyDedupConfig, shard_index: int, keys: np.ndarray) -> np.ndarray:
     """The MinHash signatures of `keys`, documents of input shard `shard_index`."""
-    path = storage.join(config.output_path, "work", "minhash", "signatures", f"shard-{_shard_name(shard_index)}.npz")
-    stored = load_arrays(path)
-    rows = np.searchsorted(stored["doc"], keys)
-    if len(keys) and not np.array_equal(stored["doc"][np.minimum(rows, len(stored["doc"]) - 1)], keys):
-        raise ValueError(f"{path} lacks signatures of some candidate documents; delete {config.output_path}/work "
-                         "and rerun the step")  # fmt: skip
-    return stored["signature"][rows]
+    folder = storage.join(config.output_path, "work", "minhash", "signatures")
+    return signatures_of(folder, shard_index, keys, config.output_path)
 
 
 def _pairs_for(payload: _VerifyPayload) -> tuple[list[dict[str, np.ndarray]], np.ndarray, np.ndarray]:
-    loaded = load_routed(payload.pairs_folder, _shard_name(payload.shard_index))
+    loaded = load_routed(payload.pairs_folder, shard_name(payload.shard_index))
     empty = np.zeros(0, np.int64)
     return loaded, column(loaded, "first", empty), column(loaded, "second", empty)
 
@@ -253,7 +262,7 @@ def _verify_first_shard(payload: _VerifyPayload, writer: ShardWriter) -> dict[st
     _loaded, first, second = _pairs_for(payload)
     pairs = np.unique(np.stack([first, second], axis=1), axis=0) if len(first) else np.zeros((0, 2), np.int64)
     signature = _signatures_of(payload.config, payload.shard_index, pairs[:, 0])
-    save_routed(writer, _shard_name(payload.shard_index), pairs[:, 1] >> np.int64(32), _shard_name,
+    save_routed(writer, shard_name(payload.shard_index), pairs[:, 1] >> np.int64(32), shard_name,
                 first=pairs[:, 0], second=pairs[:, 1], first_signature=signature)  # fmt: skip
     return {"rows": len(pairs), "candidate_pairs": len(pairs)}
 
@@ -265,22 +274,9 @@ def _verify_second_shard(payload: _VerifyPayload, writer: ShardWriter) -> dict[s
     first_signature = column(loaded, "first_signature", np.zeros((0, config.bands * config.rows), np.uint32))
     similarity = np.mean(first_signature == _signatures_of(config, payload.shard_index, second), axis=1)
     kept = similarity >= config.jaccard_threshold
-    write_partitioned_edges(writer, _shard_name(payload.shard_index), first[kept], second[kept],
+    write_partitioned_edges(writer, shard_name(payload.shard_index), first[kept], second[kept],
                             payload.node_partitions)  # fmt: skip
     return {"rows": int(kept.sum()), "verified_pairs": int(kept.sum()), "rejected_pairs": int((~kept).sum())}
-
-
-@dataclass(frozen=True)
-class _AssignPayload:
-    components_folder: str
-    partition: int
-
-
-def _assign_shard(payload: _AssignPayload, writer: ShardWriter) -> dict[str, int]:
-    source, target = read_partition(payload.components_folder, payload.partition)
-    nodes, roots = star_assignments(source, target)
-    save_routed(writer, f"{payload.partition:04d}", nodes >> 32, _shard_name, doc=nodes, root=roots)
-    return {"rows": len(nodes), "clustered_docs": len(nodes), "dropped": int(np.sum(nodes != roots))}
 
 
 def _cluster_id(key: int) -> str:
@@ -289,7 +285,8 @@ def _cluster_id(key: int) -> str:
 
 
 def _filter_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> dict[str, object]:
-    loaded = load_routed(storage.join(payload.config.output_path, "work", "assign"), _shard_name(payload.shard_index))
+    work = storage.join(payload.config.output_path, "work")
+    loaded = load_routed(storage.join(work, "representatives"), shard_name(payload.shard_index))
     roots: dict[int, int] = {}
     for arrays in loaded:
         roots.update(zip(arrays["doc"].tolist(), arrays["root"].tolist(), strict=True))
@@ -302,12 +299,13 @@ def _filter_shard(payload: FileShard[FuzzyDedupConfig], writer: ShardWriter) -> 
             clustered.append({"id": document["id"], "cluster_id": _cluster_id(root), "kept": root == key})
         if root is None or root == key:
             kept.append(document)
-    write_table(writer, shard_file(payload.shard_index), to_table(kept))
+    write_table(writer, shard_file(payload.shard_index, payload.source), to_table(kept))
     cluster_schema = pa.schema([("id", pa.string()), ("cluster_id", pa.string()), ("kept", pa.bool_())])
     clusters = pa.Table.from_pylist(clustered, schema=cluster_schema)
-    write_table(writer, f"clusters/shard-{_shard_name(payload.shard_index)}.parquet", clusters)
+    write_table(writer, f"clusters/shard-{shard_name(payload.shard_index)}.parquet", clusters)
     stats = flow_stats(report, len(kept), text_bytes(document["text"] for document in kept))
     stats["dropped"] = {"fuzzy_duplicate": report.docs - len(kept)}
+    stats.update(source_stats(payload.source, report.docs, len(kept)))
     return stats
 
 
@@ -316,10 +314,10 @@ def _verify(config: FuzzyDedupConfig, files: int, candidates_folder: str, node_p
     """Stages 3 and 4; returns the folder of verified edges and the pair counts."""
     work = storage.join(config.output_path, "work")
     routed_folder, edges_folder = storage.join(work, "verify-first"), storage.join(work, "edges")
-    first_shards = [Shard(_shard_name(i), _VerifyPayload(config, i, candidates_folder, node_partitions))
+    first_shards = [Shard(shard_name(i), _VerifyPayload(config, i, candidates_folder, node_partitions))
                     for i in range(files)]  # fmt: skip
     routed = run_stage(config, routed_folder, first_shards, _verify_first_shard, "verify pairs (first side)")
-    second_shards = [Shard(_shard_name(i), _VerifyPayload(config, i, routed_folder, node_partitions))
+    second_shards = [Shard(shard_name(i), _VerifyPayload(config, i, routed_folder, node_partitions))
                      for i in range(files)]  # fmt: skip
     verified = run_stage(config, edges_folder, second_shards, _verify_second_shard, "verify pairs (second side)")
     counts = {"candidate_pairs": sum(marker["stats"]["candidate_pairs"] for marker in routed.markers.values())}
@@ -344,24 +342,45 @@ def _candidates(config: FuzzyDedupConfig, files: list[str], hash_ranges: int) ->
     return candidates_folder, unsigned
 
 
-def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
-    if not 0 <= config.jaccard_threshold <= 1:
-        raise ValueError(f"jaccard_threshold must be in [0, 1], got {config.jaccard_threshold}")
-    files = list_input_files(config.input_paths)
-    hash_ranges, node_partitions = config.layout(estimated_documents(files))
+def _clusters(config: FuzzyDedupConfig, files: int, edges_folder: str, node_partitions: int,
+              greedy_partitions: int) -> dict[str, int]:  # fmt: skip
+    """Stages 5-7: components, their members routed back to input files, then greedy clusters inside each
+    component (`steps/dedup/representatives.py`); returns how many documents the greedy stage split off."""
     work = storage.join(config.output_path, "work")
-    candidates_folder, unsigned = _candidates(config, files, hash_ranges)
-    edges_folder, pair_counts = _verify(config, len(files), candidates_folder, node_partitions)
     converged = connected_components(storage.join(work, "components"), edges_folder, node_partitions,
                                      parallelism=config.parallelism,
                                      memory_bytes=config.shard_memory_bytes)  # fmt: skip
-    assign_shards = [Shard(f"{p:04d}", _AssignPayload(converged, p)) for p in range(node_partitions)]
-    run_stage(config, storage.join(work, "assign"), assign_shards, _assign_shard, "cluster assignment")
-    filter_report = run_stage(config, config.output_path, file_shards(config, files), _filter_shard, "fuzzy filter")
+    assign_shards = [Shard(f"{p:04d}", AssignPayload(converged, p)) for p in range(node_partitions)]
+    run_stage(config, storage.join(work, "assign"), assign_shards, assign_shard, "cluster assignment")
+    attach_folder = storage.join(work, "attach")
+    attach_shards = [Shard(shard_name(i), AttachPayload(config.output_path, i, greedy_partitions))
+                     for i in range(files)]  # fmt: skip
+    run_stage(config, attach_folder, attach_shards, attach_shard, "attach signatures to components")
+    width = config.bands * config.rows
+    greedy_shards = [Shard(f"{p:04d}", RepresentativesPayload(attach_folder, p, config.jaccard_threshold, width))
+                     for p in range(greedy_partitions)]  # fmt: skip
+    report = run_stage(config, storage.join(work, "representatives"), greedy_shards, representatives_shard,
+                       "greedy clusters around kept documents")  # fmt: skip
+    return {name: sum(marker["stats"][name] for marker in report.markers.values())
+            for name in ("split_off", "kept_unclustered")}  # fmt: skip
+
+
+def fuzzy_dedup(config: FuzzyDedupConfig) -> None:
+    if not 0 <= config.jaccard_threshold <= 1:
+        raise ValueError(f"jaccard_threshold must be in [0, 1], got {config.jaccard_threshold}")
+    files, sources = list_source_files(config.input_paths, config.input_sources, f"fuzzy dedup at {config.output_path}")
+    hash_ranges, node_partitions, greedy_partitions = config.layout(estimated_documents(files))
+    candidates_folder, unsigned = _candidates(config, files, hash_ranges)
+    edges_folder, pair_counts = _verify(config, len(files), candidates_folder, node_partitions)
+    greedy_counts = _clusters(config, len(files), edges_folder, node_partitions, greedy_partitions)
+    filter_shards = file_shards(config, files, sources)
+    filter_report = run_stage(config, config.output_path, filter_shards, _filter_shard, "fuzzy filter")
     stats = merge_stats(filter_report)
     stats.update(pair_counts)
+    stats["chain_splits"] = greedy_counts
     stats["docs_without_signature"] = unsigned
-    stats["layout"] = {"hash_ranges": hash_ranges, "node_partitions": node_partitions}
+    stats["layout"] = {"hash_ranges": hash_ranges, "node_partitions": node_partitions,
+                       "representative_partitions": greedy_partitions}  # fmt: skip
     stats["settings"] = {
         "n_grams": config.n_grams,
         "bands": config.bands,

@@ -19,7 +19,7 @@ opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never to
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig
 
@@ -89,9 +89,11 @@ def lm_data_config(
     components: Mapping[str, str],
     schedule: Sequence[tuple[int, Mapping[str, float]]] | None = None,
     mixture_block_size: int = 2048,
+    train_only: Collection[str] = (),
 ) -> LmDataConfig:
     """A Levanter data config over tokenize-step outputs `components` (name -> folder holding `train/` and
-    `validation/`), mixed by `schedule` = [(start_step, weights), ...] (default: equal weights throughout)."""
+    `validation/`), mixed by `schedule` = [(start_step, weights), ...] (default: equal weights throughout).
+    Components named in `train_only` are trained on and have no validation set (Levanter's flat cache)."""
     if schedule is None:
         schedule = [(0, dict.fromkeys(components, 1.0))]
     weights = [(start, dict(phase)) for start, phase in schedule]
@@ -99,7 +101,11 @@ def lm_data_config(
         tokenizer=tokenizer_path,
         cache_dir=None,
         auto_build_caches=False,
-        components={name: DatasetComponent(cache_dir=path) for name, path in components.items()},
+        components={
+            name: DatasetComponent(cache_dir=f"{path}/train", flat_cache=True) if name in train_only
+            else DatasetComponent(cache_dir=path)
+            for name, path in components.items()
+        },
         train_weights=weights[0][1] if len(weights) == 1 else weights,
         mixture_block_size=mixture_block_size,
     )

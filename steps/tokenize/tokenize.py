@@ -149,37 +149,46 @@ def _write_ledgers(cache_dir: str, markers: list[tuple[str, dict[str, Any]]], me
 
 
 def _write_components(output_path: str, report: ShardReport, metadata: dict[str, Any]) -> dict[str, Any]:
-    """With `per_folder`: each component's two caches, and components.json naming those a trainer can use.
+    """With `per_folder`: each component's caches, and components.json naming those a trainer can use.
 
-    A component needs documents in both splits (Levanter trains on `train/` and evaluates every component's
-    `validation/`); one without is left out of `components` and listed under `excluded` with its figures."""
+    A component with documents in both splits is listed under `components` (trained on and evaluated); one
+    whose documents all fell in `train/` (a small cell: the validation share is drawn by id hash) under
+    `train_only`: trained on, with no validation loss of its own, so no data is lost from the mixture. One
+    without training documents is listed under `excluded` with its figures and gets no cache."""
     by_component: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for shard_id, marker in sorted(report.markers.items()):
         by_component.setdefault(marker["stats"]["component"], []).append((shard_id, marker))
-    usable, excluded = {}, {}
+    usable: dict[str, dict[str, int]] = {}
+    train_only: dict[str, dict[str, int]] = {}
+    excluded: dict[str, dict[str, int]] = {}
     for name, markers in sorted(by_component.items()):
         figures = {f"{split}_{what}": sum(m["stats"][f"{split}_{what}"] for _, m in markers)
                    for split in SPLITS for what in ("docs", "tokens")}  # fmt: skip
-        if figures["train_docs"] and figures["validation_docs"]:
-            _write_ledgers(storage.join(output_path, name), markers, metadata)
-            usable[name] = figures
-        else:
+        if not figures["train_docs"]:
             excluded[name] = figures
-    document = {"components": usable, "excluded": excluded}
+            continue
+        _write_ledgers(storage.join(output_path, name), markers, metadata)
+        (usable if figures["validation_docs"] else train_only)[name] = figures
+    document = {"components": usable, "train_only": train_only, "excluded": excluded}
     storage.write_json_atomic(storage.join(output_path, COMPONENTS_FILE), document)
+    if train_only:
+        logger.info("tokenize (%s): %d component(s) without validation documents are trained on only: %s",
+                    output_path, len(train_only), sorted(train_only))  # fmt: skip
     if excluded:
-        logger.warning("tokenize (%s): %d component(s) without documents in both splits left out: %s",
+        logger.warning("tokenize (%s): %d component(s) without training documents left out: %s",
                        output_path, len(excluded), sorted(excluded))  # fmt: skip
     return document
 
 
-def load_components(tokenized_path: str) -> dict[str, str]:
-    """Component name -> cache folder of a `per_folder` tokenize output (those with both splits)."""
+def load_components(tokenized_path: str, *, train_only: bool = False) -> dict[str, str]:
+    """Component name -> cache folder of a `per_folder` tokenize output: those with both splits, or with
+    `train_only`, those with training documents only (their `validation/` cache is empty)."""
     document = storage.read_json(storage.join(tokenized_path, COMPONENTS_FILE))
     if document is None:
         raise FileNotFoundError(f"no {COMPONENTS_FILE} under {tokenized_path}: point at a tokenize step run "
                                 "with per_folder=True")  # fmt: skip
-    return {name: storage.join(tokenized_path, name) for name in document["components"]}
+    listed = document.get("train_only", {}) if train_only else document["components"]
+    return {name: storage.join(tokenized_path, name) for name in listed}
 
 
 @functools.lru_cache(maxsize=4)

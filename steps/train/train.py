@@ -114,7 +114,8 @@ class TrainConfig:
     """Mixture weight per component (default: equal). Versioned."""
     components_path: str | None = None
     """A `per_folder` tokenize output (one cache pair per cell): its components.json adds components at run
-    time, so a DAG need not know how many cells came out non-empty. A dependency."""
+    time, so a DAG need not know how many cells came out non-empty; its `train_only` cells (no validation
+    documents) are trained on and not evaluated. A dependency."""
     mixture_weights_path: str | None = None
     """A mixture_weights output: per-phase weights over the components, each phase starting at its share of
     the steps (on a mixture block); replaces `weights`. Components it gives no weight are validation-only;
@@ -239,9 +240,17 @@ def check_inputs(config: TrainConfig) -> None:
             f"{label}: the tokenizer at {config.tokenizer_path} has {tokenizer_vocab} tokens but the model shape "
             f"says vocab_size={config.shape.vocab_size}; make them equal"
         )
+    train_only = train_only_components(config)
     for name, path in components.items():
-        for split in SPLITS:
+        for split in SPLITS[:1] if name in train_only else SPLITS:
             check_cache(label, name, storage.join(path, split), tokenizer_vocab)
+
+
+def train_only_components(config: TrainConfig) -> set[str]:
+    """The per-folder tokenize output's components without validation documents: trained on, not evaluated."""
+    if config.components_path is None:
+        return set()
+    return set(load_components(config.components_path, train_only=True)) - set(config.components)
 
 
 def data_mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule]:
@@ -257,6 +266,7 @@ def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, l
     components = dict(config.components)
     if config.components_path is not None:
         components.update(load_components(config.components_path))
+        components.update(load_components(config.components_path, train_only=True))
     if not components:
         raise TrainInputError(f"{label}: no data components; give at least one tokenize step output")
     if config.mixture_weights_path is None:
@@ -329,7 +339,8 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
     label = _step_label(config)
     components, schedule = data_mixture(config)
     return train_lm.TrainLmConfig(
-        data=lm_data_config(config.tokenizer_path, components, schedule, config.mixture_block_size),
+        data=lm_data_config(config.tokenizer_path, components, schedule, config.mixture_block_size,
+                            train_only=train_only_components(config)),
         trainer=trainer,
         model=qwen3_moe_config(
             config.shape,
