@@ -138,6 +138,8 @@ def full_scale() -> Scale:
         recipe=Recipe(
             learning_rate=3e-4,
             warmup=0.01,
+            router_combine="sigmoid",
+            router_combine_sum=2.5,
             peak_flops_per_second=H100_BF16_PEAK,
             temporary_checkpoint_seconds=1800,
             max_eval_batches=64,

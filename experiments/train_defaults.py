@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, ResourceConfig, output_path_of, versioned
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
@@ -68,6 +69,10 @@ class Recipe:
     router_z_loss_weight: float = 1e-4
     capacity_factor: float | None = 1.15
     """Tokens an expert takes per batch, as a multiple of a fair share (the hero's 1.15; None: dropless)."""
+    router_combine: str = "softmax"
+    """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py)."""
+    router_combine_sum: float = 1.0
+    """What the chosen experts' weights sum to (the hero: 2.5)."""
     mixture_block_size: int = 2048
     evals_per_run: int = 10
     """Evaluations during each run (the predicted loss curve is read at these points)."""
@@ -78,6 +83,17 @@ class Recipe:
     temporary_checkpoint_seconds: float = 600.0
     peak_flops_per_second: float | None = None
     """Peak FLOP/s of the devices a rung runs on, for MFU (None: not logged)."""
+
+
+def combine_rule(recipe: Recipe) -> dict[str, Any]:
+    """The recipe's combine rule as train/evaluate config fields, versioned only when it is not Qwen3's softmax
+    renormalised to 1: the rule came after runs were made with that default, whose hashes it must not change."""
+    if (recipe.router_combine, recipe.router_combine_sum) == ("softmax", 1.0):
+        return {}
+    return {
+        "router_combine": versioned(recipe.router_combine),
+        "router_combine_sum": versioned(recipe.router_combine_sum),
+    }
 
 
 def default_tokenize_cells(cells: ExecutorStep, tokenizer: ExecutorStep, validation_fraction: float) -> ExecutorStep:
@@ -131,6 +147,7 @@ def default_train(
             router_bias_balancing=versioned(recipe.router_bias_balancing),
             router_z_loss_weight=versioned(recipe.router_z_loss_weight),
             capacity_factor=versioned(recipe.capacity_factor),
+            **combine_rule(recipe),
             seed=versioned(0),
             steps_per_eval=every_eval,
             max_eval_batches=recipe.max_eval_batches,
@@ -162,6 +179,7 @@ def default_evaluate(
             components_path=output_path_of(tokenized),
             output_path=THIS_OUTPUT_PATH,
             max_batches=versioned(recipe.eval_batches),
+            **combine_rule(recipe),
         ),
         resources=rung.resources,
     )

@@ -167,6 +167,38 @@ def test_bias_rule_on_hand_made_logits() -> None:
     np.testing.assert_allclose(np.asarray(weights), picked / picked.sum(axis=1, keepdims=True), rtol=1e-5)
 
 
+@pytest.mark.parametrize(("combine", "total"), [("sigmoid", 2.5), ("softmax", 1.0), ("softmax", 3.0)])
+def test_combine_weights_are_the_gate_of_the_chosen_renormalised_to_their_sum(combine: str, total: float) -> None:
+    """The hero's rule (top-k of logits + bias routes; sigmoid of the chosen logits, renormalised to sum 2.5,
+    combines) and the softmax form, against numpy."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(64, EXPERTS)).astype(np.float32) * 3
+    bias = rng.normal(size=EXPERTS).astype(np.float32)
+    config = tiny_config(router_combine=combine, router_combine_sum=total)
+    block = MoeBlock.init(config, key=jax.random.PRNGKey(0))
+    block = eqx.tree_at(lambda b: b.balance, block, RouterBalance(hax.named(bias, "experts"), *_zeros()))
+    chosen, weights, _ = eqx.filter_jit(block._select)(jnp.asarray(logits))
+
+    expected_chosen = np.argsort(-(logits + bias), axis=1)[:, :TOP_K]
+    assert np.array_equal(np.sort(np.asarray(chosen), axis=1), np.sort(expected_chosen, axis=1))
+    if combine == "sigmoid":
+        gate = 1 / (1 + np.exp(-logits))
+    else:
+        gate = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    picked = np.take_along_axis(gate, np.asarray(chosen), axis=1)
+    np.testing.assert_allclose(np.asarray(weights), total * picked / picked.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_full_hero_recipe_trains_and_evaluates_with_the_sigmoid_rule() -> None:
+    from experiments.hero_535b import build_dag, full_scale
+
+    dag = build_dag(full_scale())
+    configs = [step.config for step in dag.steps if step.name.startswith(("train/", "evaluate/"))]
+    assert len(configs) == 10
+    for config in configs:
+        assert (config.router_combine.value, config.router_combine_sum.value) == ("sigmoid", 2.5)
+
+
 @pytest.mark.parametrize("tokens", [1, 2, 63, 64, 1000])
 def test_column_quantile_is_numpys_linear_quantile(tokens: int) -> None:
     """Exact order statistics (ties, both signs of zero, extremes) and numpy's interpolation between them."""
@@ -293,6 +325,9 @@ def test_train_shape_builds_the_moe_config() -> None:
         (dict(sliding_window=8, global_every=0), "global_every"),
         (dict(sliding_window=0), "sliding_window"),
         (dict(expert_latent_dim=0), "expert_latent_dim"),
+        (dict(router_combine="relu"), "router_combine must be one of"),
+        (dict(router_combine_sum=0.0), "router_combine_sum must be positive"),
+        (dict(router_combine_sum=2.5, norm_topk_prob=False), "set norm_topk_prob"),
         (dict(sliding_window=8, global_every=2, num_kv_heads_local=3), "num_kv_heads_local=3"),
     ],
 )

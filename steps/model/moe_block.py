@@ -4,7 +4,8 @@ latent), shared experts, and the router's loss terms.
 Levanter's `Qwen3MoeSparseMoeBlock`, subclassed. What it adds (steps/model/moe_model.py's docstring says why and how
 the bias travels through Levanter's trainer):
 
-- routing by the top K of logits + stop_gradient(bias), the gate weights from the logits alone; with
+- routing by the top K of logits + stop_gradient(bias), the gate weights from the logits alone (softmax, or
+  the hero's sigmoid renormalised to `router_combine_sum`: `combine_weights`); with
   balancing on, the top K+1 are taken and `balanced_bias` gives the next bias (`RouterBalance` carries it);
 - **latent experts** (`expert_latent_dim`): the layer projects each token once, d_model -> latent, routes the
   latent through its experts' SwiGLUs, sums the top-k outputs in the latent, and projects once back,
@@ -75,6 +76,21 @@ class RouterBalance(hq.CustomGradientAccumulation):
             return product - jax.lax.stop_gradient(product)
 
         return carry(self.bias, bias) + carry(self.load, load) + carry(self.estimates, hax.ones_like(self.estimates))
+
+
+def combine_weights(logits: jax.Array, chosen: jax.Array, config: MoeArchitecture) -> jax.Array:
+    """The weights (tokens, K) of the chosen experts' outputs, from the logits alone (the bias only routes).
+
+    Softmax reads the distribution over all experts at the chosen ones; sigmoid scores each chosen expert on
+    its own, so a chosen expert's weight does not depend on the logits of experts it was not sent to. With
+    `norm_topk_prob` they are renormalised to sum to `router_combine_sum` (the hero recipe: sigmoid, 2.5)."""
+    if config.router_combine == "sigmoid":
+        weights = jax.nn.sigmoid(jnp.take_along_axis(logits, chosen, axis=-1))
+    else:
+        weights = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), chosen, axis=-1)
+    if config.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdims=True) * config.router_combine_sum
+    return weights
 
 
 def balanced_bias(logits: jax.Array, threshold: jax.Array, top_k: int) -> jax.Array:
@@ -175,10 +191,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         else:
             _, chosen = jax.lax.top_k(scores, top_k)
             next_bias = bias
-        weights = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), chosen, axis=-1)
-        if self.config.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdims=True)
-        return chosen, weights, next_bias
+        return chosen, combine_weights(logits, chosen, self.config), next_bias
 
     def _permute(
         self, x_flat: NamedArray, topk_idx_flat: NamedArray, token_repeat: Axis

@@ -126,6 +126,10 @@ class TrainConfig:
     capacity_factor: float | None = None
     """Tokens an expert takes per batch, as a multiple of a fair share; the rest are dropped (the hero: 1.15).
     None: dropless. Capacity runs the experts as one batched matmul, much faster on CPU. Versioned."""
+    router_combine: str = "softmax"
+    """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py). Versioned."""
+    router_combine_sum: float = 1.0
+    """What the chosen experts' weights are renormalised to sum to (the hero: 2.5). Versioned."""
     z_loss_weight: float = 0.0
     """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
     seed: int = 0
@@ -311,6 +315,8 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             router_bias_balancing=config.router_bias_balancing,
             router_z_loss_weight=config.router_z_loss_weight,
             capacity_factor=config.capacity_factor,
+            router_combine=config.router_combine,
+            router_combine_sum=config.router_combine_sum,
             step=label,
         ),
         optimizer=optimizer,
