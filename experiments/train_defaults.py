@@ -20,6 +20,8 @@ from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.model.model_size import MoeShape, active_params, total_params, training_flops
 from steps.scaling.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
+from steps.train.hardware import Hardware, mfu_denominator
+from steps.train.parallelism import ParallelismPlan, plan_parallelism
 from steps.train.train import TrainConfig, train
 
 
@@ -36,6 +38,24 @@ class Rung:
     """Optimizer steps."""
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     """What its train step asks the cluster for (accelerators on a real run)."""
+    hardware: Hardware | None = None
+    """The accelerators it is planned on (None: whatever runs it, unplanned: the tiny demo on CPU)."""
+    devices: int = 1
+    """Devices the run is planned on (with `hardware`); layout only, never versioned."""
+
+    def plan(self, training: bool = True) -> ParallelismPlan | None:
+        """The parallelism and memory plan of its train (or evaluate: forward only, the largest per-device
+        microbatch of a train batch that fits) step on `hardware`; None without one."""
+        if self.hardware is None:
+            return None
+        batch = self.batch_size
+        return plan_parallelism(self.shape, batch, self.hardware, self.devices, training=training)
+
+    def hours(self, planning_mfu: float) -> float | None:
+        """Wall-clock hours of its training at `planning_mfu` on its devices (None without hardware)."""
+        if self.hardware is None:
+            return None
+        return self.flops / (mfu_denominator(self.hardware.peak_flops_per_device, self.devices) * planning_mfu) / 3600
 
     @property
     def tokens(self) -> int:
@@ -81,8 +101,13 @@ class Recipe:
     """Batches per component in the evaluate step (None: every validation sequence)."""
     checkpoints_per_run: int = 10
     temporary_checkpoint_seconds: float = 600.0
-    peak_flops_per_second: float | None = None
-    """Peak FLOP/s of the devices a rung runs on, for MFU (None: not logged)."""
+    peak_flops_per_device: float | None = None
+    """Dense bf16 peak of one device the rungs run on, for MFU (None: not logged)."""
+
+
+def _microbatch(plan: ParallelismPlan | None) -> int:
+    """Levanter's `per_device_parallelism` for a plan: its microbatch, or -1 (the whole batch) without one."""
+    return -1 if plan is None else plan.microbatch
 
 
 def combine_rule(recipe: Recipe) -> dict[str, Any]:
@@ -153,7 +178,8 @@ def default_train(
             max_eval_batches=recipe.max_eval_batches,
             checkpoint_every_steps=max(1, rung.steps // recipe.checkpoints_per_run),
             temporary_checkpoint_seconds=recipe.temporary_checkpoint_seconds,
-            peak_flops_per_second=recipe.peak_flops_per_second,
+            peak_flops_per_device=recipe.peak_flops_per_device,
+            per_device_parallelism=_microbatch(rung.plan()),
             prediction_path=None if prediction is None else output_path_of(prediction),
         ),
         resources=rung.resources,

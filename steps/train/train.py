@@ -146,8 +146,9 @@ class TrainConfig:
     """Log gradient and parameter norms (total and per parameter) every this many steps. Plain."""
     per_device_parallelism: int = -1
     """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain."""
-    peak_flops_per_second: float | None = None
-    """Peak FLOP/s of all devices together, for `mfu` in metrics.jsonl (None: MFU not logged). Plain."""
+    peak_flops_per_device: float | None = None
+    """Dense bf16 peak FLOP/s of one device (steps/train/hardware.py); `mfu` in metrics.jsonl divides by it
+    times the devices the run sees (None: MFU not logged). Plain."""
     wandb_project: str = "moe-train"
     """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
     hf_export: bool = True
@@ -270,7 +271,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         JsonlMetricsConfig(
             output_path=config.output_path,
             flops_per_token=flops_per_token(config.shape),
-            peak_flops_per_second=config.peak_flops_per_second,
+            peak_flops_per_device=config.peak_flops_per_device,
         ),
         WandbConfig(project=config.wandb_project, id=run_id, name=run_id, save_code=False),
     )
