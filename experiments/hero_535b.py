@@ -150,6 +150,7 @@ def full_scale(hardware: Hardware = HARDWARE[DEFAULT_HARDWARE]) -> Scale:
             warmup=0.01,
             router_combine="sigmoid",
             router_combine_sum=2.5,
+            compute_dtype="bfloat16",
             peak_flops_per_device=hardware.peak_flops_per_device,
             temporary_checkpoint_seconds=1800,
             max_eval_batches=64,

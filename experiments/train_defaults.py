@@ -11,6 +11,7 @@ it is watched or laid out (eval and checkpoint cadence, microbatching, the accel
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,8 @@ class Recipe:
     """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py)."""
     router_combine_sum: float = 1.0
     """What the chosen experts' weights sum to (the hero: 2.5)."""
+    compute_dtype: str = "float32"
+    """Compute precision over f32 master weights: "float32" or "bfloat16" (the full recipe)."""
     mixture_block_size: int = 2048
     evals_per_run: int = 10
     """Evaluations during each run (the predicted loss curve is read at these points)."""
@@ -110,15 +113,11 @@ def _microbatch(plan: ParallelismPlan | None) -> int:
     return -1 if plan is None else plan.microbatch
 
 
-def combine_rule(recipe: Recipe) -> dict[str, Any]:
-    """The recipe's combine rule as train/evaluate config fields, versioned only when it is not Qwen3's softmax
-    renormalised to 1: the rule came after runs were made with that default, whose hashes it must not change."""
-    if (recipe.router_combine, recipe.router_combine_sum) == ("softmax", 1.0):
-        return {}
-    return {
-        "router_combine": versioned(recipe.router_combine),
-        "router_combine_sum": versioned(recipe.router_combine_sum),
-    }
+def versioned_unless_default(config_type: type, **values: Any) -> dict[str, Any]:
+    """Config fields added after runs were made with their defaults (the combine rule, the compute dtype):
+    versioned only where a recipe changes them, so that those runs keep their hashes."""
+    defaults = {spec.name: spec.default for spec in dataclasses.fields(config_type)}
+    return {name: versioned(value) for name, value in values.items() if value != defaults[name]}
 
 
 def default_tokenize_cells(cells: ExecutorStep, tokenizer: ExecutorStep, validation_fraction: float) -> ExecutorStep:
@@ -172,7 +171,12 @@ def default_train(
             router_bias_balancing=versioned(recipe.router_bias_balancing),
             router_z_loss_weight=versioned(recipe.router_z_loss_weight),
             capacity_factor=versioned(recipe.capacity_factor),
-            **combine_rule(recipe),
+            **versioned_unless_default(
+                TrainConfig,
+                router_combine=recipe.router_combine,
+                router_combine_sum=recipe.router_combine_sum,
+                compute_dtype=recipe.compute_dtype,
+            ),
             seed=versioned(0),
             steps_per_eval=every_eval,
             max_eval_batches=recipe.max_eval_batches,
@@ -205,7 +209,9 @@ def default_evaluate(
             components_path=output_path_of(tokenized),
             output_path=THIS_OUTPUT_PATH,
             max_batches=versioned(recipe.eval_batches),
-            **combine_rule(recipe),
+            **versioned_unless_default(
+                EvaluateConfig, router_combine=recipe.router_combine, router_combine_sum=recipe.router_combine_sum
+            ),
         ),
         resources=rung.resources,
     )

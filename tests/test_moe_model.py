@@ -23,6 +23,7 @@ from steps.model.levanter_config import qwen3_moe_config
 from steps.model.model_size import MoeShape
 from steps.model.moe_block import MoeBlock, RouterBalance, balanced_bias, column_quantile
 from steps.model.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, _dropped_fraction, router_figures
+from steps.train.parallelism import precision_policy
 
 pytestmark = pytest.mark.training
 
@@ -98,6 +99,38 @@ def train(config: MoeConfig) -> tuple[list[dict[str, float]], TrainerState, Trai
         state, step_figures, watched = step(state, example)
         figures.append({name: float(value) for name, value in step_figures.items()})
     return figures, previous, state, watched
+
+
+def final_loss(config: MoeConfig, compute_dtype: str) -> tuple[float, TrainerState]:
+    """STEPS AdamW steps under the train step's precision policy, as Levanter's trainer applies it (the f32
+    model is cast to the compute dtype inside the differentiated loss); the mean loss of the last 5 steps."""
+    policy = precision_policy(compute_dtype)
+    optimizer = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, lr_schedule="constant").build(STEPS)
+    model = config.build(Vocab, key=jax.random.PRNGKey(0))
+    state = TrainerState.init(optimizer, model, key=jax.random.PRNGKey(1), is_trainable=True, mp=policy)
+
+    @eqx.filter_jit
+    def step(state: TrainerState, example: LmExample):
+        loss, grads = eqx.filter_value_and_grad(lambda m: loss_fn(state.mp.cast_to_compute(m), example))(state.model)
+        return state.take_step(grads, key=state.training_key)[0], loss
+
+    losses = []
+    for example in batches(4) * (STEPS // 4) + batches(4)[: STEPS % 4]:
+        state, loss = step(state, example)
+        losses.append(float(loss))
+    return float(np.mean(losses[-5:])), state
+
+
+@pytest.mark.slow
+def test_bf16_compute_over_f32_master_weights_trains_within_2_percent_of_f32() -> None:
+    f32_loss, _ = final_loss(tiny_config(), "float32")
+    bf16_loss, state = final_loss(tiny_config(), "bfloat16")
+    assert bf16_loss == pytest.approx(f32_loss, rel=0.02) and bf16_loss != f32_loss
+    trained = jax.tree.leaves(eqx.filter(state.model, eqx.is_inexact_array))
+    moments = jax.tree.leaves(eqx.filter(state.opt_state, eqx.is_inexact_array))
+    assert {leaf.dtype for leaf in trained + moments} == {jnp.dtype(jnp.float32)}  # master weights and AdamW
+    with pytest.raises(ValueError, match="compute_dtype must be one of"):
+        precision_policy("float8")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import equinox as eqx
 import haliax as hax
 import jax
 import jax.numpy as jnp
+import jmp
 import numpy as np
 import pytest
 from levanter.models.lm_model import LmExample
@@ -21,7 +22,8 @@ from experiments import hero_535b
 from steps.model.levanter_config import qwen3_moe_config
 from steps.model.model_size import MoeShape, flops_per_token, ladder_shape
 from steps.train.hardware import HARDWARE
-from steps.train.parallelism import PlanDoesNotFitError, expert_parallel_size, memory_per_device
+from steps.train.parallelism import PlanDoesNotFitError, expert_parallel_size, memory_per_device, precision_policy
+from steps.train.train import TrainConfig, levanter_config
 from steps.train.train_metrics import JsonlMetricsConfig, read_metrics
 
 
@@ -107,3 +109,14 @@ def test_memory_estimate_is_within_15_percent_of_xlas_compiled_memory(sizes: tup
     estimate = memory_per_device(shape, {"data": 1, "expert": 1}, batch, compute_bytes=4, attention_scores=True)
     estimated = estimate.parameters + estimate.gradients + estimate.activations
     assert estimated == pytest.approx(measured, rel=0.15)
+
+
+def test_the_train_step_hands_levanter_its_precision_and_the_hero_computes_in_bf16(tmp_path: Path) -> None:
+    shape = ladder_shape(768, 8)
+    config = TrainConfig(shape=shape, tokenizer_path=str(tmp_path), components={"web": str(tmp_path)},
+                         output_path=str(tmp_path / "run"), num_train_steps=10, train_batch_size=8,
+                         compute_dtype="bfloat16")  # fmt: skip
+    assert levanter_config(config).trainer.mp == precision_policy("bfloat16")
+    assert levanter_config(dataclasses.replace(config, compute_dtype="float32")).trainer.mp == jmp.get_policy("f32")
+    dag = hero_535b.build_dag(hero_535b.full_scale())
+    assert {step.config.compute_dtype.value for _rung, step in dag.trains.values()} == {"bfloat16"}

@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import jmp
+
 from steps.model.model_size import MoeShape, total_params
 from steps.train.hardware import Hardware
 
@@ -99,6 +101,17 @@ class ParallelismPlan:
             "memory_per_device_bytes": self.memory.as_json(),
             "fits": self.fits,
         }
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def precision_policy(compute_dtype: str) -> jmp.Policy:
+    """Levanter's mixed-precision policy: f32 master weights (so f32 gradients and AdamW moments), computed in
+    `compute_dtype` (jmp casts the parameters inside the loss)."""
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+    return jmp.get_policy(f"p=f32,c={compute_dtype}")
 
 
 class PlanDoesNotFitError(ValueError):

@@ -69,6 +69,7 @@ from steps.tokenize.levanter_cache import LEDGER_FILE
 from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
+from steps.train.parallelism import precision_policy
 from steps.train.train_metrics import JsonlMetricsConfig
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,10 @@ class TrainConfig:
     """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py). Versioned."""
     router_combine_sum: float = 1.0
     """What the chosen experts' weights are renormalised to sum to (the hero: 2.5). Versioned."""
+    compute_dtype: str = "float32"
+    """What the forward and backward passes compute in: "float32", or "bfloat16" over float32 master weights,
+    gradients and AdamW moments (Levanter's mixed-precision policy `p=f32,c=<compute_dtype>`). Versioned:
+    bf16 rounds every activation."""
     z_loss_weight: float = 0.0
     """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
     seed: int = 0
@@ -204,6 +209,10 @@ def check_inputs(config: TrainConfig) -> None:
             f"{microbatch} sequences ({devices} devices x per_device_parallelism={config.per_device_parallelism}); "
             "use a multiple of it"
         )
+    try:
+        precision_policy(config.compute_dtype)
+    except ValueError as error:
+        raise TrainInputError(f"{label}: {error}") from error
     components, _ = data_mixture(config)
     tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
     if tokenizer_vocab != config.shape.vocab_size:
@@ -277,6 +286,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
     )
     trainer = TrainerConfig(
         seed=config.seed,
+        mp=precision_policy(config.compute_dtype),
         id=run_id,
         tracker=trackers,
         log_dir=Path(_local_dir(config.output_path, "logs")),
