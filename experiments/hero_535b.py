@@ -8,6 +8,7 @@
     train/d768, d1024, d1536, d2048 -> evaluate/<rung> -> scaling/ladder -> train/d6144 -> evaluate/d6144
 
     python experiments/hero_535b.py --scale full --dry_run true --plan_json plan.json   # the real plan, in < 1 s
+    python experiments/hero_535b.py --scale full --hardware h100 --dry_run true   # refused: the hero does not fit
     python experiments/hero_535b.py --scale tiny            # the same DAG on 2 CPU cores (`make demo`)
     python experiments/hero_535b.py --scale tiny            # again: every step is skipped
     python experiments/hero_535b.py --scale tiny --force_run '["evaluate/d6144"]'
@@ -20,6 +21,10 @@ edge and name; it swaps the data for offline text (steps/corpora/real_corpus.py:
 packages, code <- the stdlib, math <- sympy/mpmath/scipy docstrings, reference <- pydoc topics, books <-
 the KJV, eval sets quoting some of them) and the models for ones a CPU trains in a minute, of the same
 architecture (`tiny_shape`). The one extra step, `raw/real_corpus`, stands in for the internet.
+
+The full recipe combines experts by sigmoid renormalised to 2.5 and computes in bf16; each full train and
+evaluate step carries a parallelism and memory plan for the `--hardware` profile (`FULL_DEVICES`;
+steps/train/parallelism.py), and a plan that does not fit is refused before any step runs.
 """
 
 from __future__ import annotations
