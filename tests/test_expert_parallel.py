@@ -1,7 +1,9 @@
 """steps/model/expert_parallel.py on four fake CPU devices (a subprocess each: the device count is fixed when
 JAX starts): the routed experts split over an `expert` axis equal a numpy reference and move tokens only by
 all-to-all, and a tiny hero-shaped MoE (latent, shared and sigmoid-combined experts, local and global layers,
-router-bias balancing) trains on data=2 x expert=2 as on one device, each device holding half the experts."""
+router-bias balancing) trains on data=2 x expert=2 as on one device, each device holding half the experts,
+with no collective carrying the batch's activations (the router logits, tokens x experts, are still gathered:
+README's training section)."""
 
 from __future__ import annotations
 
@@ -62,3 +64,6 @@ def test_a_tiny_hero_shaped_moe_trains_on_data2_x_expert2_as_on_one_device() -> 
     routed_copies = 8 * 32 // 4 * 2  # a device's tokens (batch 8 x 32 positions over 4 devices) x top-2
     dispatches = [op for op in four["collectives"] if op["op"] == "all-to-all"]
     assert any(op["shape"] == f"f32[1,{routed_copies},16]" for op in dispatches), four["collectives"]
+    # No collective gathers the batch's activations (256 tokens x d_model 32, or x the latent 16) onto a device.
+    gathered = [op["shape"] for op in four["collectives"] if op["op"] != "all-to-all"]
+    assert not [shape for shape in gathered if shape.startswith(("f32[256,32]", "f32[256,16]"))], gathered

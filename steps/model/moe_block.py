@@ -42,7 +42,7 @@ from levanter.models.llama import LlamaMlp
 from levanter.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
 
 from steps.model.config import MoeArchitecture
-from steps.model.expert_parallel import expert_parallel_size, replicated, routed_experts, shard_tokens
+from steps.model.expert_parallel import expert_parallel_size, replicated, routed_experts, shard_tokens, token_axes
 
 ROUTER_Z_LOSS = "router_z_loss"
 LOAD_BALANCING_LOSS = "load_balancing_loss"
@@ -247,7 +247,12 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
     def __call__(self, x: NamedArray, *, key: jax.Array | None = None) -> tuple[NamedArray, dict[str, NamedArray]]:
         mesh = hax.partitioning._get_mesh()
         if expert_parallel_size(mesh) > 1:
-            return self._router_replicated(mesh)._forward(x, mesh, key)
+            # Haliax's layers constrain their outputs by the axis mapping: the flattened tokens must follow the
+            # batch's split (unmapped, every Linear on them would gather the batch), and the router's logits
+            # must not follow the routed experts' split.
+            mapping = {**(hax.partitioning.current_thread_local_mapping() or {}), "token": token_axes(mesh)}
+            with hax.axis_mapping({**mapping, self.config.Experts.name: None}):
+                return self._router_replicated(mesh)._forward(x, mesh, key)
         return self._forward(x, mesh, key)
 
     def _router_replicated(self, mesh: Any) -> MoeBlock:
