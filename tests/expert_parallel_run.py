@@ -67,7 +67,13 @@ def run(devices: int) -> dict:
         for match in re.finditer(r"= \(?([a-z0-9]+\[[0-9,]*\])[^=]*? (all-gather|all-to-all|all-reduce|reduce-scatter)"
                                  r"(?:-start)?\(", hlo)
     ]  # fmt: skip
+    model_config = config()
+    copies = BATCH * SEQ // devices * model_config.num_experts_per_tok
+    router = model_config.num_experts * (model_config.hidden_dim + 1)
+    # Per layer, f32: the routed copies to their experts and back, forward and backward, and the router gathered.
+    minimum = 4 * model_config.num_layers * (4 * copies * model_config.expert_latent_dim + router)
     return {
+        "minimum_collective_bytes": minimum if devices > 1 else 0,
         "losses": losses,
         "expert_bytes_per_device": experts.addressable_shards[0].data.nbytes,
         "expert_bytes": experts.nbytes,
