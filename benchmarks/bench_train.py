@@ -8,18 +8,29 @@ is one JSON object with both and `ratio_vs_peak`.
 
     python benchmarks/bench_train.py                               # d=1024 (67M active), capacity 1.25
     python benchmarks/bench_train.py --capacity-factor none        # dropless grouped matmuls
+    python benchmarks/bench_train.py --comm                        # expert parallelism's collectives, 4 CPU devices
 
 On this 2-core machine (idle), ratio_vs_peak was 0.49 with the defaults (about 2.5 minutes), 0.38 at d=512 and
 0.33 at d=256 with capacity 1.25, and 0.14 dropless at d=256: XLA's CPU grouped matmul (`ragged_dot`) runs at
 about a seventh of a dense matmul, so capacity (one batched matmul over expert slots) is what makes CPU
 training efficient.
+
+`--comm` compiles the tiny hero-shaped MoE's training step on 4 fake CPU devices (data=2 x expert=2;
+tests/expert_parallel_run.py) and reports `comm_bytes_ratio`: the bytes of every collective of the step (each
+op's per-device result) over the least an expert-parallel step moves: the routed copies' all-to-alls, to the
+experts and back, forward and backward, and the gathers of the weights split over devices (here the router's,
+which shares the experts' axis).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +46,23 @@ from steps.train.train import TrainConfig, train
 from steps.train.train_metrics import read_metrics
 
 WARMUP_STEPS = 3
+DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "pred": 1}
+
+
+def comm_bytes_ratio() -> dict:
+    """The `--comm` leg (module docstring)."""
+    runner = Path(__file__).resolve().parent.parent / "tests" / "expert_parallel_run.py"
+    done = subprocess.run([sys.executable, str(runner), "4"], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.splitlines()[-1].removeprefix("RESULT "))
+
+    def size(shape: str) -> int:
+        dtype, dims = re.fullmatch(r"([a-z0-9]+)\[([0-9,]*)\]", shape).groups()  # type: ignore[union-attr]
+        return DTYPE_BYTES[dtype] * math.prod(int(dim) for dim in dims.split(",") if dim)
+
+    moved = sum(size(op["shape"]) for op in result["collectives"])
+    needed = result["minimum_collective_bytes"]
+    return {"leg": "expert_parallel_comm", "devices": 4, "mesh": {"data": 2, "expert": 2},
+            "collective_bytes": moved, "minimum_bytes": needed, "comm_bytes_ratio": moved / needed}  # fmt: skip
 
 
 def matmul_peak_flops(size: int, repeats: int) -> float:
@@ -74,6 +102,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--matmul-size", type=int, default=2048)
+    parser.add_argument("--comm", action="store_true", help="only the expert-parallel collectives leg")
     parser.add_argument(
         "--capacity-factor",
         type=lambda text: None if text.lower() == "none" else float(text),
@@ -81,6 +110,9 @@ def main() -> None:
         help="experts take at most this multiple of a fair share of tokens; none: dropless",
     )
     args = parser.parse_args()
+    if args.comm:
+        print(json.dumps(comm_bytes_ratio()))
+        return
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
         root = Path(scratch)

@@ -10,6 +10,7 @@
     train/d768, d1024, d1536, d2048 -> evaluate/<rung> -> scaling/ladder -> train/d6144 -> evaluate/d6144
 
     python experiments/hero_535b.py --scale full --dry_run true --plan_json plan.json   # the real plan, in < 1 s
+    python experiments/hero_535b.py --scale full --hardware h100 --dry_run true   # refused: the hero does not fit
     python experiments/hero_535b.py --scale tiny            # the same DAG on 2 CPU cores (`make demo`)
     python experiments/hero_535b.py --scale tiny            # again: every step is skipped
     python experiments/hero_535b.py --scale tiny --force_run '["evaluate/d6144"]'
@@ -22,6 +23,10 @@ edge and name; it swaps the data for offline text (steps/corpora/real_corpus.py:
 packages, code <- the stdlib, math <- sympy/mpmath/scipy docstrings, reference <- pydoc topics, books <-
 the KJV, eval sets quoting some of them) and the models for ones a CPU trains in a minute, of the same
 architecture (`tiny_shape`). The one extra step, `raw/real_corpus`, stands in for the internet.
+
+The full recipe combines experts by sigmoid renormalised to 2.5 and computes in bf16; each full train and
+evaluate step carries a parallelism and memory plan for the `--hardware` profile (`FULL_DEVICES`;
+steps/train/parallelism.py), and a plan that does not fit is refused before any step runs.
 """
 
 from __future__ import annotations
@@ -65,14 +70,18 @@ from experiments.train_defaults import (
 )
 from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
+from steps.train.hardware import HARDWARE, Hardware
+from steps.train.parallelism import ParallelismPlan, refuse_unless_fits
 
 logger = logging.getLogger(__name__)
 
 SOURCES = ("web", "code", "math", "reference", "books")
+DEFAULT_HARDWARE = "gb200"
+"""The hero's own: GB200 NVL72 racks."""
 PHASE_FRACTIONS = (0.8, 0.2)
 """Pretraining, then the cooldown mixture from 80% of the steps."""
-H100_BF16_PEAK = 989e12
 PLANNING_MFU = 0.4
+"""The MFU the hours are planned at."""
 
 
 @dataclass(frozen=True)
@@ -112,16 +121,22 @@ FULL_RUNGS = (
 )
 """(rung, d_model, layers, batch, steps): the published ladder."""
 FULL_HERO = ("d6144", 6144, 48, 11_264, 390_251)
-NODE = ResourceConfig(gpus=8, accelerator_type="H100")
-"""What a train or evaluate step asks Ray for at full scale: one 8 x H100 node (infra/README.md). A Ray task
-cannot span nodes; the hero and the larger rungs need Levanter's multi-host launch, which this does not do."""
+FULL_DEVICES = {"gb200": (64, 704), "h100": (8, 8), "tpu_v5p": (64, 1024)}
+"""Hardware -> (devices of each ladder rung, devices of the hero). GB200: a rung on 64 GPUs of one NVL72 rack,
+the hero on 64 GPUs of each of its 11 racks (704: 11 x EP64, 16 sequences each; each rack's other 8 GPUs
+are spares); H100: one 8-GPU node each (the hero does not fit: refused); TPU v5p: 64 chips, the hero on 1,024."""
 
 
-def _full_rung(name: str, d_model: int, layers: int, batch: int, steps: int) -> Rung:
-    return Rung(name, ladder_shape(d_model, layers), batch, steps, NODE)
+def _full_rung(spec: tuple[str, int, int, int, int], hardware: Hardware, devices: int) -> Rung:
+    """A published rung on `devices` of `hardware`. Its steps ask Ray for one host's devices: a step that spans
+    hosts needs a multi-host launch (one JAX process per host), which the executor does not do yet."""
+    name, d_model, layers, batch, steps = spec
+    resources = ResourceConfig(gpus=hardware.devices_per_host, accelerator_type=hardware.accelerator_type)
+    return Rung(name, ladder_shape(d_model, layers), batch, steps, resources, hardware, devices)
 
 
-def full_scale() -> Scale:
+def full_scale(hardware: Hardware = HARDWARE[DEFAULT_HARDWARE]) -> Scale:
+    rung_devices, hero_devices = FULL_DEVICES[hardware.name]
     hub = "hf://datasets"
     return Scale(
         name="full",
@@ -150,12 +165,15 @@ def full_scale() -> Scale:
         quality_buckets=5,
         cells_sample_docs=1_000_000,
         validation_fraction=0.001,
-        rungs=tuple(_full_rung(*rung) for rung in FULL_RUNGS),
-        hero=_full_rung(*FULL_HERO),
+        rungs=tuple(_full_rung(rung, hardware, rung_devices) for rung in FULL_RUNGS),
+        hero=_full_rung(FULL_HERO, hardware, hero_devices),
         recipe=Recipe(
             learning_rate=3e-4,
             warmup=0.01,
-            peak_flops_per_second=H100_BF16_PEAK,
+            router_combine="sigmoid",
+            router_combine_sum=2.5,
+            compute_dtype="bfloat16",
+            peak_flops_per_device=hardware.peak_flops_per_device,
             temporary_checkpoint_seconds=1800,
             max_eval_batches=64,
             eval_batches=512,
@@ -242,6 +260,8 @@ class HeroDag:
     steps: list[ExecutorStep]
     trains: dict[str, tuple[Rung, ExecutorStep]]
     """Rung name -> (rung, its train step)."""
+    evaluates: dict[str, tuple[Rung, ExecutorStep]]
+    """Rung name -> (rung, its evaluate step)."""
     scaling: ExecutorStep
     hero_eval: ExecutorStep
 
@@ -327,19 +347,38 @@ def build_dag(scale: Scale) -> HeroDag:
     )
     steps += [tokenizer, cells, tokenized, weights]
 
-    trains, ladder = {}, []
+    trains, evaluates, ladder = {}, {}, []
     for rung in scale.rungs:
         trained = default_train(rung, scale.recipe, tokenizer, tokenized, weights)
         evaluated = default_evaluate(rung, scale.recipe, trained, tokenizer, tokenized)
         trains[rung.name] = (rung, trained)
+        evaluates[rung.name] = (rung, evaluated)
         ladder.append((rung, trained, evaluated))
         steps += [trained, evaluated]
     scaling = default_scaling(ladder, scale.hero, scale.bootstrap_samples)
     hero = default_train(scale.hero, scale.recipe, tokenizer, tokenized, weights, prediction=scaling)
     hero_eval = default_evaluate(scale.hero, scale.recipe, hero, tokenizer, tokenized)
     trains[scale.hero.name] = (scale.hero, hero)
+    evaluates[scale.hero.name] = (scale.hero, hero_eval)
     steps += [scaling, hero, hero_eval]
-    return HeroDag(steps=steps, trains=trains, scaling=scaling, hero_eval=hero_eval)
+    return HeroDag(steps=steps, trains=trains, evaluates=evaluates, scaling=scaling, hero_eval=hero_eval)
+
+
+def step_plans(dag: HeroDag) -> dict[ExecutorStep, ParallelismPlan]:
+    """Every train and evaluate step's parallelism and memory plan (none at a scale without hardware)."""
+    plans = {}
+    for steps, training in ((dag.trains, True), (dag.evaluates, False)):
+        for rung, step in steps.values():
+            plan = rung.plan(training)
+            if plan is not None:
+                plans[step] = plan
+    return plans
+
+
+def refuse_what_does_not_fit(dag: HeroDag) -> None:
+    """Raise PlanDoesNotFitError for the first train or evaluate step whose plan does not fit its devices."""
+    for step, plan in step_plans(dag).items():
+        refuse_unless_fits(f"{step.name} ({step.description})", plan)
 
 
 def check_sources(scale: Scale) -> list[str]:
@@ -351,8 +390,10 @@ def check_sources(scale: Scale) -> list[str]:
 
 
 def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
-    """The plan as JSON rows: every step's name, hash, output path and action; train steps add their figures."""
+    """The plan as JSON rows: every step's name, hash, output path and action; train steps add their figures,
+    train and evaluate steps their parallelism plan (hardware, hosts, devices, mesh, microbatch, memory, fits)."""
     figures = {step: rung.figures() for rung, step in dag.trains.values()}
+    plans = step_plans(dag)
     entries = []
     for decision in executor.decisions:
         planned = decision.planned
@@ -364,28 +405,37 @@ def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
             "reason": decision.reason,
         }
         entry.update(figures.get(planned.step, {}))
+        if planned.step in plans:
+            entry.update(plans[planned.step].as_json())
         entries.append(entry)
     return entries
 
 
 def print_totals(scale: Scale, dag: HeroDag) -> None:
-    """Tokens, FLOPs and H100-hours (at PLANNING_MFU) per training run and in all."""
-    print(
-        f"\nTraining at scale {scale.name} (H100-hours at {PLANNING_MFU:.0%} MFU of {H100_BF16_PEAK / 1e12:.0f} "
-        "TFLOP/s bf16):"
-    )
-    total_tokens = total_flops = 0.0
+    """Per training run: size, tokens, FLOPs and, on planned hardware, hosts, devices, mesh, microbatch, memory
+    per device and hours at PLANNING_MFU; then the totals."""
+    print(f"\nTraining at scale {scale.name} (hours at {PLANNING_MFU:.0%} MFU of each device's bf16 peak):")
+    total_tokens = total_flops = device_hours = 0.0
     for rung, _ in dag.trains.values():
-        hours = rung.flops / (H100_BF16_PEAK * PLANNING_MFU) / 3600
+        figures = rung.figures()
         print(
-            f"  {rung.name:>6}: {rung.figures()['total_params'] / 1e9:8.3f}B total, "
-            f"{rung.figures()['active_params'] / 1e9:7.3f}B active, {rung.tokens:.3g} tokens, {rung.flops:.2g} FLOPs, "
-            f"{hours:,.0f} H100-hours"
+            f"  {rung.name:>6}: {figures['total_params'] / 1e9:8.3f}B total, {figures['active_params'] / 1e9:7.3f}B "
+            f"active, {rung.tokens:.3g} tokens, {rung.flops:.2g} FLOPs"
         )
+        plan, hours = rung.plan(), rung.hours(PLANNING_MFU)
+        if plan is not None and hours is not None:
+            memory = plan.memory
+            print(
+                f"          {plan.hosts} hosts x {plan.devices // plan.hosts} {plan.hardware} = {plan.devices} devices,"
+                f" mesh {plan.mesh}, microbatch {plan.microbatch}, {memory.total / 1e9:.1f} GB/device of "
+                f"{plan.memory_limit_bytes / 1e9:.0f} (params {memory.parameters / 1e9:.1f}, grads "
+                f"{memory.gradients / 1e9:.1f}, optimizer {memory.optimizer_state / 1e9:.1f}, activations "
+                f"{memory.activations / 1e9:.1f}){'' if plan.fits else ' DOES NOT FIT'}, {hours:,.1f} hours"
+            )
+            device_hours += hours * plan.devices
         total_tokens += rung.tokens
         total_flops += rung.flops
-    hours = total_flops / (H100_BF16_PEAK * PLANNING_MFU) / 3600
-    print(f"  all: {total_tokens:.3g} tokens, {total_flops:.3g} FLOPs, {hours:,.0f} H100-hours")
+    print(f"  all: {total_tokens:.3g} tokens, {total_flops:.3g} FLOPs, {device_hours:,.0f} device-hours")
 
 
 def print_run_summary(executor: Executor, dag: HeroDag) -> None:
@@ -418,12 +468,15 @@ def main(argv: Sequence[str] | None = None) -> Executor:
     parser.add_argument("--plan_json", default=None, help="also write the plan as JSON to this path")
     parser.add_argument("--check_sources", choices=["auto", "true", "false"], default="auto",
                         help="read each URL source's Parquet schema first (auto: on dry runs)")  # fmt: skip
+    parser.add_argument("--hardware", choices=sorted(HARDWARE), default=DEFAULT_HARDWARE,
+                        help="accelerators of the full-scale plan (steps/train/hardware.py)")  # fmt: skip
     known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    scale = SCALES[known.scale]()
+    scale = full_scale(HARDWARE[known.hardware]) if known.scale == "full" else SCALES[known.scale]()
     if known.check_sources == "true" or (known.check_sources == "auto" and _is_dry_run(rest)):
         for line in check_sources(scale):
             print(line)
     dag = build_dag(scale)
+    refuse_what_does_not_fit(dag)
     started = time.perf_counter()
     executor = executor_main(dag.steps, description=f"535B-A23B MoE run at scale {scale.name}", args=rest)
     if executor.dry_run:

@@ -21,6 +21,8 @@ from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.model.model_size import MoeShape, active_params, total_params, training_flops
 from steps.scaling.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
+from steps.train.hardware import Hardware, mfu_denominator
+from steps.train.parallelism import ParallelismPlan, plan_parallelism
 from steps.train.train import TrainConfig, train
 
 
@@ -37,6 +39,24 @@ class Rung:
     """Optimizer steps."""
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     """What its train step asks the cluster for (accelerators on a real run)."""
+    hardware: Hardware | None = None
+    """The accelerators it is planned on (None: whatever runs it, unplanned: the tiny demo on CPU)."""
+    devices: int = 1
+    """Devices the run is planned on (with `hardware`); layout only, never versioned."""
+
+    def plan(self, training: bool = True) -> ParallelismPlan | None:
+        """The parallelism and memory plan of its train (or evaluate: forward only, the largest per-device
+        microbatch of a train batch that fits) step on `hardware`; None without one."""
+        if self.hardware is None:
+            return None
+        batch = self.batch_size
+        return plan_parallelism(self.shape, batch, self.hardware, self.devices, training=training)
+
+    def hours(self, planning_mfu: float) -> float | None:
+        """Wall-clock hours of its training at `planning_mfu` on its devices (None without hardware)."""
+        if self.hardware is None:
+            return None
+        return self.flops / (mfu_denominator(self.hardware.peak_flops_per_device, self.devices) * planning_mfu) / 3600
 
     @property
     def tokens(self) -> int:
@@ -70,6 +90,12 @@ class Recipe:
     router_z_loss_weight: float = 1e-4
     capacity_factor: float | None = 1.15
     """Tokens an expert takes per batch, as a multiple of a fair share (the hero's 1.15; None: dropless)."""
+    router_combine: str = "softmax"
+    """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py)."""
+    router_combine_sum: float = 1.0
+    """What the chosen experts' weights sum to (the hero: 2.5)."""
+    compute_dtype: str = "float32"
+    """Compute precision over f32 master weights: "float32" or "bfloat16" (the full recipe)."""
     mixture_block_size: int = 2048
     evals_per_run: int = 10
     """Evaluations during each run (the predicted loss curve is read at these points)."""
@@ -78,8 +104,20 @@ class Recipe:
     """Batches per component in the evaluate step (None: every validation sequence)."""
     checkpoints_per_run: int = 10
     temporary_checkpoint_seconds: float = 600.0
-    peak_flops_per_second: float | None = None
-    """Peak FLOP/s of the devices a rung runs on, for MFU (None: not logged)."""
+    peak_flops_per_device: float | None = None
+    """Dense bf16 peak of one device the rungs run on, for MFU (None: not logged)."""
+
+
+def _microbatch(plan: ParallelismPlan | None) -> int:
+    """Levanter's `per_device_parallelism` for a plan: its microbatch, or -1 (the whole batch) without one."""
+    return -1 if plan is None else plan.microbatch
+
+
+def versioned_unless_default(config_type: type, **values: Any) -> dict[str, Any]:
+    """Config fields added after runs were made with their defaults (the combine rule, the compute dtype):
+    versioned only where a recipe changes them, so that those runs keep their hashes."""
+    defaults = {spec.name: spec.default for spec in dataclasses.fields(config_type)}
+    return {name: versioned(value) for name, value in values.items() if value != defaults[name]}
 
 
 def default_tokenize_cells(cells: ExecutorStep, tokenizer: ExecutorStep, validation_fraction: float) -> ExecutorStep:
@@ -133,12 +171,19 @@ def default_train(
             router_bias_balancing=versioned(recipe.router_bias_balancing),
             router_z_loss_weight=versioned(recipe.router_z_loss_weight),
             capacity_factor=versioned(recipe.capacity_factor),
+            **versioned_unless_default(
+                TrainConfig,
+                router_combine=recipe.router_combine,
+                router_combine_sum=recipe.router_combine_sum,
+                compute_dtype=recipe.compute_dtype,
+            ),
             seed=versioned(0),
             steps_per_eval=every_eval,
             max_eval_batches=recipe.max_eval_batches,
             checkpoint_every_steps=max(1, rung.steps // recipe.checkpoints_per_run),
             temporary_checkpoint_seconds=recipe.temporary_checkpoint_seconds,
-            peak_flops_per_second=recipe.peak_flops_per_second,
+            peak_flops_per_device=recipe.peak_flops_per_device,
+            per_device_parallelism=_microbatch(rung.plan()),
             prediction_path=None if prediction is None else output_path_of(prediction),
         ),
         resources=rung.resources,
@@ -178,6 +223,9 @@ def default_evaluate(
             components_path=output_path_of(tokenized),
             output_path=THIS_OUTPUT_PATH,
             max_batches=versioned(recipe.eval_batches),
+            **versioned_unless_default(
+                EvaluateConfig, router_combine=recipe.router_combine, router_combine_sum=recipe.router_combine_sum
+            ),
         ),
         resources=rung.resources,
     )

@@ -13,6 +13,7 @@ from executor.plan import build_plan
 from experiments import hero_535b
 from steps.model.levanter_config import qwen3_moe_config
 from steps.model.model_size import total_params
+from steps.train.hardware import HARDWARE
 
 RUNG_NAMES = ["d768", "d1024", "d1536", "d2048", "d6144"]
 STANDS_FOR_THE_INTERNET = "raw/real_corpus"
@@ -44,7 +45,7 @@ def test_full_plan_reproduces_the_published_table(tmp_path: Path, capsys: pytest
         assert figures["tokens"] == pytest.approx(tokens, rel=0.02), rung
         assert figures["flops"] == pytest.approx(flops, rel=0.10), rung
     printed = capsys.readouterr().out
-    assert "planned 39 steps in" in printed and "H100-hours" in printed
+    assert "planned 39 steps in" in printed and "device-hours" in printed
     assert "d6144:  535.193B total,  22.650B active" in printed
 
 
@@ -60,11 +61,14 @@ def test_tiny_dag_has_the_full_dags_steps_and_edges(tmp_path: Path) -> None:
     assert len(hero_535b.PHASE_FRACTIONS) == 2
 
 
-def test_full_train_steps_ask_for_accelerators_and_tiny_ones_for_none() -> None:
-    full = hero_535b.build_dag(hero_535b.full_scale())
+@pytest.mark.parametrize(("hardware", "per_host", "accelerator"), [("gb200", 4, "GB200"), ("h100", 8, "H100")])
+def test_full_train_steps_ask_for_accelerators_and_tiny_ones_for_none(
+    hardware: str, per_host: int, accelerator: str
+) -> None:
+    full = hero_535b.build_dag(hero_535b.full_scale(HARDWARE[hardware]))
     tiny = hero_535b.build_dag(hero_535b.tiny_scale())
     for rung, step in full.trains.values():
-        assert step.resources.gpus >= 8 and step.resources.accelerator_type == "H100", rung.name
+        assert step.resources.gpus == per_host and step.resources.accelerator_type == accelerator, rung.name
     assert all(step.resources.gpus == 0 for _rung, step in tiny.trains.values())
 
 

@@ -23,6 +23,7 @@ from steps.model.levanter_config import qwen3_moe_config
 from steps.model.model_size import MoeShape
 from steps.model.moe_block import MoeBlock, RouterBalance, balanced_bias, column_quantile
 from steps.model.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, _dropped_fraction, router_figures
+from steps.train.parallelism import precision_policy
 
 pytestmark = pytest.mark.training
 
@@ -100,6 +101,38 @@ def train(config: MoeConfig) -> tuple[list[dict[str, float]], TrainerState, Trai
     return figures, previous, state, watched
 
 
+def final_loss(config: MoeConfig, compute_dtype: str) -> tuple[float, TrainerState]:
+    """STEPS AdamW steps under the train step's precision policy, as Levanter's trainer applies it (the f32
+    model is cast to the compute dtype inside the differentiated loss); the mean loss of the last 5 steps."""
+    policy = precision_policy(compute_dtype)
+    optimizer = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, lr_schedule="constant").build(STEPS)
+    model = config.build(Vocab, key=jax.random.PRNGKey(0))
+    state = TrainerState.init(optimizer, model, key=jax.random.PRNGKey(1), is_trainable=True, mp=policy)
+
+    @eqx.filter_jit
+    def step(state: TrainerState, example: LmExample):
+        loss, grads = eqx.filter_value_and_grad(lambda m: loss_fn(state.mp.cast_to_compute(m), example))(state.model)
+        return state.take_step(grads, key=state.training_key)[0], loss
+
+    losses = []
+    for example in batches(4) * (STEPS // 4) + batches(4)[: STEPS % 4]:
+        state, loss = step(state, example)
+        losses.append(float(loss))
+    return float(np.mean(losses[-5:])), state
+
+
+@pytest.mark.slow
+def test_bf16_compute_over_f32_master_weights_trains_within_2_percent_of_f32() -> None:
+    f32_loss, _ = final_loss(tiny_config(), "float32")
+    bf16_loss, state = final_loss(tiny_config(), "bfloat16")
+    assert bf16_loss == pytest.approx(f32_loss, rel=0.02) and bf16_loss != f32_loss
+    trained = jax.tree.leaves(eqx.filter(state.model, eqx.is_inexact_array))
+    moments = jax.tree.leaves(eqx.filter(state.opt_state, eqx.is_inexact_array))
+    assert {leaf.dtype for leaf in trained + moments} == {jnp.dtype(jnp.float32)}  # master weights and AdamW
+    with pytest.raises(ValueError, match="compute_dtype must be one of"):
+        precision_policy("float8")
+
+
 @pytest.fixture(scope="module")
 def balanced_run() -> tuple[list[dict[str, float]], TrainerState, TrainerState, dict]:
     return train(tiny_config(router_bias_balancing=True))
@@ -165,6 +198,38 @@ def test_bias_rule_on_hand_made_logits() -> None:
     probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     picked = np.take_along_axis(probs, np.asarray(chosen), axis=1)
     np.testing.assert_allclose(np.asarray(weights), picked / picked.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("combine", "total"), [("sigmoid", 2.5), ("softmax", 1.0), ("softmax", 3.0)])
+def test_combine_weights_are_the_gate_of_the_chosen_renormalised_to_their_sum(combine: str, total: float) -> None:
+    """The hero's rule (top-k of logits + bias routes; sigmoid of the chosen logits, renormalised to sum 2.5,
+    combines) and the softmax form, against numpy."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(64, EXPERTS)).astype(np.float32) * 3
+    bias = rng.normal(size=EXPERTS).astype(np.float32)
+    config = tiny_config(router_combine=combine, router_combine_sum=total)
+    block = MoeBlock.init(config, key=jax.random.PRNGKey(0))
+    block = eqx.tree_at(lambda b: b.balance, block, RouterBalance(hax.named(bias, "experts"), *_zeros()))
+    chosen, weights, _ = eqx.filter_jit(block._select)(jnp.asarray(logits))
+
+    expected_chosen = np.argsort(-(logits + bias), axis=1)[:, :TOP_K]
+    assert np.array_equal(np.sort(np.asarray(chosen), axis=1), np.sort(expected_chosen, axis=1))
+    if combine == "sigmoid":
+        gate = 1 / (1 + np.exp(-logits))
+    else:
+        gate = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    picked = np.take_along_axis(gate, np.asarray(chosen), axis=1)
+    np.testing.assert_allclose(np.asarray(weights), total * picked / picked.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_full_hero_recipe_trains_and_evaluates_with_the_sigmoid_rule() -> None:
+    from experiments.hero_535b import build_dag, full_scale
+
+    dag = build_dag(full_scale())
+    configs = [step.config for step in dag.steps if step.name.startswith(("train/", "evaluate/"))]
+    assert len(configs) == 10
+    for config in configs:
+        assert (config.router_combine.value, config.router_combine_sum.value) == ("sigmoid", 2.5)
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 63, 64, 1000])
@@ -293,6 +358,9 @@ def test_train_shape_builds_the_moe_config() -> None:
         (dict(sliding_window=8, global_every=0), "global_every"),
         (dict(sliding_window=0), "sliding_window"),
         (dict(expert_latent_dim=0), "expert_latent_dim"),
+        (dict(router_combine="relu"), "router_combine must be one of"),
+        (dict(router_combine_sum=0.0), "router_combine_sum must be positive"),
+        (dict(router_combine_sum=2.5, norm_topk_prob=False), "set norm_topk_prob"),
         (dict(sliding_window=8, global_every=2, num_kv_heads_local=3), "num_kv_heads_local=3"),
     ],
 )

@@ -82,7 +82,7 @@ def train_config(data: dict[str, str], output_path: str, **changes) -> TrainConf
                   components={source: data[source] for source in SOURCES}, output_path=output_path,
                   num_train_steps=STEPS, train_batch_size=8, learning_rate=1e-2, steps_per_eval=STEPS // 2,
                   max_eval_batches=EVAL_BATCHES, checkpoint_every_steps=STEPS // 2, temporary_checkpoint_seconds=3.0,
-                  watch_interval=5, peak_flops_per_second=1e11, router_bias_balancing=True,
+                  watch_interval=5, peak_flops_per_device=1e11, router_bias_balancing=True,
                   router_z_loss_weight=1e-4)  # fmt: skip
     return TrainConfig(**{**fields, **changes})
 

@@ -69,6 +69,10 @@ class EvaluateConfig:
     """Sequences per eval batch. Plain (the loss does not depend on it)."""
     max_batches: int | None = None
     """Cap on batches per component (None: the whole split). Versioned: it changes the figures."""
+    router_combine: str = "softmax"
+    """The train step's gate of the chosen experts' outputs (TrainConfig.router_combine). Versioned."""
+    router_combine_sum: float = 1.0
+    """The train step's sum of the chosen experts' weights (TrainConfig.router_combine_sum). Versioned."""
 
 
 def evaluate(config: EvaluateConfig) -> dict:
@@ -76,7 +80,12 @@ def evaluate(config: EvaluateConfig) -> dict:
     label = f"evaluate step {storage.basename(config.output_path)} ({config.output_path})"
     checkpoint = latest_checkpoint(config.checkpoint_path, label)
     model_config = qwen3_moe_config(
-        config.shape, tokenizer_path=config.tokenizer_path, router_aux_loss_coef=None, step=label
+        config.shape,
+        tokenizer_path=config.tokenizer_path,
+        router_aux_loss_coef=None,
+        router_combine=config.router_combine,
+        router_combine_sum=config.router_combine_sum,
+        step=label,
     )
     caches = dict(config.components)
     if config.components_path is not None:

@@ -18,6 +18,9 @@ from levanter.models.qwen3_moe import Qwen3MoeConfig
 from steps.model import model_size
 from steps.model.model_size import MoeShape
 
+ROUTER_COMBINES = ("softmax", "sigmoid")
+"""The gate functions `MoeArchitecture.router_combine` may name."""
+
 
 @dataclass(frozen=True)
 class MoeArchitecture(Qwen3MoeConfig):
@@ -45,6 +48,12 @@ class MoeArchitecture(Qwen3MoeConfig):
     """Each routed expert takes at most ceil(factor x tokens x top_k / experts) tokens of a batch, the rest
     are dropped (their routed output is zero); None: dropless grouped matmuls (steps/model/moe_block.py). Training
     only: evaluation (`inference_mode`) is dropless, like the evaluate step."""
+    router_combine: str = "softmax"
+    """How the chosen experts' outputs are weighted: "softmax" (Qwen3's: the softmax over all experts' logits,
+    read at the chosen ones) or "sigmoid" (the hero's: each chosen expert's sigmoid(logit) on its own). With
+    `norm_topk_prob` the chosen weights are then rescaled to sum to `router_combine_sum`."""
+    router_combine_sum: float = 1.0
+    """What each token's chosen weights sum to after renormalisation (the hero: 2.5 with "sigmoid")."""
 
     def __post_init__(self) -> None:
         self._check_attention()  # before Levanter's, which asserts
@@ -67,6 +76,17 @@ class MoeArchitecture(Qwen3MoeConfig):
             raise ValueError(f"capacity_factor must be positive or None, got {self.capacity_factor}")
         if self.expert_latent_dim is not None and self.expert_latent_dim <= 0:
             raise ValueError(f"expert_latent_dim must be positive or None, got {self.expert_latent_dim}")
+        self._check_combine()
+
+    def _check_combine(self) -> None:
+        if self.router_combine not in ROUTER_COMBINES:
+            raise ValueError(f"router_combine must be one of {ROUTER_COMBINES}, got {self.router_combine!r}")
+        if not self.router_combine_sum > 0:
+            raise ValueError(f"router_combine_sum must be positive, got {self.router_combine_sum}")
+        if self.router_combine_sum != 1.0 and not self.norm_topk_prob:
+            raise ValueError(
+                f"router_combine_sum={self.router_combine_sum} rescales renormalised weights: set norm_topk_prob"
+            )
 
     def _check_attention(self) -> None:
         if self.global_every < 1:

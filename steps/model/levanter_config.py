@@ -36,15 +36,23 @@ def qwen3_moe_config(
     router_bias_balancing: bool = False,
     router_z_loss_weight: float = 0.0,
     capacity_factor: float | None = None,
+    router_combine: str = "softmax",
+    router_combine_sum: float = 1.0,
 ) -> MoeConfig:
     """The MoE model config for `shape` (Levanter's Qwen3-MoE, extended by steps/model/moe_model.py); an impossible
-    shape or options raise ValueError naming `step`. `capacity_factor`: see `MoeConfig.capacity_factor`.
+    shape or options raise ValueError naming `step`. `capacity_factor`, `router_combine` and
+    `router_combine_sum`: see `MoeArchitecture` (steps/model/config.py).
 
     The tokenizer folder doubles as the HF reference checkpoint: Levanter builds an HF converter for every
     HF-compatible model and would otherwise fetch the Qwen3 reference's tokenizer from the hub."""
     try:
         config = _moe_config(shape, tokenizer_path, router_aux_loss_coef, router_bias_balancing, router_z_loss_weight)
-        return dataclasses.replace(config, capacity_factor=capacity_factor)
+        return dataclasses.replace(
+            config,
+            capacity_factor=capacity_factor,
+            router_combine=router_combine,
+            router_combine_sum=router_combine_sum,
+        )
     except ValueError as error:
         raise ValueError(f"{step}: {error}") from error
 

@@ -4,7 +4,8 @@ latent), shared experts, and the router's loss terms.
 Levanter's `Qwen3MoeSparseMoeBlock`, subclassed. What it adds (steps/model/moe_model.py's docstring says why and how
 the bias travels through Levanter's trainer):
 
-- routing by the top K of logits + stop_gradient(bias), the gate weights from the logits alone; with
+- routing by the top K of logits + stop_gradient(bias), the gate weights from the logits alone (softmax, or
+  the hero's sigmoid renormalised to `router_combine_sum`: `combine_weights`); with
   balancing on, the top K+1 are taken and `balanced_bias` gives the next bias (`RouterBalance` carries it);
 - **latent experts** (`expert_latent_dim`): the layer projects each token once, d_model -> latent, routes the
   latent through its experts' SwiGLUs, sums the top-k outputs in the latent, and projects once back,
@@ -41,6 +42,7 @@ from levanter.models.llama import LlamaMlp
 from levanter.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
 
 from steps.model.config import MoeArchitecture
+from steps.model.expert_parallel import expert_parallel_size, replicated, routed_experts, shard_tokens, token_axes
 
 ROUTER_Z_LOSS = "router_z_loss"
 LOAD_BALANCING_LOSS = "load_balancing_loss"
@@ -75,6 +77,21 @@ class RouterBalance(hq.CustomGradientAccumulation):
             return product - jax.lax.stop_gradient(product)
 
         return carry(self.bias, bias) + carry(self.load, load) + carry(self.estimates, hax.ones_like(self.estimates))
+
+
+def combine_weights(logits: jax.Array, chosen: jax.Array, config: MoeArchitecture) -> jax.Array:
+    """The weights (tokens, K) of the chosen experts' outputs, from the logits alone (the bias only routes).
+
+    Softmax reads the distribution over all experts at the chosen ones; sigmoid scores each chosen expert on
+    its own, so a chosen expert's weight does not depend on the logits of experts it was not sent to. With
+    `norm_topk_prob` they are renormalised to sum to `router_combine_sum` (the hero recipe: sigmoid, 2.5)."""
+    if config.router_combine == "sigmoid":
+        weights = jax.nn.sigmoid(jnp.take_along_axis(logits, chosen, axis=-1))
+    else:
+        weights = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), chosen, axis=-1)
+    if config.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdims=True) * config.router_combine_sum
+    return weights
 
 
 def balanced_bias(logits: jax.Array, threshold: jax.Array, top_k: int) -> jax.Array:
@@ -175,10 +192,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         else:
             _, chosen = jax.lax.top_k(scores, top_k)
             next_bias = bias
-        weights = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), chosen, axis=-1)
-        if self.config.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdims=True)
-        return chosen, weights, next_bias
+        return chosen, combine_weights(logits, chosen, self.config), next_bias
 
     def _permute(
         self, x_flat: NamedArray, topk_idx_flat: NamedArray, token_repeat: Axis
@@ -231,11 +245,38 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             return hax.named(unpermute_sharded(out_repeat_sort.array, sort_idx.array), (token, top_experts, feature))
 
     def __call__(self, x: NamedArray, *, key: jax.Array | None = None) -> tuple[NamedArray, dict[str, NamedArray]]:
+        mesh = hax.partitioning._get_mesh()
+        if expert_parallel_size(mesh) > 1:
+            # Haliax's layers constrain their outputs by the axis mapping: the flattened tokens must follow the
+            # batch's split (unmapped, every Linear on them would gather the batch), and the router's logits
+            # must not follow the routed experts' split.
+            mapping = {**(hax.partitioning.current_thread_local_mapping() or {}), "token": token_axes(mesh)}
+            with hax.axis_mapping({**mapping, self.config.Experts.name: None}):
+                return self._router_replicated(mesh)._forward(x, mesh, key)
+        return self._forward(x, mesh, key)
+
+    def _router_replicated(self, mesh: Any) -> MoeBlock:
+        """This block with its router weight and bias whole on every device: they share the `experts` axis
+        with the routed experts, which the mesh splits, and split they would make XLA gather every token to
+        compute expert-split logits. They are small (d_model x experts); the tokens are not."""
+        assert self.balance is not None
+
+        def whole(leaf: NamedArray) -> NamedArray:
+            return hax.named(replicated(mesh, leaf.array), leaf.axes)
+
+        block = eqx.tree_at(lambda b: b.gate.weight, self, whole(self.gate.weight))
+        return eqx.tree_at(lambda b: b.balance.bias, block, whole(self.balance.bias))
+
+    def _forward(
+        self, x: NamedArray, mesh: Any, key: jax.Array | None
+    ) -> tuple[NamedArray, dict[str, NamedArray]]:
         assert self.balance is not None
         config = self.config
         squash_axes = [x.resolve_axis(name) for name in ("batch", config.max_Pos.name) if x.has_axis(name)]
         k_gate, k_experts, k_shared, k_in, k_out = maybe_rng_split(key, 5)
         x_flat = hax.flatten_axes(x, old_axes=squash_axes, new_axis="token")
+        if expert_parallel_size(mesh) > 1:
+            x_flat = hax.named(shard_tokens(mesh, x_flat.array), x_flat.axes)
         token = x_flat.resolve_axis("token")
         logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rearrange((token, config.Experts))
         chosen, weights, next_bias = self._select(logits.array)
@@ -243,18 +284,10 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
 
         x_experts = x_flat if self.latent_in is None else self.latent_in(x_flat, key=k_in)
         x_experts = x_experts.rearrange((token, config.ExpertIn))
-        topk_idx = hax.named(chosen, (token, config.TopExperts))
-        topk_idx_flat = hax.flatten_axes(topk_idx, old_axes=[token, config.TopExperts], new_axis="token_repeat")
-        token_repeat = topk_idx_flat.resolve_axis("token_repeat")
-        x_repeat_sort, group_sizes, sort_idx = self._permute(x_experts, topk_idx_flat, token_repeat)
-        if config.capacity_factor is None or self.inference:  # evaluation sees every token, as the evaluate step
-            out_repeat_sort = self.experts(x_repeat_sort, group_sizes, key=k_experts)
+        if expert_parallel_size(mesh) > 1:
+            out = self._expert_parallel(mesh, x_experts, chosen, weights)
         else:
-            sorted_experts = jnp.take(topk_idx_flat.array, sort_idx.array)
-            out_repeat_sort = self._experts_with_capacity(x_repeat_sort, sorted_experts, group_sizes.array)
-        out_repeat_sort = out_repeat_sort.rearrange((token_repeat, config.ExpertIn))
-        out_repeat = self._unpermute(out_repeat_sort, sort_idx, token, config.TopExperts)
-        out = out_repeat.dot(hax.named(weights.astype(x.dtype), (token, config.TopExperts)), axis=config.TopExperts)
+            out = self._routed_on_every_device(x_experts, chosen, weights, token, k_experts)
         if self.latent_out is not None:
             out = self.latent_out(out, key=k_out)
         if self.shared is not None:
@@ -267,6 +300,41 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         if self.inference:
             return out, extras
         return out, {**extras, **self._loss_terms(logits, load, token)}
+
+    def _expert_parallel(self, mesh: Any, x_experts: NamedArray, chosen: jax.Array, weights: jax.Array) -> NamedArray:
+        """The routed experts split over the mesh's `expert` axis (steps/model/expert_parallel.py), dropless."""
+        if self.config.capacity_factor is not None and not self.inference:
+            raise ValueError(
+                f"capacity_factor={self.config.capacity_factor} with an expert-parallel mesh is not built (each "
+                "expert group would drop by its own tokens, not the batch's): train with capacity_factor=None"
+            )
+        mlp, expert_in = self.experts, self.config.ExpertIn
+        arrays = [
+            proj.weight.rearrange((self.config.Experts, proj.In, proj.Out)).array
+            for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        ]
+        out = routed_experts(mesh, x_experts.array, chosen, weights, (arrays[0], arrays[1]), arrays[2], mlp.act)
+        return hax.named(out, x_experts.axes).rearrange((x_experts.axes[0], expert_in))
+
+    def _routed_on_every_device(
+        self, x_experts: NamedArray, chosen: jax.Array, weights: jax.Array, token: Axis, key: jax.Array | None
+    ) -> NamedArray:
+        """The routed experts where each device holds them all: permute, grouped (or capacity) matmul, unpermute."""
+        config = self.config
+        topk_idx = hax.named(chosen, (token, config.TopExperts))
+        topk_idx_flat = hax.flatten_axes(topk_idx, old_axes=[token, config.TopExperts], new_axis="token_repeat")
+        token_repeat = topk_idx_flat.resolve_axis("token_repeat")
+        x_repeat_sort, group_sizes, sort_idx = self._permute(x_experts, topk_idx_flat, token_repeat)
+        if config.capacity_factor is None or self.inference:  # evaluation sees every token, as the evaluate step
+            out_repeat_sort = self.experts(x_repeat_sort, group_sizes, key=key)
+        else:
+            sorted_experts = jnp.take(topk_idx_flat.array, sort_idx.array)
+            out_repeat_sort = self._experts_with_capacity(x_repeat_sort, sorted_experts, group_sizes.array)
+        out_repeat_sort = out_repeat_sort.rearrange((token_repeat, config.ExpertIn))
+        out_repeat = self._unpermute(out_repeat_sort, sort_idx, token, config.TopExperts)
+        return out_repeat.dot(
+            hax.named(weights.astype(x_experts.dtype), (token, config.TopExperts)), axis=config.TopExperts
+        )
 
     def _experts_with_capacity(
         self, x_sorted: NamedArray, sorted_experts: jax.Array, group_sizes: jax.Array

@@ -85,6 +85,7 @@ from steps.train.input_checks import (
     weights_file_schedule,
 )
 from steps.train.lineage import record_lineage
+from steps.train.parallelism import precision_policy
 from steps.train.train_metrics import JsonlMetricsConfig
 from steps.train.wandb_run import wandb_config
 
@@ -145,6 +146,14 @@ class TrainConfig:
     capacity_factor: float | None = None
     """Tokens an expert takes per batch, as a multiple of a fair share; the rest are dropped (the hero: 1.15).
     None: dropless. Capacity runs the experts as one batched matmul, much faster on CPU. Versioned."""
+    router_combine: str = "softmax"
+    """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py). Versioned."""
+    router_combine_sum: float = 1.0
+    """What the chosen experts' weights are renormalised to sum to (the hero: 2.5). Versioned."""
+    compute_dtype: str = "float32"
+    """What the forward and backward passes compute in: "float32", or "bfloat16" over float32 master weights,
+    gradients and AdamW moments (Levanter's mixed-precision policy `p=f32,c=<compute_dtype>`). Versioned:
+    bf16 rounds every activation."""
     z_loss_weight: float = 0.0
     """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
     seed: int = 0
@@ -161,8 +170,9 @@ class TrainConfig:
     """Log gradient and parameter norms (total and per parameter) every this many steps. Plain."""
     per_device_parallelism: int = -1
     """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain."""
-    peak_flops_per_second: float | None = None
-    """Peak FLOP/s of all devices together, for `mfu` in metrics.jsonl (None: MFU not logged). Plain."""
+    peak_flops_per_device: float | None = None
+    """Dense bf16 peak FLOP/s of one device (steps/train/hardware.py); `mfu` in metrics.jsonl divides by it
+    times the devices the run sees (None: MFU not logged). Plain."""
     wandb_project: str = "moe-train"
     """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
     hf_export: bool = True
@@ -233,6 +243,10 @@ def check_inputs(config: TrainConfig) -> None:
             f"{microbatch} sequences ({devices} devices x per_device_parallelism={config.per_device_parallelism}); "
             "use a multiple of it"
         )
+    try:
+        precision_policy(config.compute_dtype)
+    except ValueError as error:
+        raise TrainInputError(f"{label}: {error}") from error
     components, _ = data_mixture(config)
     tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
     if tokenizer_vocab != config.shape.vocab_size:
@@ -302,12 +316,13 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         JsonlMetricsConfig(
             output_path=config.output_path,
             flops_per_token=flops_per_token(config.shape),
-            peak_flops_per_second=config.peak_flops_per_second,
+            peak_flops_per_device=config.peak_flops_per_device,
         ),
         wandb_config(config.wandb_project, config.output_path, config.initialize_from),
     )
     trainer = TrainerConfig(
         seed=config.seed,
+        mp=precision_policy(config.compute_dtype),
         id=run_id,
         tracker=trackers,
         log_dir=Path(_local_dir(config.output_path, "logs")),
@@ -349,6 +364,8 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             router_bias_balancing=config.router_bias_balancing,
             router_z_loss_weight=config.router_z_loss_weight,
             capacity_factor=config.capacity_factor,
+            router_combine=config.router_combine,
+            router_combine_sum=config.router_combine_sum,
             step=label,
         ),
         optimizer=optimizer,

@@ -10,8 +10,10 @@ knowing of the other.
 Each line is `{"step": s, "time": unix seconds, <metric>: value, ...}`. To every line carrying
 `throughput/tokens_per_second` the tracker adds `model_flops_per_second` from steps/model/model_size.py (the one
 FLOPs calculator the ladder and hero plan use, not Levanter's own count) and, when the accelerator's peak
-is known, `mfu` = achieved / peak. A resumed run appends: a step logged twice (before and after a kill) has
-two lines, the later one is the run that continued.
+is known, `mfu` = achieved / (per-device peak x devices) (steps/train/hardware.py): the tokens per second
+Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device count.
+A resumed run appends: a step logged twice (before and after a kill) has two lines, the later one is the
+run that continued.
 
 On a local disk lines are flushed as they are written, so a killed run leaves every line up to the kill.
 Under a gs:// or s3:// prefix, where objects cannot be appended to, they go to segments beside the file
@@ -36,6 +38,7 @@ from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from executor import storage
 from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
+from steps.train.hardware import mfu_denominator
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +77,16 @@ class JsonlMetricsTracker(Tracker):
     name: str = "metrics_jsonl"
 
     def __init__(
-        self, path: str, flops_per_token: float, peak_flops_per_second: float | None, flush_seconds: float
+        self,
+        path: str,
+        flops_per_token: float,
+        peak_flops_per_device: float | None,
+        devices: int,
+        flush_seconds: float = FLUSH_SECONDS,
     ):
         self._path = path
         self._flops_per_token = flops_per_token
-        self._peak = peak_flops_per_second
+        self._peak = mfu_denominator(peak_flops_per_device, devices) if peak_flops_per_device else None
         # A resumed run continues the same stream: appended locally, new segments on gs:// and s3://.
         self._log = MetricsLog(path, flush_seconds=flush_seconds)
 
@@ -113,7 +121,10 @@ class JsonlMetricsConfig(TrackerConfig):
 
     output_path: str = ""
     flops_per_token: float = 0.0
-    peak_flops_per_second: float | None = None
+    peak_flops_per_device: float | None = None
+    """Dense bf16 peak of one device (steps/train/hardware.py); None: no `mfu`."""
+    devices: int | None = None
+    """Devices the run trains on (None: every device JAX sees, `jax.device_count()`)."""
     flush_seconds: float = FLUSH_SECONDS
     """On object stores, how often the lines logged since are made visible (executor/metrics_log.py)."""
 
@@ -121,7 +132,8 @@ class JsonlMetricsConfig(TrackerConfig):
         if jax.process_index() != 0:
             return NoopTracker()
         path = storage.join(self.output_path, METRICS_FILE)
-        return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_second, self.flush_seconds)
+        devices = self.devices if self.devices is not None else jax.device_count()
+        return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_device, devices, self.flush_seconds)
 
 
 def read_metrics(output_path: str) -> list[dict[str, Any]]:

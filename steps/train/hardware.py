@@ -1,0 +1,62 @@
+"""Accelerator profiles: what a plan, an MFU figure and an hours estimate need to know about the hardware.
+
+One profile per accelerator a run may be planned on. MFU is model FLOP/s over (per-device peak x devices):
+`peak_flops_per_device` is one GPU's or one TPU chip's dense bf16 peak, never a node's, so a run asking for
+8 devices is measured against 8 peaks (`mfu_denominator`).
+
+Figures are the vendors' published dense (no sparsity) bf16 peaks and HBM sizes:
+
+| profile | device | bf16 peak / device | HBM / device | devices / host | fast domain |
+|---|---|---|---|---|---|
+| `gb200` | B200 of a GB200 NVL72 rack | 2.5 PFLOP/s | 186 GB | 4 (a compute tray) | 72 (the NVLink rack) |
+| `h100` | H100 SXM 80 GB | 989 TFLOP/s | 80 GB | 8 | 8 (the NVLink node) |
+| `tpu_v5p` | TPU v5p chip | 459 TFLOP/s | 95 GB | 4 | 8,960 (the ICI pod) |
+
+The fast domain bounds expert parallelism: the all-to-all that sends tokens to their experts' devices
+stays inside NVLink / ICI (steps/train/parallelism.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator type, as planning sees it. Never versioned: hardware does not change what is computed."""
+
+    name: str
+    """The profile's key (`--hardware NAME`)."""
+    accelerator_type: str
+    """What a step asks the cluster for (Ray's accelerator_type)."""
+    peak_flops_per_device: float
+    """Dense bf16 peak of one device (one GPU or one TPU chip), FLOP/s."""
+    memory_bytes_per_device: int
+    """Accelerator memory of one device that a run may use."""
+    devices_per_host: int
+    """Devices one host (one JAX process) drives."""
+    fast_domain_devices: int
+    """Devices joined by the fast interconnect (NVLink, ICI): the largest expert-parallel group."""
+    is_gpu: bool = True
+
+
+HARDWARE = {
+    "gb200": Hardware("gb200", "GB200", 2.5e15, 186 * 10**9, 4, 72),
+    "h100": Hardware("h100", "H100", 989e12, 80 * 10**9, 8, 8),
+    "tpu_v5p": Hardware("tpu_v5p", "TPU-V5P", 459e12, 95 * 10**9, 4, 8960, is_gpu=False),
+}
+"""Every profile, by name."""
+
+
+def hardware_profile(name: str) -> Hardware:
+    """The profile called `name`; a ValueError listing the known ones otherwise."""
+    if name not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; known profiles: {', '.join(sorted(HARDWARE))}")
+    return HARDWARE[name]
+
+
+def mfu_denominator(peak_flops_per_device: float, devices: int) -> float:
+    """What a run's model FLOP/s is divided by for MFU: every device's peak, not one device's."""
+    if peak_flops_per_device <= 0 or devices <= 0:
+        raise ValueError(f"MFU needs a positive peak and device count, got {peak_flops_per_device} x {devices}")
+    return peak_flops_per_device * devices

@@ -1,0 +1,69 @@
+"""steps/model/expert_parallel.py on four fake CPU devices (a subprocess each: the device count is fixed when
+JAX starts): the routed experts split over an `expert` axis equal a numpy reference and move tokens only by
+all-to-all, and a tiny hero-shaped MoE (latent, shared and sigmoid-combined experts, local and global layers,
+router-bias balancing) trains on data=2 x expert=2 as on one device, each device holding half the experts,
+with no collective carrying the batch's activations (the router logits, tokens x experts, are still gathered:
+README's training section)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.training
+
+HERE = Path(__file__).resolve().parent
+
+KERNEL = textwrap.dedent("""
+    import json, os, re
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, numpy as np
+    from steps.model.expert_parallel import routed_experts
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "expert"))
+    tokens, feature, width, experts, top_k = 256, 32, 16, 8, 2
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(tokens, feature)).astype(np.float32)
+    chosen = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int32)
+    weights = rng.random((tokens, top_k)).astype(np.float32)
+    gate, up = (rng.normal(size=(experts, feature, width)).astype(np.float32) * 0.1 for _ in range(2))
+    down = rng.normal(size=(experts, width, feature)).astype(np.float32) * 0.1
+    run = jax.jit(lambda *a: routed_experts(mesh, a[0], a[1], a[2], (a[3], a[4]), a[5], jax.nn.silu))
+    args = (x, chosen, weights, gate, up, down)
+    hidden = np.einsum("tf,tkfw->tkw", x, gate[chosen]), np.einsum("tf,tkfw->tkw", x, up[chosen])
+    swiglu = hidden[0] / (1 + np.exp(-hidden[0])) * hidden[1]
+    expected = np.einsum("tkw,tkwf,tk->tf", swiglu, down[chosen], weights)
+    hlo = run.lower(*args).compile().as_text()
+    ops = re.findall(r" (all-gather|all-to-all|all-reduce|reduce-scatter|collective-permute)(?:-start)?\\(", hlo)
+    print("RESULT " + json.dumps({"error": float(np.abs(np.asarray(run(*args)) - expected).max()), "ops": ops}))
+""")
+
+
+def result(*command: str) -> dict:
+    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=900, cwd=HERE.parent)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def test_routed_experts_split_over_the_expert_axis_equal_numpy_and_move_tokens_by_all_to_all_only() -> None:
+    kernel = result("-c", KERNEL)
+    assert kernel["error"] < 1e-5
+    assert set(kernel["ops"]) == {"all-to-all"}  # dispatch (rows and their experts) and return
+
+
+@pytest.mark.slow
+def test_a_tiny_hero_shaped_moe_trains_on_data2_x_expert2_as_on_one_device() -> None:
+    one, four = (result(str(HERE / "expert_parallel_run.py"), str(devices)) for devices in (1, 4))
+    assert four["losses"] == pytest.approx(one["losses"], abs=1e-4)
+    assert four["expert_bytes_per_device"] * 2 == four["expert_bytes"] == one["expert_bytes_per_device"]
+    routed_copies = 8 * 32 // 4 * 2  # a device's tokens (batch 8 x 32 positions over 4 devices) x top-2
+    dispatches = [op for op in four["collectives"] if op["op"] == "all-to-all"]
+    assert any(op["shape"] == f"f32[1,{routed_copies},16]" for op in dispatches), four["collectives"]
+    # No collective gathers the batch's activations (256 tokens x d_model 32, or x the latent 16) onto a device.
+    gathered = [op["shape"] for op in four["collectives"] if op["op"] != "all-to-all"]
+    assert not [shape for shape in gathered if shape.startswith(("f32[256,32]", "f32[256,16]"))], gathered

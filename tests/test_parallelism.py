@@ -1,0 +1,122 @@
+"""steps/train/hardware.py and steps/train/parallelism.py: MFU over every device's peak, the hero's plan on
+GB200 (fits) and on one H100 node (refused before any step runs, naming the step), and the memory estimate
+against XLA's compiled memory of the real model's gradient on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import jmp
+import numpy as np
+import pytest
+from levanter.models.lm_model import LmExample
+
+from executor import storage
+from experiments import hero_535b
+from steps.model.levanter_config import qwen3_moe_config
+from steps.model.model_size import MoeShape, flops_per_token, ladder_shape
+from steps.train.hardware import HARDWARE
+from steps.train.parallelism import PlanDoesNotFitError, expert_parallel_size, memory_per_device, precision_policy
+from steps.train.train import TrainConfig, levanter_config
+from steps.train.train_metrics import JsonlMetricsConfig, read_metrics
+
+
+def test_mfu_divides_by_every_devices_peak(tmp_path: Path) -> None:
+    """A run on 8 H100s at a true 40% logs mfu 0.4 (today's tracker divided by one device's peak: 3.2)."""
+    shape = ladder_shape(1024, 12)
+    h100 = HARDWARE["h100"]
+    config = JsonlMetricsConfig(output_path=str(tmp_path), flops_per_token=flops_per_token(shape),
+                                peak_flops_per_device=h100.peak_flops_per_device, devices=8)  # fmt: skip
+    tracker = config.init("run")
+    tokens_per_second = 0.4 * 8 * h100.peak_flops_per_device / flops_per_token(shape)
+    tracker.log({"throughput/tokens_per_second": tokens_per_second}, step=1)
+    tracker.finish()
+    assert read_metrics(str(tmp_path))[0]["mfu"] == pytest.approx(0.4)
+
+
+def test_full_train_steps_log_mfu_against_their_hardwares_per_device_peak() -> None:
+    for name, hardware in HARDWARE.items():
+        dag = hero_535b.build_dag(hero_535b.full_scale(hardware))
+        for _rung, step in dag.trains.values():
+            assert step.config.peak_flops_per_device == hardware.peak_flops_per_device, (name, step.name)
+
+
+def full_plan(tmp_path: Path, hardware: str) -> dict[str, dict]:
+    plan_json = tmp_path / "plan.json"
+    hero_535b.main(["--scale", "full", "--hardware", hardware, "--dry_run", "true", "--plan_json", str(plan_json),
+                    "--prefix", str(tmp_path / "prefix")])  # fmt: skip
+    return {entry["name"]: entry for entry in json.loads(plan_json.read_text())}
+
+
+def test_the_heros_plan_on_gb200_fits_with_ep64(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    entries = full_plan(tmp_path, "gb200")
+    hero = entries["train/d6144"]
+    assert (hero["hardware"], hero["hosts"], hero["devices"]) == ("gb200", 176, 704)
+    assert hero["mesh"] == {"data": 11, "expert": 64} and hero["fits"]
+    memory = hero["memory_per_device_bytes"]
+    parts = ("parameters", "gradients", "optimizer_state", "activations")
+    assert memory["total"] == sum(memory[part] for part in parts)
+    assert memory["total"] <= HARDWARE["gb200"].memory_bytes_per_device
+    assert 11_264 % (hero["devices"] * hero["microbatch"]) == 0
+    planned = [name for name in entries if name.startswith(("train/", "evaluate/"))]
+    assert len(planned) == 10 and all(entries[name]["fits"] for name in planned)
+    hero_step = hero_535b.build_dag(hero_535b.full_scale()).trains["d6144"][1]
+    assert hero_step.config.per_device_parallelism == hero["microbatch"]  # microbatches, not the whole batch
+    printed = capsys.readouterr().out
+    assert "176 hosts x 4 gb200 = 704 devices, mesh {'data': 11, 'expert': 64}, microbatch" in printed
+
+
+def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) -> None:
+    with pytest.raises(PlanDoesNotFitError, match=r"train/d6144 .*8 h100 devices.*largest term is optimizer_state"):
+        full_plan(tmp_path, "h100")
+    assert not storage.exists(str(tmp_path / "prefix")), "a refused plan ran or recorded something"
+
+
+def test_expert_parallelism_stays_inside_the_fast_domain() -> None:
+    hero = ladder_shape(6144, 48)
+    assert expert_parallel_size(hero, 704, HARDWARE["gb200"]) == 64
+    assert expert_parallel_size(hero, 8, HARDWARE["h100"]) == 8
+    assert expert_parallel_size(hero, 1024, HARDWARE["tpu_v5p"]) == 64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sizes", [(192, 3, 384, 4, 3072), (64, 2, 128, 2, 512)])
+def test_memory_estimate_is_within_15_percent_of_xlas_compiled_memory(sizes: tuple[int, ...]) -> None:
+    """Parameters + gradients + activations of the estimate (f32, attention scores materialised, as on CPU)
+    against argument + output + temporaries of the compiled loss-and-gradient of the real model, on shapes
+    that were not used to fit the estimate's two factors."""
+    d_model, layers, seq, batch, vocab = sizes
+    shape = MoeShape(d_model=d_model, n_layers=layers, vocab_size=vocab, n_heads=d_model // 8, head_dim=8,
+                     kv_heads_local=2, kv_heads_global=2, global_every=1, sliding_window=None, n_experts=8, top_k=2,
+                     expert_width=d_model // 2, latent_dim=d_model // 2, n_shared_experts=2,
+                     shared_width=d_model // 2, seq_len=seq)  # fmt: skip
+    config = qwen3_moe_config(shape, tokenizer_path="unused", router_aux_loss_coef=None, step="calibration")
+    config = dataclasses.replace(config, gradient_checkpointing=True)
+    batch_axis = hax.Axis("batch", batch)
+    with hax.partitioning.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))):
+        model = config.build(hax.Axis("vocab", vocab), key=jax.random.PRNGKey(0))
+        example = hax.vmap(LmExample.causal, batch_axis)(hax.zeros((batch_axis, config.max_Pos), dtype=jnp.int32))
+        loss = eqx.filter_value_and_grad(lambda m, ex: m.compute_next_token_loss(ex).scalar())
+        compiled = eqx.filter_jit(loss).lower(model, example).compile().compiled.memory_analysis()
+    measured = (compiled.argument_size_in_bytes + compiled.output_size_in_bytes + compiled.temp_size_in_bytes
+                - compiled.alias_size_in_bytes)  # fmt: skip
+    estimate = memory_per_device(shape, {"data": 1, "expert": 1}, batch, compute_bytes=4, attention_scores=True)
+    estimated = estimate.parameters + estimate.gradients + estimate.activations
+    assert estimated == pytest.approx(measured, rel=0.15)
+
+
+def test_the_train_step_hands_levanter_its_precision_and_the_hero_computes_in_bf16(tmp_path: Path) -> None:
+    shape = ladder_shape(768, 8)
+    config = TrainConfig(shape=shape, tokenizer_path=str(tmp_path), components={"web": str(tmp_path)},
+                         output_path=str(tmp_path / "run"), num_train_steps=10, train_batch_size=8,
+                         compute_dtype="bfloat16")  # fmt: skip
+    assert levanter_config(config).trainer.mp == precision_policy("bfloat16")
+    assert levanter_config(dataclasses.replace(config, compute_dtype="float32")).trainer.mp == jmp.get_policy("f32")
+    dag = hero_535b.build_dag(hero_535b.full_scale())
+    assert {step.config.compute_dtype.value for _rung, step in dag.trains.values()} == {"bfloat16"}
