@@ -46,24 +46,16 @@ temporary MARIN_PREFIX) is set by `training_environment`, around the step, not r
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
-import os
-import shutil
-import tempfile
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import jax
-import wandb
 from levanter.checkpoint import CheckpointerConfig
 from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
-from levanter.tracker import wandb as levanter_wandb
 from levanter.trainer import TrainerConfig
 
 from executor import storage
@@ -86,6 +78,7 @@ from steps.train.input_checks import (
 )
 from steps.train.lineage import record_lineage
 from steps.train.parallelism import precision_policy
+from steps.train.run_environment import close_log_files, keep_local_folder, local_dir, training_environment
 from steps.train.train_metrics import JsonlMetricsConfig
 from steps.train.wandb_run import wandb_config
 
@@ -206,21 +199,7 @@ def train(config: TrainConfig) -> None:
                 export_checkpoint(checkpoints, run.model, config.shape.vocab_size, hf_folder, trainer=run.trainer)
         finally:
             close_log_files(run.trainer.log_dir)
-            _keep_local_folder(str(run.trainer.log_dir), config.output_path, "logs")
-
-
-def close_log_files(log_dir: str | os.PathLike[str]) -> None:
-    """Detach and close the root logger's file handlers writing under `log_dir`.
-
-    Levanter's trainer adds a file handler for its run's log file to the root logger and never removes it: in a
-    process that runs several steps (a Ray worker), every later step's log lines would also land in this step's
-    `logs/` folder."""
-    folder = os.path.abspath(log_dir)
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and os.path.dirname(handler.baseFilename) == folder:
-            root.removeHandler(handler)
-            handler.close()
+            keep_local_folder(str(run.trainer.log_dir), config.output_path, "logs")
 
 
 def _step_label(config: TrainConfig) -> str:
@@ -325,7 +304,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         mp=precision_policy(config.compute_dtype),
         id=run_id,
         tracker=trackers,
-        log_dir=Path(_local_dir(config.output_path, "logs")),
+        log_dir=Path(local_dir(config.output_path, "logs")),
         watch=MoeWatchConfig(interval=config.watch_interval),
         train_batch_size=config.train_batch_size,
         per_device_parallelism=config.per_device_parallelism,
@@ -371,87 +350,3 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         optimizer=optimizer,
         z_loss_weight=config.z_loss_weight,
     )
-
-
-def _local_dir(output_path: str, name: str) -> str:
-    """A local folder for tools that write only local files (wandb, Levanter's log files): under the output
-    path when it is local, else a temporary folder that `_keep_local_folder` uploads at the end of the run."""
-    if not storage.on_local_disk(output_path):
-        return tempfile.mkdtemp(prefix=f"{name}-")
-    folder = os.path.join(storage.make_absolute(output_path).removeprefix("file://").removeprefix("local://"), name)
-    os.makedirs(folder, exist_ok=True)
-    return folder
-
-
-def _keep_local_folder(local: str, output_path: str, name: str) -> None:
-    """With an object-store output, upload a `_local_dir` folder's files to `<output>/<name>/` and delete it
-    (a killed run leaves it in the temp folder). A failed upload is logged, not raised: it must not hide
-    the run's own outcome, and the files stay where the warning says."""
-    if storage.on_local_disk(output_path) or not os.path.isdir(local):
-        return
-    try:
-        for folder, _subfolders, names in os.walk(local):
-            for file_name in names:
-                path = os.path.join(folder, file_name)
-                if not os.path.islink(path):
-                    relative = os.path.relpath(path, local).replace(os.sep, "/")
-                    storage.upload_file(path, storage.join(output_path, name, relative))
-    except Exception as error:  # any storage failure: the run's own result stands
-        logger.warning("%s: could not upload %s to %s/%s (%r); the files stay there", output_path, local,
-                       output_path, name, error)  # fmt: skip
-        return
-    shutil.rmtree(local, ignore_errors=True)
-
-
-_ONE_RUN_PER_PROCESS = threading.Lock()
-
-
-@contextlib.contextmanager
-def training_environment(output_path: str) -> Iterator[None]:
-    """The process environment Levanter and wandb read, for one run: offline hub and wandb (unless the caller
-    set WANDB_MODE), wandb files under the output path, and a throwaway MARIN_PREFIX. Restored after.
-
-    All of it is process-wide (environment variables, wandb's setup, Levanter's global tracker, which writes
-    metrics.jsonl), so one run holds it at a time: a second train step in the same process (the local backend
-    runs steps in threads) waits for the first instead of logging into its files."""
-    if not _ONE_RUN_PER_PROCESS.acquire(blocking=False):
-        logger.info("%s: waiting for another training run in this process to finish", output_path)
-        _ONE_RUN_PER_PROCESS.acquire()
-    try:
-        with _environment(output_path):
-            yield
-    finally:
-        _ONE_RUN_PER_PROCESS.release()
-
-
-@contextlib.contextmanager
-def _environment(output_path: str) -> Iterator[None]:
-    settings = {
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
-        "WANDB_DIR": _local_dir(output_path, "wandb"),
-        "WANDB_SILENT": "true",
-    }
-    previous = {name: os.environ.get(name) for name in [*settings, "MARIN_PREFIX"]}
-    with tempfile.TemporaryDirectory(prefix="marin-prefix-") as marin_prefix:
-        os.environ.update(settings, MARIN_PREFIX=marin_prefix)
-        # wandb keeps one process-wide setup, made from the environment of its first run: a second train step
-        # in the same worker process (a Ray worker runs many) would write into the first step's WANDB_DIR.
-        wandb.teardown()
-        try:
-            yield
-        finally:
-            # Stop the wandb service this run started and drop its WANDB_SERVICE token from the environment:
-            # left there, every process started later from this one (an executor subprocess, a rerun after a
-            # kill) would join this service, which still holds a killed run's id ("run ID is in use").
-            wandb.teardown()
-            # Levanter's tracker registers an atexit hook that tears wandb down again from a new thread, which
-            # fails at interpreter exit ("can't create new thread at interpreter shutdown"): done here already.
-            atexit.unregister(getattr(levanter_wandb, "_teardown_wandb_service_bounded", lambda *_: None))
-            for name, value in previous.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            _keep_local_folder(settings["WANDB_DIR"], output_path, "wandb")
