@@ -103,10 +103,13 @@ def test_the_predicted_curve_never_rises_even_when_the_rungs_evals_do() -> None:
         losses[5] += 0.2  # the eval at 60%
         rungs.append(RungCurve(name=f"d{index}", compute=float(compute), tokens=list(fractions * 1e9), loss=losses))
     curve = predict_loss_curve(rungs, HERO_COMPUTE, 18e12, asymptote=TRUE_E, fractions=list(fractions))
-    for edge in ("loss", "low", "high"):
-        values = [getattr(point, edge) for point in curve]
-        assert all(later <= earlier for earlier, later in itertools.pairwise(values)), (edge, values)
+    losses = [point.loss for point in curve]
+    assert all(later <= earlier for earlier, later in itertools.pairwise(losses)), losses
     assert curve[0].loss > curve[-1].loss
+    # Away from the bump the points are the fits' own, bands included; the last is the final prediction.
+    final = predict_with_band(LADDER_COMPUTE, [rung.loss[-1] for rung in rungs], HERO_COMPUTE, asymptote=TRUE_E)
+    assert (curve[-1].loss, curve[-1].low, curve[-1].high) == pytest.approx((final.loss, final.low, final.high))
+    assert all(point.low < point.loss < point.high for point in curve)
 
 
 def test_predicted_loss_curve_follows_the_law_at_each_fraction() -> None:

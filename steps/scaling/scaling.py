@@ -28,8 +28,8 @@ each fraction f of training, fit the law across rungs to (compute of the whole r
 read the target at its own compute. Learning-rate schedules are defined in fractions of the run, so
 losses at the same fraction are comparable across rungs; the curve is the target's expected loss at
 f x its tokens. Each fraction is a fit of its own, so noise can make neighbours cross; a run's expected eval
-loss does not rise with tokens, so the curve (and each band edge) is projected on the non-increasing curves
-(least squares, pool adjacent violators) before it is drawn.
+loss does not rise with tokens, so the curve is projected on the non-increasing curves (least squares, pool
+adjacent violators) before it is drawn, each point's band moving with it.
 """
 
 from __future__ import annotations
@@ -254,10 +254,16 @@ def predict_loss_curve(
             [rung.compute for rung in rungs], losses_at_fraction, target_compute, asymptote, samples=samples
         )
         curve.append(at_fraction)
-    loss, low, high = (non_increasing([getattr(point, edge) for point in curve]) for edge in ("loss", "low", "high"))
+    # The band moves with its point: its width is each fraction's own (it may widen towards the end).
+    loss = non_increasing([point.loss for point in curve])
     return [
-        Prediction(compute=fraction * target_tokens, loss=loss[index], low=low[index], high=high[index])
-        for index, fraction in enumerate(fractions)
+        Prediction(
+            compute=fraction * target_tokens,
+            loss=level,
+            low=point.low + level - point.loss,
+            high=point.high + level - point.loss,
+        )
+        for fraction, level, point in zip(fractions, loss, curve, strict=True)
     ]
 
 
