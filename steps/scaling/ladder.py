@@ -90,7 +90,8 @@ class LadderConfig:
     """Fix the irreducible loss E (the published method; what `default_scaling` does) or fit it (None).
     Versioned."""
     bootstrap_samples: int = 1000
-    """Residual-bootstrap draws behind the prediction's band (steps/scaling/scaling.py). Versioned."""
+    """Residual-bootstrap draws behind the band when the asymptote is free (a fixed one's band is closed-form;
+    steps/scaling/scaling.py). Versioned."""
 
 
 def eval_curve(train_path: str, tokens_per_step: float) -> tuple[list[float], list[float]]:
