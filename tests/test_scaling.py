@@ -2,6 +2,7 @@
 that never rises, eval lines read at the tokens they saw, and fits it cannot make refused."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -244,3 +245,16 @@ def test_an_eval_logged_at_step_s_saw_s_plus_1_steps_of_tokens(tmp_path) -> None
     curve = _rung_curve(rung, "test")
     assert curve.tokens == [25e4, 50e4, 75e4, 1e6]
     assert curve.loss[-1] == pytest.approx(law(LADDER_COMPUTE[0]))
+
+
+@pytest.mark.parametrize("scale", ["tiny", "full"])
+def test_the_hero_dags_ladder_fixes_the_asymptote_below_every_loss_it_fits(scale: str) -> None:
+    """The published method: `default_scaling` hands the scaling step the scale's irreducible loss (hashed), never
+    a free asymptote, which on the tiny ladder ran to its lower bound (1.2e-30, alpha 0.01)."""
+    from executor import VersionedValue
+    from experiments import hero_535b
+
+    chosen = hero_535b.tiny_scale() if scale == "tiny" else hero_535b.full_scale()
+    config = hero_535b.build_dag(chosen).scaling.config
+    assert config.asymptote == VersionedValue(chosen.irreducible_loss)
+    assert 0 < chosen.irreducible_loss < math.log(chosen.vocab_size) / 2
