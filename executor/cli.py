@@ -1,11 +1,16 @@
-"""`python -m executor status|explain|verify`: inspect what a DAG left in storage.
+"""`python -m executor status|explain|verify|dashboard`: inspect what a DAG left in storage.
 
 python -m executor status outputs                     # every step under a prefix
-python -m executor status outputs/experiments/demo-1a2b3c4d.json
+python -m executor status 'outputs/experiments/demo-*.json'   # experiment files (several, or a glob)
+python -m executor status outputs --latest demo       # the newest experiment of experiments/demo.py
 python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
 python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
-python -m executor verify outputs/tokenizer-5e6f7a8b  # recompute checksums vs the manifest
+python -m executor verify outputs                     # recompute checksums of every finished step
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
+
+A target is a prefix, one step's output folder, or experiment files (paths or quoted globs). Code drift
+is judged against the fingerprint the newest experiment file recorded for each step (this command
+cannot import your code). A target that does not exist is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from executor import storage
 from executor.explain import explain_output
 from executor.inventory import (
     StepRow,
+    current_fingerprints,
     experiment_rows,
     latest_experiment,
     load_experiment,
@@ -30,7 +36,7 @@ from executor.inventory import (
 )
 from executor.main import configure_logging, resolve_prefix
 from executor.records import verify_manifest
-from executor.status import INFO_FILE
+from executor.status import INFO_FILE, StepStatus
 
 STATUS_STYLES = {
     "SUCCESS": "green",
@@ -39,19 +45,73 @@ STATUS_STYLES = {
     "FAILED": "bold red",
     "DEP_FAILED": "red",
 }
+EXAMPLES = "\n".join("  " + line for line in __doc__.split("\n\n")[1].splitlines())
 
 
-def _rows_and_title(target: str) -> tuple[list[StepRow], str, dict[str, str]]:
-    """Rows for an experiment file, a single step output, or a prefix; plus a title and fingerprints."""
-    target = storage.make_absolute(target)
+class TargetError(ValueError):
+    """A command-line target that names nothing stored; the CLI prints it as one line."""
+
+
+def expand_targets(targets: Sequence[str]) -> list[str]:
+    """Absolute paths of the targets, quoted globs expanded (sorted); a target matching nothing is an error."""
+    found: list[str] = []
+    for target in targets:
+        target = storage.make_absolute(target)
+        if any(char in target for char in "*?["):
+            fs, fs_path = storage.filesystem(target)
+            matches = sorted(fs.glob(fs_path))
+            if not matches:
+                raise TargetError(f"{target}: no file matches this pattern")
+            found.extend(fs.unstrip_protocol(match) if storage.is_url(target) else match for match in matches)
+        elif target.endswith(".json") and not storage.exists(target):
+            raise TargetError(f"{target}: no such experiment file (list them: ls {storage.dirname(target)})")
+        else:
+            found.append(target)
+    return found
+
+
+def _with_latest(targets: list[str], latest: str | None) -> list[str]:
+    """`--latest NAME` turns a prefix target into its newest experiment file of `experiments/NAME.py`."""
+    if latest is None:
+        return targets
+    chosen = []
+    for target in targets or [storage.make_absolute(resolve_prefix(None))]:
+        experiment = latest_experiment(target, latest)
+        if experiment is None:
+            raise TargetError(f"{target}: no experiment file of {latest!r} under {storage.join(target, 'experiments')}")
+        chosen.append(experiment)
+    return chosen
+
+
+def rows_and_title(target: str) -> tuple[list[StepRow], str]:
+    """Rows for an experiment file, a single step output, or a prefix; plus a title."""
     if target.endswith(".json"):
         record = load_experiment(target)
         title = f"experiment {storage.basename(target)} ({record.get('caller')}, {record.get('created')})"
-        return experiment_rows(record), title, {}
+        return experiment_rows(record), title
     if storage.exists(storage.join(target, INFO_FILE)):
-        rows = [row for row in prefix_rows(storage.dirname(target)) if row.output_path == target]
-        return rows, target, {}
-    return prefix_rows(target), f"prefix {target}", {}
+        fingerprints = current_fingerprints(prefix_of(target))
+        rows = [row for row in prefix_rows(storage.dirname(target), fingerprints) if row.output_path == target]
+        return rows, target
+    return prefix_rows(target, current_fingerprints(target)), f"prefix {target}"
+
+
+def prefix_of(output_path: str, max_depth: int = 3) -> str:
+    """The prefix a step output lies under: the nearest parent holding `experiments/` (names may hold '/')."""
+    parent = storage.dirname(output_path)
+    for _level in range(max_depth):
+        if storage.exists(storage.join(parent, "experiments")):
+            return parent
+        parent = storage.dirname(parent)
+    return storage.dirname(output_path)
+
+
+def step_label(row: StepRow) -> str:
+    """`tokenized/code-1a2b3c4d`: the full step name (it may hold '/') with the output's hash suffix."""
+    short = storage.basename(row.name)
+    if row.label.startswith(short + "-"):
+        return row.name + row.label[len(short) :]
+    return row.label
 
 
 def render_status(rows: list[StepRow], title: str, console: Console) -> None:
@@ -67,7 +127,9 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
             note = f"shards {done}/{total}, {row.progress.get('rows', 0)} rows; {note}"
         if row.drift:
             note = f"code drift! {note}"
-        table.add_row(row.label, f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path)
+        table.add_row(
+            step_label(row), f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path
+        )
     console.print(table)
     counts = status_counts(rows)
     console.print(
@@ -75,43 +137,74 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
     )
 
 
-def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    rows, title, _ = _rows_and_title(args.target)
-    if args.name:
-        pattern = re.compile(args.name)
+def _selected_rows(target: str, name: str | None) -> tuple[list[StepRow], str]:
+    rows, title = rows_and_title(target)
+    if name:
+        pattern = re.compile(name)
         rows = [row for row in rows if pattern.search(row.name)]
-    if not rows:
-        console.print(f"no steps found under {args.target}")
-        return 1
-    render_status(rows, title, console)
-    return 1 if any(row.status == "FAILED" for row in rows) else 0
+    return rows, title
 
 
-def _outputs_for(target: str, name: str | None) -> list[str]:
-    target = storage.make_absolute(target)
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    worst = 0
+    for target in _with_latest(expand_targets(args.targets or [resolve_prefix(None)]), args.latest):
+        rows, title = _selected_rows(target, args.name)
+        if not rows:
+            console.print(f"no steps found under {target}")
+            worst = max(worst, 1)
+            continue
+        render_status(rows, title, console)
+        worst = max(worst, 1 if any(row.status == StepStatus.FAILED for row in rows) else 0)
+    return worst
+
+
+def _candidates(target: str) -> tuple[list[tuple[str, str]], str]:
+    """(step name, output path) of the steps `explain TARGET NAME` chooses from, and where they come from."""
+    if target.endswith(".json"):
+        return [(step["name"], step["output_path"]) for step in load_experiment(target)["steps"]], target
+    experiment = latest_experiment(target)
+    if experiment is not None:
+        steps = load_experiment(experiment)["steps"]
+        return [(step["name"], step["output_path"]) for step in steps], f"the newest experiment {experiment}"
+    return [(row.name, row.output_path) for row in prefix_rows(target)], f"every step stored under {target}"
+
+
+def _outputs_for(target: str, name: str | None, console: Console) -> list[str]:
+    """The outputs to explain; when the prefix holds other versions of a chosen name, say which is shown."""
     if name is None:
         return [target]
+    pattern = re.compile(name)
+    candidates, source = _candidates(target)
+    chosen = [(step_name, path) for step_name, path in candidates if pattern.search(step_name)]
+    if target.endswith(".json") or not chosen:
+        return [path for _name, path in chosen]
+    stored = [(row.name, row.output_path) for row in prefix_rows(target)]
+    for step_name in dict.fromkeys(step_name for step_name, _path in chosen):
+        versions = sorted(path for stored_name, path in stored if stored_name == step_name)
+        shown = [path for chosen_name, path in chosen if chosen_name == step_name]
+        if any(path not in shown for path in versions):
+            console.print(
+                f"{step_name}: {len(versions)} versions stored; explaining {', '.join(shown)} (from {source}). "
+                f"Others: {', '.join(path for path in versions if path not in shown)} (explain one by its path)",
+                highlight=False,
+                markup=False,
+            )
+    return [path for _name, path in chosen]
+
+
+def _explain_target(target: str, step: str | None, console: Console) -> int:
+    outputs = _outputs_for(target, step, console)
+    if not outputs:
+        console.print(f"no step matching {step!r} under {target}")
+        return 1
     if target.endswith(".json"):
         steps = load_experiment(target)["steps"]
-        candidates = [(step["name"], step["output_path"]) for step in steps]
+        fingerprints = {entry["output_path"]: entry.get("code_fingerprint") for entry in steps}
     else:
-        experiment = latest_experiment(target)
-        if experiment is not None:
-            candidates = [(step["name"], step["output_path"]) for step in load_experiment(experiment)["steps"]]
-        else:
-            candidates = [(row.name, row.output_path) for row in prefix_rows(target)]
-    pattern = re.compile(name)
-    return [path for step_name, path in candidates if pattern.search(step_name)]
-
-
-def cmd_explain(args: argparse.Namespace, console: Console) -> int:
-    outputs = _outputs_for(args.target, args.step)
-    if not outputs:
-        console.print(f"no step matching {args.step!r} under {args.target}")
-        return 1
+        fingerprints = current_fingerprints(target if step is not None else prefix_of(target))
     for output_path in outputs:
         try:
-            report = explain_output(output_path)
+            report = explain_output(output_path, fingerprints.get(output_path))
         except FileNotFoundError as error:
             console.print(f"[red]{error}[/]")
             return 1
@@ -120,17 +213,39 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace, console: Console) -> int:
+    """Each target (a quoted glob may name several step outputs or experiment files) in turn."""
+    return max(_explain_target(target, args.step, console) for target in expand_targets([args.target]))
+
+
+def _verify_one(output_path: str, console: Console) -> bool:
+    problems = verify_manifest(output_path)
+    if problems:
+        console.print(f"[red]{output_path}: {len(problems)} problem(s)[/]")
+        for problem in problems:
+            console.print(f"  {problem}", markup=False)
+    else:
+        console.print(f"[green]{output_path}: every file matches its manifest[/]")
+    return not problems
+
+
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    """One output: verify it. A prefix or experiment file: every SUCCESS step in it, then a summary."""
     worst = 0
-    for output_path in args.outputs:
-        problems = verify_manifest(storage.make_absolute(output_path))
-        if problems:
-            worst = 1
-            console.print(f"[red]{output_path}: {len(problems)} problem(s)[/]")
-            for problem in problems:
-                console.print(f"  {problem}", markup=False)
-        else:
-            console.print(f"[green]{output_path}: every file matches its manifest[/]")
+    for target in expand_targets(args.targets):
+        if not target.endswith(".json") and storage.exists(storage.join(target, INFO_FILE)):
+            worst = max(worst, 0 if _verify_one(target, console) else 1)
+            continue
+        rows, title = rows_and_title(target)
+        finished = [row for row in rows if row.status == StepStatus.SUCCESS]
+        bad = [row for row in finished if not _verify_one(row.output_path, console)]
+        unfinished = len(rows) - len(finished)
+        style = "red" if bad else "green"
+        console.print(
+            f"[{style}]{title}: {len(finished) - len(bad)} of {len(finished)} finished step(s) match their "
+            f"manifests; {len(bad)} with problems; {unfinished} not finished (not verified)[/]"
+        )
+        worst = max(worst, 1 if bad or not rows else 0)
     return worst
 
 
@@ -142,17 +257,41 @@ def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m executor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m executor",
+        description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="status of every step under a prefix or of an experiment")
-    status.add_argument("target", help="a prefix, an experiment JSON, or one step's output path")
+
+    def command(name: str, help_text: str, example: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    status = command(
+        "status", "status of the steps under a prefix or in experiment files", "python -m executor status outputs"
+    )
+    status.add_argument("targets", nargs="*", help="prefixes, experiment JSON files or globs, or step output paths")
     status.add_argument("--name", help="only steps whose name matches this regex")
-    explain = commands.add_parser("explain", help="why a step's hash is what it is")
+    status.add_argument("--latest", metavar="NAME", help="the newest experiment file of experiments/NAME.py")
+    explain = command("explain", "why a step's hash is what it is", "python -m executor explain outputs '^tokenizer$'")
     explain.add_argument("target", help="a step's output path, or a prefix / experiment JSON with STEP")
     explain.add_argument("step", nargs="?", help="regex of step names (when target is a prefix or experiment)")
-    verify = commands.add_parser("verify", help="recompute checksums of finished steps against their manifests")
-    verify.add_argument("outputs", nargs="+", help="step output paths")
-    dashboard = commands.add_parser("dashboard", help="serve a live, read-only web dashboard of a prefix")
+    verify = command(
+        "verify", "recompute checksums of finished steps against their manifests", "python -m executor verify outputs"
+    )
+    verify.add_argument("targets", nargs="+", help="step output paths, prefixes, or experiment JSON files or globs")
+    dashboard = command(
+        "dashboard",
+        "serve a live, read-only web dashboard of a prefix",
+        "python -m executor dashboard --prefix outputs",
+    )
     dashboard.add_argument("--prefix", help="default: $EXECUTOR_PREFIX, else ./outputs (local, gs://, s3://)")
     dashboard.add_argument(
         "--host", default="127.0.0.1", help="bind address; anything but loopback is logged as a warning"
@@ -166,4 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     console = Console(width=200) if not sys.stdout.isatty() else Console()
     handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "dashboard": cmd_dashboard}
-    return handlers[args.command](args, console)
+    try:
+        return handlers[args.command](args, console)
+    except (TargetError, FileNotFoundError) as error:
+        print(f"python -m executor {args.command}: {error}", file=sys.stderr)
+        return 2

@@ -20,12 +20,20 @@ class UnversionableValueError(ExecutorError, TypeError):
 
 
 class StepFailedError(ExecutorError, RuntimeError):
-    """One or more steps failed; `failed` and `dep_failed` name them."""
+    """One or more steps failed; `failed` and `dep_failed` name them, `output_paths` maps the failed steps
+    that ran in this run (label -> output path) so the command line can show what they raised."""
 
-    def __init__(self, message: str, failed: list[str] | None = None, dep_failed: list[str] | None = None):
+    def __init__(
+        self,
+        message: str,
+        failed: list[str] | None = None,
+        dep_failed: list[str] | None = None,
+        output_paths: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.failed = failed or []
         self.dep_failed = dep_failed or []
+        self.output_paths = output_paths or {}
 
 
 class LeaseLostError(ExecutorError):

@@ -13,6 +13,7 @@ at once: leases make each step run exactly once (see lease.py).
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from typing import Any
 
 from executor import storage
 from executor.backends import check_backend, make_backend
-from executor.errors import StepFailedError
+from executor.errors import ConfigError, StepFailedError
 from executor.explain import ExplainReport, explain
 from executor.lease import LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
@@ -28,7 +29,7 @@ from executor.records import experiment_file_name, experiment_record, info_path,
 from executor.retry import DEFAULT_RETRY
 from executor.scheduler import schedule
 from executor.selection import Decision, select
-from executor.status import LOG_FILE, StatusEvent, StepStatus, create_initial_status, now_iso
+from executor.status import LOG_FILE, StatusEvent, StepStatus, create_initial_status, now_iso, read_many_events
 from executor.step_runner import Outcome, StepResult, StepTask, record_dep_failed
 from executor.step_spec import ExecutorStep, InputName
 
@@ -100,6 +101,7 @@ class Executor:
         steps: Sequence[ExecutorStep | InputName],
         *,
         dry_run: bool = False,
+        show_all: bool = False,
         run_only: Sequence[str] | None = None,
         force_run: Sequence[str] | None = None,
         force_run_failed: bool = True,
@@ -112,9 +114,10 @@ class Executor:
         An `InputName` (`output_path_of(step)`) in `steps` stands for its step. `max_concurrent`
         defaults to max(4, CPUs) on the local backend and to no cap on Ray (the cluster's resources
         decide). Bad selections (a pattern matching no step, `max_concurrent` < 1) are errors raised
-        before anything is written."""
+        before anything is written. A dry run prints the steps this run looks at (`show_all`: every step
+        of the DAG) and writes nothing."""
         if max_concurrent is not None and max_concurrent < 1:
-            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+            raise ConfigError(f"max_concurrent must be at least 1, got {max_concurrent}; nothing was run or written")
         planned_at = now_iso()
         self.dry_run = dry_run
         plan = build_plan(list(steps), self.prefix)
@@ -123,7 +126,7 @@ class Executor:
         caller = caller or "experiment"
         self.executor_info_path = storage.join(self.executor_info_base_path, experiment_file_name(plan, caller))
         if dry_run:
-            self._print_dry_run()
+            self._print_dry_run(plan, show_all)
             return
         storage.write_json_atomic(
             self.executor_info_path, experiment_record(plan, caller=caller, description=description)
@@ -136,12 +139,43 @@ class Executor:
         self.results = self._schedule(to_run, planned_at, max_concurrent)
         self._raise_for_failures()
 
-    def _print_dry_run(self) -> None:
-        width = max((len(decision.planned.label) for decision in self.decisions), default=0)
+    def summary(self) -> str:
+        """What the last run did: `N step(s) ran (T taken over ...), S were already done[, W ...][; U other ...]`.
+
+        Steps a run did not look at (finished, and no step that had to run needed them) are counted last."""
+        counts = collections.Counter(decision.action for decision in self.decisions)
+        ran = counts["run"] + counts["take over"]
+        text = f"{ran} step(s) ran"
+        if counts["take over"]:
+            text += f" ({counts['take over']} taken over from a holder that was gone)"
+        text += f", {counts['skip']} were already done"
+        if counts["wait"]:
+            text += f", {counts['wait']} were being run by another executor (waited for)"
+        unneeded = len(self.plan.steps) - len(self.decisions) if self.plan is not None else 0
+        if unneeded:
+            text += f"; {unneeded} other step(s) of the DAG not needed by this run"
+        return text
+
+    def _print_dry_run(self, plan: Plan, show_all: bool) -> None:
+        looked_at = {decision.planned for decision in self.decisions}
+        others = [planned for planned in plan.steps if planned not in looked_at] if show_all else []
+        width = max((len(planned.label) for planned in plan.steps), default=0)
         print(f"Dry run: {len(self.decisions)} step(s) under {self.prefix}; nothing is written.")
         for decision in self.decisions:
-            print(f"  {decision.action:<4}  {decision.planned.label:<{width}}  {decision.reason}")
-            print(f"        {'':<{width}}  {decision.planned.output_path}")
+            self._print_dry_run_line(decision.action, decision.planned, decision.reason, width)
+        if others:
+            print(f"Not looked at by this run ({len(others)}): no step that has to run needs them.")
+        for planned, events in zip(others, read_many_events([p.output_path for p in others]), strict=True):
+            state = f"{events[-1].status} at {events[-1].time}" if events else "never ran"
+            self._print_dry_run_line("-", planned, state, width)
+        if not show_all and len(self.decisions) < len(plan.steps):
+            hidden = len(plan.steps) - len(self.decisions)
+            print(f"({hidden} more step(s) of the DAG are not needed by this run; --show_all true lists them)")
+
+    @staticmethod
+    def _print_dry_run_line(action: str, planned: PlannedStep, reason: str, width: int) -> None:
+        print(f"  {action:<4}  {planned.label:<{width}}  {reason}")
+        print(f"        {'':<{width}}  {planned.output_path}")
 
     def _prepare(self, to_run: list[Decision]) -> None:
         """Write `.executor_info` and a first WAITING event for steps that never ran (exclusive creates).
@@ -219,4 +253,9 @@ class Executor:
         message = f"{len(failed)} step(s) failed: " + "; ".join(lines)
         if dep_failed:
             message += "; not run because a dependency failed (DEP_FAILED): " + ", ".join(p.label for p in dep_failed)
-        raise StepFailedError(message, [p.label for p in failed], [p.label for p in dep_failed])
+        raise StepFailedError(
+            message,
+            [p.label for p in failed],
+            [p.label for p in dep_failed],
+            output_paths={p.label: p.output_path for p in failed},
+        )

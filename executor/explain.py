@@ -3,12 +3,16 @@ version of the same step name already under the prefix (the outputs `<name>-*` b
 
 The diff flattens both version dicts to dotted keys (`config.tokenizer`, `dependencies[corpus]`,
 `code_version`) and lists what was added, removed or changed; a changed dependency is named by
-the dependency's step name, so a user can follow the chain upstream with another `explain`.
+the dependency's step name, so a user can follow the chain upstream with another `explain`. The
+version itself refers to a dependency as `DEP[i]`, its place in hash order; the flattened view says
+`DEP[corpus]`, so an upstream change that reorders the dependencies shows no false differences.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +22,7 @@ from executor.records import info_path
 from executor.status import INFO_FILE, StatusEvent, StepStatus, parse_events, status_path
 
 _MISSING = object()
+_DEP_REFERENCE = re.compile(r"^DEP\[(\d+)\]")
 
 
 @dataclass(frozen=True)
@@ -83,14 +88,35 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def flatten_version(version: dict[str, Any]) -> dict[str, Any]:
-    """`{"config.lr": 0.1, "dependencies[corpus]": "<hash>", "name": ..., "code_version": ...}`."""
-    flat: dict[str, Any] = {"name": version.get("name"), "code_version": version.get("code_version")}
-    for key, value in (version.get("config") or {}).items():
-        flat[f"config.{key}"] = value
-    for entry in version.get("dependencies") or []:
+def _dependency_names(entries: list[str]) -> list[tuple[str, str]]:
+    """(name, short hash) of each `name-hash` entry; a name that two dependencies share gets `@hash`."""
+    pairs = []
+    for entry in entries:
         dep_name, _, dep_hash = entry.rpartition("-")
-        flat[f"dependencies[{dep_name}]"] = dep_hash[:HASH_CHARS] if dep_hash else entry
+        pairs.append((dep_name, dep_hash[:HASH_CHARS]) if dep_name else (entry, entry))
+    counts = Counter(dep_name for dep_name, _short in pairs)
+    return [(f"{name}@{short}" if counts[name] > 1 else name, short) for name, short in pairs]
+
+
+def _name_dependency(value: Any, names: list[tuple[str, str]]) -> Any:
+    """`DEP[1]/docs` -> `DEP[corpus]/docs`: positions follow the dependencies' hashes, names do not."""
+    match = _DEP_REFERENCE.match(value) if isinstance(value, str) else None
+    if match is None or int(match.group(1)) >= len(names):
+        return value
+    return f"DEP[{names[int(match.group(1))][0]}]{value[match.end() :]}"
+
+
+def flatten_version(version: dict[str, Any]) -> dict[str, Any]:
+    """`{"config.lr": 0.1, "config.data": "DEP[corpus]/docs", "dependencies[corpus]": "<hash>", "name": ...}`.
+
+    A dependency's `DEP[i]` is shown by its step name: `i` is its place among the dependencies sorted by
+    hash, so an upstream change that reorders them must not look like a change of every input path."""
+    flat: dict[str, Any] = {"name": version.get("name"), "code_version": version.get("code_version")}
+    names = _dependency_names(version.get("dependencies") or [])
+    for key, value in (version.get("config") or {}).items():
+        flat[f"config.{key}"] = _name_dependency(value, names)
+    for dep_name, short_hash in names:
+        flat[f"dependencies[{dep_name}]"] = short_hash
     return flat
 
 

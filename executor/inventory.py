@@ -101,28 +101,52 @@ def find_step_outputs(prefix: str, max_depth: int = 3) -> list[str]:
     return sorted(set(found))
 
 
-def prefix_rows(prefix: str) -> list[StepRow]:
+def prefix_rows(prefix: str, fingerprints: dict[str, str] | None = None) -> list[StepRow]:
+    """A row per step output under `prefix`; `fingerprints` (output path -> the code's current fingerprint,
+    see `current_fingerprints`) lets the rows tell code drift."""
+    fingerprints = fingerprints or {}
     outputs = find_step_outputs(prefix)
     infos = storage.read_many(storage.join(path, INFO_FILE) for path in outputs)
     statuses = storage.read_many(storage.join(path, STATUS_FILE) for path in outputs)
     rows = []
     for path, info_blob, status_blob in zip(outputs, infos, statuses, strict=True):
         name = json.loads(info_blob).get("name") if info_blob else storage.basename(path)
-        rows.append(step_row(name, path, parse_events(status_blob, path)))
+        rows.append(step_row(name, path, parse_events(status_blob, path), fingerprints.get(path)))
     return with_progress(rows)
 
 
-def latest_experiment(prefix: str) -> str | None:
-    """The most recently written experiment file under `<prefix>/experiments`, if any."""
+def experiments_by_age(prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every experiment file under `<prefix>/experiments` with its record, oldest first (one batched read)."""
     folder = storage.join(prefix, "experiments")
-    names = [name for name in storage.list_names(folder) if name.endswith(".json")]
-    if not names:
-        return None
-    records = storage.read_many(storage.join(folder, name) for name in names)
-    newest = max(
-        zip(names, records, strict=True), key=lambda pair: json.loads(pair[1]).get("created", "") if pair[1] else ""
-    )
-    return storage.join(folder, newest[0])
+    paths = [storage.join(folder, name) for name in storage.list_names(folder) if name.endswith(".json")]
+    records = [
+        (path, json.loads(blob)) for path, blob in zip(paths, storage.read_many(paths), strict=True) if blob is not None
+    ]
+    return sorted(records, key=lambda pair: pair[1].get("created", ""))
+
+
+def latest_experiment(prefix: str, script: str | None = None) -> str | None:
+    """The most recently written experiment file under `<prefix>/experiments` (of `script`, the
+    experiment file's name without `.py`, if given), if any."""
+    found = [
+        path
+        for path, _record in experiments_by_age(prefix)
+        if script is None or storage.basename(path).rsplit("-", 1)[0] == script
+    ]
+    return found[-1] if found else None
+
+
+def current_fingerprints(prefix: str) -> dict[str, str]:
+    """Output path -> the step function's fingerprint recorded by the newest experiment that planned it.
+
+    The command line cannot import the user's code; the newest run of it is the best word on what the
+    code is now, and what a SUCCESS recorded differs from that when the code drifted."""
+    fingerprints: dict[str, str] = {}
+    for _path, record in experiments_by_age(prefix):
+        for step in record.get("steps", []):
+            if step.get("code_fingerprint"):
+                fingerprints[step["output_path"]] = step["code_fingerprint"]
+    return fingerprints
 
 
 def status_counts(rows: list[StepRow]) -> dict[str, int]:

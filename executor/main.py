@@ -2,12 +2,19 @@
 
 python experiments/demo.py                       # run what is not done yet
 python experiments/demo.py --dry_run true        # say what would run, write nothing
-python experiments/demo.py --run_only '["tokenizer"]' --force_run '["tokenizer"]'
+python experiments/demo.py --force_run stats      # rerun one step (a regex searched in step names)
+python experiments/demo.py --run_only 'corpus,tokenizer' --force_run '["^stats$"]'
+
+`--run_only` and `--force_run` take one pattern, comma-separated patterns, or a list (`'[a, b]'`,
+JSON or YAML flow style; use it for a regex that holds a comma). Mistakes the user can fix (a bad
+flag value, a pattern matching no step, a failed step) end the command with their message and the
+user's own frames, not the executor's (see user_errors.py).
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import sys
@@ -15,9 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import draccus
+import yaml
 
+from executor.errors import ConfigError
 from executor.executor import Executor
 from executor.step_spec import ExecutorStep, InputName
+from executor.user_errors import install_excepthook
 
 logger = logging.getLogger(__name__)
 
@@ -26,16 +36,23 @@ PREFIX_ENV = "EXECUTOR_PREFIX"
 
 @dataclass
 class ExecutorMainConfig:
+    """The flags of every experiment file, e.g. `python mine.py --dry_run true --show_all true`,
+    `python mine.py --force_run mine/stats`, `python mine.py --run_only 'corpus,stats' --max_concurrent 2`."""
+
     prefix: str | None = None
     """Where outputs go (local folder, gs://, s3://, memory://). Default: $EXECUTOR_PREFIX, else ./outputs."""
     executor_info_base_path: str | None = None
     """Where the experiment JSON goes. Default: <prefix>/experiments."""
     dry_run: bool = False
-    """Print what would run, skip or wait, and why; write nothing."""
+    """Print what would run, skip, wait or be taken over, and why; write nothing."""
+    show_all: bool = False
+    """With dry_run: also list the steps of the DAG this run would not look at (finished and not needed)."""
     run_only: list[str] | None = None
-    """Regexes (searched in step names): run only the matching steps and their dependencies."""
+    """Regexes (searched in step names): run only the matching steps and their dependencies. On the command
+    line: `--run_only NAME`, `--run_only 'a,b'` or `--run_only '[a, b]'`."""
     force_run: list[str] | None = None
-    """Regexes: rerun the matching steps even if they succeeded."""
+    """Regexes: rerun the matching steps even if they succeeded, from an empty output folder. Same forms as
+    `run_only`."""
     force_run_failed: bool = True
     """Rerun steps that failed before (false: stop and say so)."""
     max_concurrent: int | None = None
@@ -60,11 +77,58 @@ def resolve_prefix(prefix: str | None) -> str:
     return prefix or os.environ.get(PREFIX_ENV) or "outputs"
 
 
+PATTERN_FLAGS = ("--run_only", "--force_run")
+PATTERN_FORMS = "NAME, 'a,b' (comma-separated) or '[a, b]' (a list; use it for a regex holding a comma)"
+
+
+def _as_pattern_list(flag: str, value: str) -> str:
+    """A single pattern or comma-separated patterns as the list draccus expects; a list is checked."""
+    if not value.lstrip().startswith("["):
+        return json.dumps([pattern.strip() for pattern in value.split(",") if pattern.strip()])
+    try:
+        patterns = yaml.safe_load(value)  # how draccus reads a list
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            f"{flag} {value!r} is not a list ({' '.join(str(error).split())}); {flag} takes {PATTERN_FORMS}"
+        ) from error
+    if not isinstance(patterns, list) or not all(isinstance(pattern, str) for pattern in patterns):
+        raise ConfigError(f"{flag} {value!r} is not a list of patterns; {flag} takes {PATTERN_FORMS}")
+    return value
+
+
+def normalize_pattern_flags(argv: Sequence[str]) -> list[str]:
+    """`--force_run stats` and `--force_run=a,b` become the list form; everything else is kept."""
+    normalized: list[str] = []
+    pending_flag: str | None = None
+    for arg in argv:
+        flag, equals, value = arg.partition("=")
+        if pending_flag is not None:
+            normalized.append(_as_pattern_list(pending_flag, arg))
+        elif equals and flag in PATTERN_FLAGS:
+            normalized.append(f"{flag}={_as_pattern_list(flag, value)}")
+        else:
+            normalized.append(arg)
+        pending_flag = arg if not equals and arg in PATTERN_FLAGS else None
+    return normalized
+
+
+def parse_command_line(argv: Sequence[str]) -> ExecutorMainConfig:
+    """`ExecutorMainConfig` from the command line; a value that cannot be read is one `ConfigError` line."""
+    normalized = normalize_pattern_flags(argv)
+    try:
+        return draccus.parse(ExecutorMainConfig, args=normalized)
+    except draccus.utils.ParsingError as error:
+        raise ConfigError(f"bad command line ({' '.join(str(error).split())}); see --help") from error
+
+
 def executor_main(
     steps: Sequence[ExecutorStep | InputName], description: str | None = None, args: Sequence[str] | None = None
 ) -> Executor:
-    """Parse the command line into an `ExecutorMainConfig` and run `steps` (an `InputName` stands for its step)."""
-    config = draccus.parse(ExecutorMainConfig, args=sys.argv[1:] if args is None else list(args))
+    """Parse the command line into an `ExecutorMainConfig` and run `steps` (an `InputName` stands for its step).
+
+    `description` is stored in the experiment file and shown on the dashboard's experiment list."""
+    install_excepthook()
+    config = parse_command_line(sys.argv[1:] if args is None else args)
     configure_logging()
     frame = inspect.currentframe()
     caller = frame.f_back.f_code.co_filename if frame is not None and frame.f_back is not None else "experiment"
@@ -77,6 +141,7 @@ def executor_main(
     executor.run(
         steps,
         dry_run=config.dry_run,
+        show_all=config.show_all,
         run_only=config.run_only,
         force_run=config.force_run,
         force_run_failed=config.force_run_failed,
@@ -85,5 +150,5 @@ def executor_main(
         description=description,
     )
     if not config.dry_run:
-        logger.info("experiment: %s", executor.executor_info_path)
+        logger.info("%s; experiment: %s", executor.summary(), executor.executor_info_path)
     return executor

@@ -145,6 +145,21 @@ def write_manifest(output_path: str) -> dict[str, Any]:
     return manifest
 
 
+def clear_outputs(output_path: str) -> list[str]:
+    """Delete the step's own outputs and its manifest, keeping the executor's records; the names deleted.
+
+    A forced rerun calls this once it holds the lease and has recorded its RUNNING event, so it starts
+    from an empty folder: a file the old run (or a user) left there can neither survive into the new
+    output nor into its manifest. Shard markers stay: `run_sharded` drops those older than the forced
+    attempt itself, and an ordinary resume keeps them with their shards.
+    """
+    names = [name for name in storage.list_names(output_path) if not is_metadata(name)]
+    for name in names:
+        storage.delete(storage.join(output_path, name), recursive=True)
+    storage.delete(storage.join(output_path, MANIFEST_FILE))
+    return names
+
+
 def verify_manifest(output_path: str) -> list[str]:
     """Problems found when recomputing a finished step's checksums; empty means all is well."""
     manifest = storage.read_json(storage.join(output_path, MANIFEST_FILE))

@@ -73,10 +73,11 @@ def select(
     ]
     if failed_before and not force_run_failed:
         listed = "; ".join(f"{planned.label} ({planned.output_path})" for planned in failed_before)
+        patterns = ",".join(f"^{re.escape(planned.name)}$" for planned in failed_before)
         raise StepFailedError(
             f"{len(failed_before)} step(s) failed previously and force_run_failed is false: {listed}. "
             "Read their logs/step.log, fix the cause, then rerun with --force_run_failed true "
-            "(or force_run=[...] for just these steps).",
+            f"(or --force_run '{patterns}' for just these steps; force_run=[...] from Python).",
             failed=[planned.label for planned in failed_before],
         )
     return decisions

@@ -1,4 +1,11 @@
-"""`<output>/logs/step.log`: the log records of one step's thread, uploaded while it runs and at its end."""
+"""`<output>/logs/step.log`: the log records of one step's thread, uploaded while it runs and at its end.
+
+A step that fails because storage failed (a full disk, a store refusing writes) must still end FAILED with
+its log somewhere: writing the traceback or uploading the log never raises here. A log that cannot be
+uploaded whole stays on this machine; the store gets its last `TAIL_BYTES` and the traceback instead (a
+small write may still fit), and `save_failure` returns a note saying where the whole log is, for the
+FAILED message.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,11 @@ import traceback
 
 from executor import storage
 from executor.status import LOG_FILE
+
+logger = logging.getLogger(__name__)
+
+TAIL_BYTES = 32 * 1024
+"""What is uploaded of a log that cannot be uploaded whole: its end, where the failure is."""
 
 
 class StepLog:
@@ -33,24 +45,54 @@ class StepLog:
         logging.getLogger().addHandler(self._handler)
         return self
 
-    def write_exception(self, error: BaseException) -> None:
+    def save_failure(self, error: BaseException) -> str | None:
+        """Append `error`'s traceback and upload the log; None if both worked, else a note saying where the
+        whole log is (the caller adds it to the FAILED message)."""
+        trace = "".join(traceback.format_exception(error))
         self._handler.acquire()
         try:
+            self._handler.flush()
             with open(self._local, "a", encoding="utf-8") as out:
-                self._handler.flush()
-                out.write("".join(traceback.format_exception(error)))
+                out.write(trace)
+        except OSError as write_error:  # the local disk is full too: the traceback still goes into the tail
+            logger.error("%s: could not add the traceback to %s (%s)", self.target, self._local, write_error)
         finally:
             self._handler.release()
+        note = self._try_upload()
+        if note is not None:
+            self._upload_tail(note, trace)
+        return note
+
+    def _upload_tail(self, note: str, trace: str) -> None:
+        with open(self._local, "rb") as local:
+            local.seek(max(0, os.path.getsize(self._local) - TAIL_BYTES))
+            tail = local.read()
+        header = f"[{note}; its last {len(tail)} bytes follow]\n".encode()
+        try:
+            storage.write_atomic(self.target, header + tail + b"\n" + trace.encode())
+        except OSError as error:
+            logger.error("%s: could not store the end of the step's log either (%s)", self.target, error)
 
     def upload(self) -> None:
         with self._upload_lock:
             self._handler.flush()
             storage.upload_file(self._local, self.target)
 
-    def __exit__(self, *exc_info: object) -> None:
-        logging.getLogger().removeHandler(self._handler)
+    def _try_upload(self) -> str | None:
         try:
             self.upload()
-        finally:
+        except OSError as error:
+            note = f"the step's log could not be stored at {self.target} ({error}); it is kept at {self._local}"
+            logger.error("%s", note)
+            return note
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        logging.getLogger().removeHandler(self._handler)
+        uploaded = self._try_upload() is None
+        try:
             self._handler.close()
+        except OSError as error:  # flushing the last records to a full disk: what was uploaded stands
+            logger.error("%s: could not close %s (%s)", self.target, self._local, error)
+        if uploaded:
             os.unlink(self._local)

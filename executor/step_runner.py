@@ -16,6 +16,7 @@ Every status event carries the writer's lease number, so a taken-over holder's l
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import traceback
 import uuid
@@ -28,7 +29,7 @@ from executor import storage
 from executor.errors import LeaseLostError
 from executor.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
 from executor.lease import Heartbeat, Lease, LeaseSettings
-from executor.records import info_path, write_manifest
+from executor.records import clear_outputs, info_path, write_manifest
 from executor.retry import RetryPolicy, is_transient
 from executor.status import (
     StatusEvent,
@@ -165,6 +166,8 @@ class _Attempt:
     """Counted across runs: the n-th RUNNING event of the step's history."""
     in_run: int
     """Counted in this executor run only: what the retry budget is measured against."""
+    starts_forced_run: bool = False
+    """The first attempt of a forced rerun: it deletes the old outputs before the step function runs."""
 
 
 def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepResult | _Retry:
@@ -173,6 +176,16 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
     Raises LeaseLostError (having written nothing more) if the lease is lost on the way.
     """
     attempt = _record_start(task, lease)
+    try:
+        return _run_attempt(task, lease, stop, attempt)
+    except LeaseLostError:
+        raise
+    except Exception as error:  # the executor's own writes failed (a full disk under the log or the manifest)
+        return _record_failure(task, lease, None, attempt, error)
+
+
+def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attempt) -> StepResult | _Retry:
+    """The step function under the heartbeat and the step log, then its outcome recorded."""
     with StepLog(task.output_path) as step_log:
         interrupter = Interrupter()
 
@@ -180,7 +193,7 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
             interrupter.interrupt(StepAborted)
 
         with Heartbeat(lease, on_lost=stop_step, on_tick=step_log.upload) as beat:
-            error = _call_step_fn(task, stop, interrupter)
+            error = _call_step_fn(task, stop, interrupter, attempt.starts_forced_run)
             beat.raise_if_lost()
             if error is None:
                 write_manifest(task.output_path)
@@ -191,18 +204,19 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
                 _append_holding(task.output_path, lease, beat, success)
                 logger.info("%s: SUCCESS %s", task.label, task.output_path)
                 return StepResult(Outcome.SUCCEEDED)
-            step_log.write_exception(error)
+            log_note = step_log.save_failure(error)
             if isinstance(error, (StepInterrupted, KeyboardInterrupt)):
                 return _record_interrupt(task, lease, beat, attempt, error)
-            return _record_failure(task, lease, beat, attempt, error)
+            return _record_failure(task, lease, beat, attempt, error, log_note)
 
 
 def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     """`.executor_info` and the RUNNING event; the first attempt of a forced run starts a new generation."""
     events = read_events(task.output_path)
-    attempt = _Attempt(number=attempts_so_far(events) + 1, in_run=attempts_so_far(events, run=task.run_id) + 1)
+    in_run = attempts_so_far(events, run=task.run_id) + 1
+    attempt = _Attempt(attempts_so_far(events) + 1, in_run, starts_forced_run=task.force and in_run == 1)
     details: dict[str, Any] = {"run": task.run_id}
-    if task.force and attempt.in_run == 1:
+    if attempt.starts_forced_run:
         details["force_run"] = True  # sharded steps redo every shard committed before this attempt
     started = StatusEvent(
         StepStatus.RUNNING, attempt=attempt.number, worker=lease.worker_id, details=details, lease=lease.number
@@ -214,12 +228,20 @@ def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     return attempt
 
 
-def _call_step_fn(task: StepTask, stop: StopSignal, interrupter: Interrupter) -> BaseException | None:
-    """Run the step function; what it raised (or what interrupted it), or None if it returned."""
+def _call_step_fn(
+    task: StepTask, stop: StopSignal, interrupter: Interrupter, clear_first: bool
+) -> BaseException | None:
+    """Run the step function; what it raised (or what interrupted it), or None if it returned.
+
+    With `clear_first` (a forced rerun) the old outputs are deleted first, here: under the heartbeat (deleting
+    10^5 shard files takes a while) and with a failure recorded and retried like the step's own."""
     try:
         with interrupter:
             stop.register(interrupter)
             try:
+                if clear_first:
+                    deleted = clear_outputs(task.output_path)
+                    logger.info("%s: force_run: deleted the old outputs %s", task.label, ", ".join(deleted) or "(none)")
                 storage.forget_listings(task.output_path, everything=True)
                 task.fn(task.config)
             finally:
@@ -244,11 +266,23 @@ def _record_interrupt(
     return StepResult(Outcome.FAILED, message)
 
 
+_STORAGE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+
+
 def _record_failure(
-    task: StepTask, lease: Lease, beat: Heartbeat, attempt: _Attempt, error: BaseException
+    task: StepTask,
+    lease: Lease,
+    beat: Heartbeat | None,
+    attempt: _Attempt,
+    error: BaseException,
+    log_note: str | None = None,
 ) -> StepResult | _Retry:
     """FAILED with the traceback; or, for a retryable error with attempts left in this run, WAITING and a backoff."""
     message = f"{type(error).__name__}: {error}"
+    if isinstance(error, OSError) and error.errno in _STORAGE_FULL_ERRNOS and not error.filename:
+        message += f" (writing under {task.output_path})"  # a full disk's error names no file
+    if log_note:
+        message += f"; {log_note}"
     details = {"traceback": "".join(traceback.format_exception(error))}
     if task.retry.should_retry(error, attempt.in_run):
         wait_s = task.retry.backoff_s(attempt.in_run)

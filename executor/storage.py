@@ -15,6 +15,7 @@ failures (429, 5xx, dropped connections) with backoff; see retry.py.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -150,8 +151,15 @@ def _local_temp_file(fs_path: str, payload: bytes) -> str:
     """Write `payload` to a fresh temp file beside `fs_path` (same folder: rename and link stay atomic)."""
     os.makedirs(os.path.dirname(fs_path), exist_ok=True)
     temp = f"{fs_path}.tmp-{uuid.uuid4().hex}"
-    with open(temp, "wb") as handle:
-        handle.write(payload)
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(payload)
+    except OSError as error:
+        # A full disk (or a file-size limit) fails the write with no file name: leave no partial temp file
+        # behind, and name the file being written (same errno, so retry decisions do not change).
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise OSError(error.errno, error.strerror, fs_path) from error
     return temp
 
 

@@ -352,11 +352,7 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
 
 def print_run_summary(executor: Executor, dag: HeroDag) -> None:
     """What ran, where it is, the predicted vs achieved hero loss, and how to watch it."""
-    actions = [decision.action for decision in executor.decisions]
-    print(
-        f"\n{actions.count('run')} step(s) ran, {actions.count('skip')} were already done; outputs under "
-        f"{executor.prefix}"
-    )
+    print(f"\n{executor.summary()}; outputs under {executor.prefix}")
     prediction = storage.read_json(storage.join(executor.output_paths[dag.scaling], "prediction.json"))
     achieved = storage.read_json(storage.join(executor.output_paths[dag.hero_eval], "results.json"))
     if prediction is not None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import ray.exceptions
 from botocore.exceptions import ClientError
-from conftest import CALLS
+from conftest import CALLS, make_step
 from gcsfs.retry import HttpError
 from s3fs.errors import translate_boto_error
 
@@ -156,3 +157,20 @@ def test_a_lost_gcs_upload_session_is_transient_but_a_missing_file_is_not() -> N
     session = "http://127.0.0.1:1/upload/storage/v1/b/bucket/o?name=x%2Fout.txt&uploadType=resumable&upload_id=7"
     assert is_transient(FileNotFoundError(session))
     assert not is_transient(FileNotFoundError("bucket/x/out.txt"))
+
+
+def test_force_run_starts_from_an_empty_folder_and_a_resume_keeps_what_is_there(tmp_path, calls):
+    step = make_step("stats", text="v1")
+    executor = Executor(str(tmp_path))
+    executor.run([step])
+    output = Path(executor.output_paths[step])
+    (output / "junk.txt").write_text("left by an older run")
+    (output / "old_dir").mkdir()
+    (output / "old_dir" / "part.bin").write_bytes(b"?")
+
+    Executor(str(tmp_path)).run([step], force_run=["^stats$"])
+    assert calls.counts == {"stats": 2}
+    assert sorted(path.name for path in output.iterdir() if not path.name.startswith(".")) == ["logs", "out.txt"]
+    assert verify_manifest(str(output)) == []
+    manifest = json.loads((output / ".executor_manifest").read_text())
+    assert [entry["path"] for entry in manifest["files"]] == ["out.txt"]

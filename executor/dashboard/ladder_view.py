@@ -6,7 +6,8 @@ prediction.json, as the scaling step writes it:
      "prediction": {"compute", "loss", "low", "high"},
      "rungs": [{"name", "compute", "final_loss", "tokens", "curve": [{"tokens", "loss"}]}],
      "curve": [{"tokens", "step", "loss", "low", "high"}],
-     "target": {"name", "compute", "tokens", "tokens_per_step"}}
+     "target": {"name", "compute", "tokens", "tokens_per_step"},
+     "warnings": ["why the prediction deserves less trust than its band says", ...]}
 
 The view draws loss against compute (log x): the rungs' final losses, the law L = E + A * C^-alpha from the
 smallest rung out past the target, the prediction with its band, and the achieved loss once the target has
@@ -116,5 +117,6 @@ def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experi
         "rungs": rungs,
         "achieved": achieved,
         "curve_points": figures["curve_points"],
+        "warnings": [str(warning) for warning in document.get("warnings") or []],
         "chart": chart("ladder", "loss vs compute", series, x_label="training FLOPs", log_x=True),
     }

@@ -38,6 +38,7 @@ from levanter.trainer import TrainerConfig
 from levanter.utils.tree_utils import inference_mode
 
 from executor import storage
+from steps.evaluate.checks import check_finite_results
 from steps.model.checkpoints import latest_checkpoint, load_model
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config
 from steps.model.model_size import MoeShape
@@ -109,6 +110,7 @@ def evaluate(config: EvaluateConfig) -> dict:
         "macro_loss": sum(c["loss"] for c in components.values()) / len(components),
         "macro_bpb": sum(c["bpb"] for c in components.values()) / len(components),
     }
+    check_finite_results(label, results)
     storage.write_json_atomic(storage.join(config.output_path, RESULTS_FILE), results)
     logger.info("%s: macro loss %.4f, macro bpb %.4f", label, results["macro_loss"], results["macro_bpb"])
     return results

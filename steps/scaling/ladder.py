@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor import storage
+from steps.scaling.fit_checks import check_finite_losses, check_fit, fit_warnings
 from steps.scaling.scaling import (
     MIN_RUNGS_FIXED,
     MIN_RUNGS_FREE,
@@ -114,10 +115,15 @@ def _rung_curve(rung: LadderRung, where: str) -> RungCurve:
     if results is None or "macro_loss" not in results:
         raise FileNotFoundError(f"{where}: rung {rung.name} has no results.json with macro_loss under "
                                 f"{rung.evaluate_path}; run its evaluate step first")  # fmt: skip
+    final_loss = float(results["macro_loss"])
+    check_finite_losses(where, rung.name, storage.join(rung.evaluate_path, "results.json"), ["the end"], [final_loss])
     tokens, losses = eval_curve(rung.train_path, rung.tokens_per_step)
     kept = [(t, loss) for t, loss in zip(tokens, losses, strict=True) if t < rung.tokens]
+    eval_steps = [f"step {round(t / rung.tokens_per_step) - 1}" for t, _ in kept]  # the step as logged
+    metrics_file = storage.join(rung.train_path, "metrics.jsonl")
+    check_finite_losses(where, rung.name, metrics_file, eval_steps, [loss for _, loss in kept])
     tokens = [t for t, _ in kept] + [rung.tokens]
-    losses = [loss for _, loss in kept] + [float(results["macro_loss"])]
+    losses = [loss for _, loss in kept] + [final_loss]
     return RungCurve(name=rung.name, compute=rung.flops, tokens=tokens, loss=losses)
 
 
@@ -136,6 +142,7 @@ def predict_from_ladder(config: LadderConfig) -> dict:
         fit = fit_power_law(compute, final, config.asymptote)
     except ValueError as error:
         raise ValueError(f"{where}: cannot fit the rungs' losses {final} at FLOPs {compute}: {error}") from error
+    check_fit(where, fit, compute, final)
     target = config.target
     prediction = predict_with_band(compute, final, target.flops, config.asymptote, samples=config.bootstrap_samples)
     # The curve starts where every rung has been evaluated at least once.
@@ -152,6 +159,9 @@ def predict_from_ladder(config: LadderConfig) -> dict:
     for entry, rung in zip(document["rungs"], rungs, strict=True):
         entry["tokens"] = rung.tokens[-1]
         entry["curve"] = [{"tokens": t, "loss": loss} for t, loss in zip(rung.tokens, rung.loss, strict=True)]
+    document["warnings"] = fit_warnings(fit, prediction, min(final), fixed_asymptote=config.asymptote is not None)
+    for warning in document["warnings"]:
+        logger.warning("%s: %s", where, warning)
     document["target"] = {"name": target.name, "compute": target.flops, "tokens": target.tokens,
                           "tokens_per_step": target.tokens_per_step}  # fmt: skip
     storage.write_atomic(storage.join(config.output_path, "fit.png"), plot_fit(compute, final, fit, prediction))

@@ -22,15 +22,22 @@ and addresses buckets virtual-hosted style (`http://<bucket>.<endpoint host>`), 
 IP address names a host no resolver knows (tensorstore kept retrying it for 5 minutes here): that is
 refused up front too (`localhost` works: curl resolves `*.localhost` to loopback). On GCS,
 `TENSORSTORE_GCS_HTTP_URL` points tensorstore at another server.
+
+Before a run spends compute on a cache, `read_ledger` and `verify_cache` check it the cheap way: the ledger
+is a JSON object, and each part it lists has its arrays, the row and token counts the ledger says (the
+offsets array's row count and last end), and a readable shard index in every stored file (one element read
+per file: zarr3 keeps a shard's index at its end, so a file cut short fails that read). A damaged cache is
+reported by file, where Levanter would fail only when the damaged row is sampled, hours in.
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import os
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,3 +255,72 @@ def write_sharded_ledger(split_path: str, parts: Sequence[PartFigures], metadata
 def load_cache(split_path: str) -> TreeCache:
     """A split written by the tokenize step, as Levanter's trainer opens it."""
     return TreeCache.load(split_path, EXEMPLAR)
+
+
+class CacheCheckError(ValueError):
+    """A cache whose ledger or arrays are damaged or disagree; the message names the file."""
+
+
+def read_ledger(split_path: str) -> dict[str, Any] | None:
+    """A split's ledger as a JSON object (None if there is none); CacheCheckError if it is not one."""
+    path = storage.join(split_path, LEDGER_FILE)
+    raw = storage.read_bytes(path)
+    if raw is None:
+        return None
+    try:
+        ledger = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:  # cut short or overwritten: JSONDecodeError is a ValueError
+        raise CacheCheckError(f"{path} is not valid JSON ({error}); the ledger is damaged: rerun the tokenize "
+                              "step that wrote it (--force_run)") from error  # fmt: skip
+    if not isinstance(ledger, dict):
+        raise CacheCheckError(f"{path} holds a JSON {type(ledger).__name__}, not a Levanter cache ledger object; "
+                              "rerun the tokenize step that wrote it (--force_run)")  # fmt: skip
+    return ledger
+
+
+def verify_cache(split_path: str, ledger: Mapping[str, Any]) -> None:
+    """Check each part the ledger lists against its arrays (see the module note); CacheCheckError names the file."""
+    ledger_path = storage.join(split_path, LEDGER_FILE)
+    for part_path, rows, tokens in _ledger_parts(split_path, ledger, ledger_path):
+        arrays = storage.join(part_path, TOKENS_FIELD)
+        offsets = _open_for_check(storage.join(arrays, "offsets"), ledger_path)
+        data = _open_for_check(storage.join(arrays, "data"), ledger_path)
+        stored_rows, end = (int(value) for value in _read_elements(offsets, [0, rows], arrays))
+        if stored_rows != rows or (rows and end != tokens):
+            raise CacheCheckError(f"{arrays}/offsets holds {stored_rows} rows ending at token {end}, but {ledger_path} "
+                                  f"says {rows} rows of {tokens} tokens; the part is damaged: rerun the tokenize "
+                                  "step that wrote it (--force_run)")  # fmt: skip
+        for array, length in ((offsets, rows + 1), (data, tokens)):
+            stride = int((array.chunk_layout.write_chunk.shape or (1,))[0] or 1)  # elements per stored file
+            _read_elements(array, [*range(stride - 1, length - 1, stride), length - 1] if length else [], arrays)
+
+
+def _ledger_parts(split_path: str, ledger: Mapping[str, Any], ledger_path: str) -> list[tuple[str, int, int]]:
+    """(folder, rows, tokens) of each part: the sub-caches of a sharded ledger, or the split itself."""
+    try:
+        if ledger.get("layout") != CACHE_LAYOUT_SHARDED:
+            tokens = (ledger.get("field_counts") or {}).get(TOKENS_FIELD, 0)
+            return [(split_path, int(ledger["total_num_rows"]), int(tokens))]
+        counts = ledger["field_counts_by_shard"]
+        return [(storage.join(split_path, name), int(ledger["shard_rows"][name]), int(counts[name][TOKENS_FIELD]))
+                for name in ledger["finished_shards"]]  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CacheCheckError(f"{ledger_path} lacks or garbles {error} that a Levanter ledger holds; rerun the "
+                              "tokenize step that wrote it (--force_run)") from error  # fmt: skip
+
+
+def _open_for_check(path: str, ledger_path: str) -> ts.TensorStore:
+    try:
+        spec = jagged_array._get_spec(path, [0], write_codec=None)
+        return ts.open(spec, read=True, context=ts.Context({"cache_pool": {}})).result()
+    except ValueError as error:  # tensorstore reports every failed status as a ValueError
+        raise CacheCheckError(f"{path}, listed in {ledger_path}, cannot be opened ({error}); rerun the tokenize "
+                              "step that wrote it (--force_run)") from error  # fmt: skip
+
+
+def _read_elements(array: ts.TensorStore, positions: Sequence[int], arrays: str) -> list[int]:
+    try:
+        return [int(array[position].read().result()) for position in positions]
+    except ValueError as error:
+        raise CacheCheckError(f"{arrays}: a stored file cannot be read ({error}); the part is damaged: rerun the "
+                              "tokenize step that wrote it (--force_run)") from error  # fmt: skip

@@ -61,14 +61,23 @@ from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
 
 from executor import storage
+from steps.model.checkpoints import check_checkpoints
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config
 from steps.model.model_size import MoeShape, flops_per_token
 from steps.model.moe_model import MoeWatchConfig
-from steps.tokenize.levanter_cache import LEDGER_FILE
-from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, phase_start
+from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
+from steps.train.failures import damaged_checkpoint_set_aside, divergence_explained
+from steps.train.input_checks import (
+    MIXTURE_FILE,
+    TrainInputError,
+    check_cache,
+    checked_weights,
+    excluded_cells,
+    weights_file_schedule,
+)
 from steps.train.train_metrics import JsonlMetricsConfig
 
 logger = logging.getLogger(__name__)
@@ -101,7 +110,8 @@ class TrainConfig:
     mixture_weights_path: str | None = None
     """A mixture_weights output: per-phase weights over the components, each phase starting at its share of
     the steps (on a mixture block); replaces `weights`. Components it gives no weight are validation-only;
-    weighted names that are not components (cells left out by tokenize) are dropped. A dependency."""
+    weights on cells that tokenize left out are dropped, logged and recorded in `mixture.json`; a weight on any
+    other name that is not a component (a typo) is refused. A dependency."""
     mixture_block_size: int = 2048
     """Sequences per block of Levanter's mixture (weights hold exactly within a block). Versioned."""
     prediction_path: str | None = None
@@ -150,17 +160,20 @@ class TrainConfig:
     """After training, export the final checkpoint under `hf/` (steps/model/hf_export.py). Plain."""
 
 
-class TrainInputError(ValueError):
-    """The train step's inputs cannot make a run: reported before any compute is spent."""
-
-
 def train(config: TrainConfig) -> None:
     """The train step: checks its inputs, then runs Levanter's trainer under `training_environment`."""
     check_inputs(config)
+    check_checkpoints(storage.join(config.output_path, "checkpoints"), _step_label(config))
+    record_mixture(config)
     with training_environment(config.output_path):
         run = levanter_config(config)
         try:
-            train_lm.main(run)
+            label = _step_label(config)
+            with (
+                divergence_explained(label, config.output_path, config.learning_rate),
+                damaged_checkpoint_set_aside(label, config.output_path),
+            ):
+                train_lm.main(run)
             if config.hf_export:
                 hf_folder = storage.join(config.output_path, HF_FOLDER)
                 checkpoints = run.trainer.checkpointer.base_path
@@ -208,12 +221,18 @@ def check_inputs(config: TrainConfig) -> None:
         )
     for name, path in components.items():
         for split in SPLITS:
-            _check_cache(label, name, storage.join(path, split), tokenizer_vocab)
+            check_cache(label, name, storage.join(path, split), tokenizer_vocab)
 
 
 def data_mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule]:
     """The components (given ones plus a per-folder tokenize output's) and the weight schedule
     `[(start_step, {component: weight}), ...]` the run trains on; refused with TrainInputError if unusable."""
+    components, schedule, _ = _mixture(config)
+    return components, schedule
+
+
+def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, list[float]]]:
+    """`data_mixture`, plus the weights (per phase) dropped because tokenize left their cells out."""
     label = _step_label(config)
     components = dict(config.components)
     if config.components_path is not None:
@@ -224,39 +243,26 @@ def data_mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule]:
         if config.weights is not None and set(config.weights) != set(components):
             raise TrainInputError(f"{label}: weights name {sorted(config.weights)} but the components are "
                                   f"{sorted(components)}")  # fmt: skip
-        return components, [(0, dict(config.weights) if config.weights else dict.fromkeys(components, 1.0))]
-    phases = storage.read_json(storage.join(config.mixture_weights_path, WEIGHTS_FILE))
-    if phases is None:
-        raise TrainInputError(f"{label}: no {WEIGHTS_FILE} under {config.mixture_weights_path}; run the "
-                              "mixture_weights step first")  # fmt: skip
-    schedule: Schedule = []
-    ended = 0.0
-    for number, phase in enumerate(phases["phases"]):
-        start = 0 if number == 0 else phase_start(config.num_train_steps, ended, config.train_batch_size,
-                                                  config.mixture_block_size)  # fmt: skip
-        ended += phase["fraction"]
-        weights = {name: float(phase["weights"].get(name, 0.0)) for name in components}
-        if sum(weights.values()) <= 0:
-            raise TrainInputError(f"{label}: phase {number + 1} of {config.mixture_weights_path} weighs none of "
-                                  f"the components {sorted(components)}")  # fmt: skip
-        schedule.append((start, weights))
-    return components, schedule
+        if config.weights is None:
+            return components, [(0, dict.fromkeys(components, 1.0))], {}
+        return components, [(0, checked_weights(f"{label}: weights", config.weights, "fix the step's weights"))], {}
+
+    def phase_start_step(fraction_before: float) -> int:
+        return phase_start(config.num_train_steps, fraction_before, config.train_batch_size, config.mixture_block_size)
+
+    schedule, dropped = weights_file_schedule(label, config.mixture_weights_path, components,
+                                              excluded_cells(config.components_path), phase_start_step)  # fmt: skip
+    return components, schedule, dropped
 
 
-def _check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int) -> None:
-    ledger = storage.read_json(storage.join(split_path, LEDGER_FILE))
-    if ledger is None:
-        raise TrainInputError(
-            f"{label}: component {component!r} has no Levanter cache at {split_path} (no {LEDGER_FILE}); "
-            "run its tokenize step first, or fix the path"
-        )
-    # Levanter's CacheLedger keeps the tokenizer's figures under metadata.preprocessor_metadata.
-    cache_vocab = ((ledger.get("metadata") or {}).get("preprocessor_metadata") or {}).get("vocab_size")
-    if cache_vocab is not None and cache_vocab != tokenizer_vocab:
-        raise TrainInputError(
-            f"{label}: component {component!r} at {split_path} was tokenized with a {cache_vocab}-token vocabulary "
-            f"but the model's tokenizer has {tokenizer_vocab}; retokenize it with the model's tokenizer"
-        )
+def record_mixture(config: TrainConfig) -> None:
+    """Write `mixture.json` (the schedule trained on, the weights dropped) and warn, by name, of each dropped cell."""
+    _, schedule, dropped = _mixture(config)
+    if dropped:
+        logger.warning("%s: weights on cells that tokenize left out are dropped (per phase): %s; the other "
+                       "components' weights are renormalised", _step_label(config), dropped)  # fmt: skip
+    record = {"schedule": [[start, weights] for start, weights in schedule], "dropped": dropped}
+    storage.write_json_atomic(storage.join(config.output_path, MIXTURE_FILE), record)
 
 
 def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:

@@ -129,7 +129,9 @@ class LadderPanel extends ChartPanel {
       h("td", { class: "num", "data-col": "fitted", "data-value": rung.fitted }, cellValue(rung.fitted, 4)),
       h("td", { class: "num", "data-col": "residual", "data-value": rung.residual }, (rung.residual >= 0 ? "+" : "") + cellValue(rung.residual, 4))));
     const verdict = achieved ? (achieved.loss >= prediction.low && achieved.loss <= prediction.high ? "inside the band" : "outside the band") : "";
-    this.element.replaceChildren(
+    // The scaling step's flags (asymptote at its bound, a band of zero width) go above the figures they qualify.
+    const warnings = (data.warnings || []).map((warning) => h("p", { class: "warn", "data-testid": "fit-warning" }, `warning: ${warning}`));
+    this.element.replaceChildren(...warnings,
       h("p", { class: "mono", "data-testid": "law" }, `L(C) = ${fit.asymptote.toPrecision(4)} + ${fit.A.toPrecision(4)} · C^-${fit.alpha.toPrecision(4)}`,
         fit.rms_log_residual !== null && fit.rms_log_residual !== undefined ? h("span", { class: "muted" }, `   rms log residual ${Number(fit.rms_log_residual).toPrecision(3)}`) : ""),
       h("div", { class: "grid2" }, plots, h("div", {},

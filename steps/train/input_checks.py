@@ -1,0 +1,120 @@
+"""The train step's checks of its data inputs, run before JAX compiles anything.
+
+Each names the step, the component or file, and what to do:
+
+- a cache: its ledger must be a JSON object whose figures match the arrays of every part it lists
+  (steps/tokenize/levanter_cache.py `verify_cache`: sizes, offsets, one read per stored file), and it must
+  have been tokenized with the model's vocabulary;
+- mixture weights: finite and not negative (`check_weights`, the one rule for a valid weight), and naming
+  only components of the run. A weight on a name that is no component is refused, since a typo would
+  otherwise train on a fraction of the intended mixture, unless tokenize listed that cell as left out
+  (`excluded` in components.json): such weights are dropped, returned by name so that the step logs them and
+  records them in `mixture.json` beside its metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from executor import storage
+from executor.errors import ConfigError
+from steps.tokenize.levanter_cache import CacheCheckError, read_ledger, verify_cache
+from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, check_weights
+from steps.tokenize.tokenize import COMPONENTS_FILE
+
+MIXTURE_FILE = "mixture.json"
+"""Under the train step's output: the schedule it trains on and the weights it dropped (cells tokenize left out)."""
+
+
+class TrainInputError(ValueError):
+    """The train step's inputs cannot make a run: reported before any compute is spent."""
+
+
+def check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int) -> None:
+    """Refuse a missing or damaged cache, or one tokenized with another vocabulary."""
+    try:
+        ledger = read_ledger(split_path)
+        if ledger is not None:
+            verify_cache(split_path, ledger)
+    except CacheCheckError as error:
+        raise TrainInputError(f"{label}: component {component!r}: {error}") from error
+    if ledger is None:
+        raise TrainInputError(
+            f"{label}: component {component!r} has no Levanter cache at {split_path} (no ledger); "
+            "run its tokenize step first, or fix the path"
+        )
+    # Levanter's CacheLedger keeps the tokenizer's figures under metadata.preprocessor_metadata.
+    cache_vocab = ((ledger.get("metadata") or {}).get("preprocessor_metadata") or {}).get("vocab_size")
+    if cache_vocab is not None and cache_vocab != tokenizer_vocab:
+        raise TrainInputError(
+            f"{label}: component {component!r} at {split_path} was tokenized with a {cache_vocab}-token vocabulary "
+            f"but the model's tokenizer has {tokenizer_vocab}; retokenize it with the model's tokenizer"
+        )
+
+
+def checked_weights(where: str, weights: Any, fix: str) -> dict[str, float]:
+    """`weights` as a dict of finite, non-negative floats; TrainInputError naming `where` and saying `fix` if not."""
+    if not isinstance(weights, Mapping):
+        raise TrainInputError(f"{where}: the weights are a {type(weights).__name__}, not component -> weight; {fix}")
+    try:
+        check_weights(weights, where)
+    except ConfigError as error:
+        raise TrainInputError(f"{error}; {fix}") from error
+    return {name: float(weight) for name, weight in weights.items()}
+
+
+def phase_weights(
+    where: str, weights: Mapping[str, float], components: Collection[str], excluded: Collection[str], fix: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """A phase's weight per component (0 where it gives none) and the positive weights it puts on cells tokenize
+    left out; a positive weight on any other name is refused."""
+    strays = {name: weight for name, weight in weights.items() if name not in components and weight > 0}
+    unknown = sorted(name for name in strays if name not in excluded)
+    if unknown:
+        raise TrainInputError(
+            f"{where}: weights {unknown} name no component of this run (components: {sorted(components)}; left out "
+            f"by tokenize: {sorted(excluded)}), so their share would silently go to the others; {fix}"
+        )
+    dropped = {name: weight for name, weight in strays.items() if name in excluded}
+    return {name: weights.get(name, 0.0) for name in components}, dropped
+
+
+def weights_file_schedule(
+    label: str,
+    weights_path: str,
+    components: Collection[str],
+    excluded: Collection[str],
+    phase_start_step: Callable[[float], int],
+) -> tuple[Schedule, dict[str, list[float]]]:
+    """The schedule a mixture_weights output gives over `components` (each later phase starting at
+    `phase_start_step(fraction of the run before it)`), and the weights per phase dropped on `excluded` cells."""
+    weights_file = storage.join(weights_path, WEIGHTS_FILE)
+    phases = storage.read_json(weights_file)
+    if phases is None:
+        raise TrainInputError(f"{label}: no {WEIGHTS_FILE} under {weights_path}; run the mixture_weights step first")
+    fix = f"fix {weights_file} or rerun its mixture_weights step (--force_run)"
+    schedule: Schedule = []
+    dropped: dict[str, list[float]] = {}
+    ended = 0.0
+    for number, phase in enumerate(phases["phases"]):
+        start = 0 if number == 0 else phase_start_step(ended)
+        ended += phase["fraction"]
+        where = f"{label}: phase {number + 1} of {weights_file}"
+        weights = checked_weights(where, phase["weights"], fix)
+        kept, left_out = phase_weights(where, weights, components, excluded, fix)
+        for name, weight in left_out.items():
+            dropped.setdefault(name, [0.0] * len(phases["phases"]))[number] = weight
+        if sum(kept.values()) <= 0:
+            raise TrainInputError(f"{label}: phase {number + 1} of {weights_path} weighs none of the components "
+                                  f"{sorted(components)}")  # fmt: skip
+        schedule.append((start, kept))
+    return schedule, dropped
+
+
+def excluded_cells(components_path: str | None) -> list[str]:
+    """The cells a `per_folder` tokenize output left out (no documents in a split), from its components.json."""
+    if components_path is None:
+        return []
+    document = storage.read_json(storage.join(components_path, COMPONENTS_FILE)) or {}
+    return sorted(document.get("excluded") or {})
