@@ -232,13 +232,19 @@ def default_evaluate(
 
 
 def default_scaling(
-    rungs: Sequence[tuple[Rung, ExecutorStep, ExecutorStep]], target: Rung, bootstrap_samples: int = 1000
+    rungs: Sequence[tuple[Rung, ExecutorStep, ExecutorStep]],
+    target: Rung,
+    asymptote: float,
+    bootstrap_samples: int = 1000,
 ) -> ExecutorStep:
-    """Fit loss vs FLOPs over `rungs` (each with its train and evaluate steps) and predict `target`."""
+    """Fit loss vs FLOPs over `rungs` (each with its train and evaluate steps) and predict `target`, by the
+    published method: the irreducible loss E fixed at `asymptote`, A and alpha a least-squares line in log-log,
+    the band least squares' prediction interval (steps/scaling/scaling.py)."""
     return ExecutorStep(
         name="scaling/ladder",
         fn=predict_from_ladder,
-        description=f"L(C) = E + A C^-alpha over {len(rungs)} rungs -> {target.name} at {target.flops:.2g} FLOPs",
+        description=f"L(C) = {asymptote:g} + A C^-alpha over {len(rungs)} rungs -> {target.name} at "
+        f"{target.flops:.2g} FLOPs",
         config=LadderConfig(
             rungs=[
                 LadderRung(
@@ -260,6 +266,7 @@ def default_scaling(
                 )
             ),
             output_path=THIS_OUTPUT_PATH,
+            asymptote=versioned(asymptote),
             bootstrap_samples=versioned(bootstrap_samples),
         ),
     )

@@ -67,17 +67,17 @@ def test_losses_that_rise_with_compute_fail_the_scaling_step(tmp_path):
     assert not (output / "prediction.json").exists()
 
 
-def test_two_rungs_with_a_fixed_asymptote_and_no_fall_fail_too(tmp_path):
-    config = ladder(tmp_path, [3.000, 3.004], asymptote=1.0)
-    config = LadderConfig(rungs=config.rungs[:2], target=TARGET, output_path=THIS_OUTPUT_PATH, asymptote=1.0)
+def test_three_rungs_with_a_fixed_asymptote_and_no_fall_fail_too(tmp_path):
+    config = ladder(tmp_path, [3.000, 3.004, 3.010], asymptote=1.0)
+    config = LadderConfig(rungs=config.rungs[:3], target=TARGET, output_path=THIS_OUTPUT_PATH, asymptote=1.0)
     status, message, output = run_through_executor(tmp_path / "prefix", "scaling/ladder", predict_from_ladder, config)
     assert status == "FAILED" and f"scaling step at {output}" in message and "not positive" in message
 
 
 def test_a_zero_width_band_and_an_asymptote_at_its_bound_are_flagged(tmp_path, caplog):
-    # Two rungs on an exact law with E fixed: every resample refits the same line, so the band has no width.
+    # Three rungs exactly on the law with E fixed: no residual, so the band has no width.
     config = ladder(tmp_path)
-    config = LadderConfig(rungs=config.rungs[:2], target=TARGET, output_path=THIS_OUTPUT_PATH, asymptote=TRUE_E)
+    config = LadderConfig(rungs=config.rungs[:3], target=TARGET, output_path=THIS_OUTPUT_PATH, asymptote=TRUE_E)
     status, _, output = run_through_executor(tmp_path / "prefix", "scaling/two", predict_from_ladder, config)
     document = json.loads((output / "prediction.json").read_text())
     assert status == "SUCCESS"
@@ -98,7 +98,7 @@ def test_the_ladder_view_shows_the_scaling_steps_warnings(tmp_path):
     from executor.dashboard.ladder_view import ladder_view
 
     config = ladder(tmp_path)
-    config = LadderConfig(rungs=config.rungs[:2], target=TARGET, output_path=THIS_OUTPUT_PATH, asymptote=TRUE_E)
+    config = LadderConfig(rungs=config.rungs[:3], target=TARGET, output_path=THIS_OUTPUT_PATH, asymptote=TRUE_E)
     _, _, output = run_through_executor(tmp_path / "prefix", "scaling/two", predict_from_ladder, config)
     view = ladder_view(str(tmp_path / "prefix"), str(output), output.name, None)
     assert any("has zero width" in warning for warning in view["warnings"])

@@ -12,8 +12,8 @@ Two weaker signs are kept but flagged, in `prediction.json`'s `warnings`, the st
 
 - a fitted asymptote at its bound (0, or just under the lowest rung loss): the data did not pin E down,
   so the law's shape, and the extrapolation, come from the bound rather than the rungs;
-- a band of zero width: the bootstrap found no spread (two rungs with a fixed asymptote refit to the
-  same line on every resample), so the prediction's uncertainty is unknown, not zero.
+- a band of zero width: the rungs lie exactly on the fitted law (no residual), so the band measured no
+  noise, and the prediction's uncertainty is unknown, not zero.
 """
 
 from __future__ import annotations
@@ -67,6 +67,6 @@ def fit_warnings(fit: PowerLawFit, prediction: Prediction, lowest_loss: float, f
                             "add rungs")  # fmt: skip
     if prediction.high - prediction.low <= BAND_WIDTH_TOLERANCE * abs(prediction.loss):
         warnings.append(f"the prediction's band [{prediction.low:.6g}, {prediction.high:.6g}] has zero width: the "
-                        "bootstrap found no spread (too few rungs to resample), so its uncertainty is unknown, "
-                        "not zero; add rungs")  # fmt: skip
+                        "rungs lie exactly on the fitted law, so the band measured no noise and its uncertainty is "
+                        "unknown, not zero; add rungs")  # fmt: skip
     return warnings

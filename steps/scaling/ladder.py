@@ -15,7 +15,7 @@
 Each rung contributes its final macro held-out loss (the evaluate step's `results.json`) at its training
 FLOPs (steps/model/model_size.py), and its eval losses during training (the train step's `metrics.jsonl`:
 `eval/macro_loss` at each eval) for the predicted loss curve. The fit
-and the bootstrap band are steps/scaling/scaling.py's. The target's train step takes this step's output as a
+and the prediction band are steps/scaling/scaling.py's. The target's train step takes this step's output as a
 dependency, so the prediction is on disk, hashed and dated, before the target starts.
 
 Output: `prediction.json` (the dashboard's ladder view and the target's run view draw it; format in
@@ -33,11 +33,13 @@ import numpy as np
 from executor import storage
 from steps.scaling.fit_checks import check_finite_losses, check_fit, fit_warnings
 from steps.scaling.scaling import (
+    MIN_RUNGS_FIXED,
+    MIN_RUNGS_FREE,
     RungCurve,
-    bootstrap_prediction,
     fit_power_law,
     plot_fit,
     predict_loss_curve,
+    predict_with_band,
     prediction_document,
 )
 from steps.train.train_metrics import read_metrics
@@ -79,28 +81,33 @@ class LadderTarget:
 @dataclass(frozen=True)
 class LadderConfig:
     rungs: Sequence[LadderRung]
-    """At least three rungs (a free asymptote) or two (a fixed one). Versioned through their figures."""
+    """At least four rungs (a free asymptote) or three (a fixed one): one more than the fitted parameters, so
+    that the band has residuals to measure noise by. Versioned through their figures."""
     target: LadderTarget
     """What to predict. Versioned."""
     output_path: str
     """Where prediction.json and fit.png go (THIS_OUTPUT_PATH)."""
     asymptote: float | None = None
-    """Fix the irreducible loss E (the published method) or fit it (None). Versioned."""
+    """Fix the irreducible loss E (the published method; what `default_scaling` does) or fit it (None).
+    Versioned."""
     bootstrap_samples: int = 1000
-    """Resamples of the rungs for the prediction's band. Versioned."""
+    """Residual-bootstrap draws behind the band when the asymptote is free (a fixed one's band is closed-form;
+    steps/scaling/scaling.py). Versioned."""
 
 
 def eval_curve(train_path: str, tokens_per_step: float) -> tuple[list[float], list[float]]:
     """A rung's macro eval loss during training (Levanter's `eval/macro_loss`: the mean over components of
     each component's token-weighted loss), as (tokens, loss) at each eval.
 
-    A resumed run logs some steps twice; the later line (the run that continued) wins."""
+    Levanter logs the step just completed, counted from 0: a line at step s comes after s + 1 optimizer steps,
+    so (s + 1) x tokens_per_step tokens. A resumed run logs some steps twice; the later line (the run that
+    continued) wins."""
     by_step: dict[int, float] = {}
     for record in read_metrics(train_path):
         if record.get("step") is not None and isinstance(record.get(MACRO_LOSS), float | int):
             by_step[int(record["step"])] = float(record[MACRO_LOSS])
     steps = sorted(by_step)
-    return [step * tokens_per_step for step in steps], [by_step[step] for step in steps]
+    return [(step + 1) * tokens_per_step for step in steps], [by_step[step] for step in steps]
 
 
 def _rung_curve(rung: LadderRung, where: str) -> RungCurve:
@@ -112,7 +119,7 @@ def _rung_curve(rung: LadderRung, where: str) -> RungCurve:
     check_finite_losses(where, rung.name, storage.join(rung.evaluate_path, "results.json"), ["the end"], [final_loss])
     tokens, losses = eval_curve(rung.train_path, rung.tokens_per_step)
     kept = [(t, loss) for t, loss in zip(tokens, losses, strict=True) if t < rung.tokens]
-    eval_steps = [f"step {round(t / rung.tokens_per_step)}" for t, _ in kept]
+    eval_steps = [f"step {round(t / rung.tokens_per_step) - 1}" for t, _ in kept]  # the step as logged
     metrics_file = storage.join(rung.train_path, "metrics.jsonl")
     check_finite_losses(where, rung.name, metrics_file, eval_steps, [loss for _, loss in kept])
     tokens = [t for t, _ in kept] + [rung.tokens]
@@ -123,9 +130,11 @@ def _rung_curve(rung: LadderRung, where: str) -> RungCurve:
 def predict_from_ladder(config: LadderConfig) -> dict:
     """The scaling step: writes and returns prediction.json's content."""
     where = f"scaling step at {config.output_path}"
-    if len(config.rungs) < (2 if config.asymptote is not None else 3):
-        raise ValueError(f"{where}: {len(config.rungs)} rung(s) cannot fit a power law; give at least "
-                         f"{2 if config.asymptote is not None else 3}")  # fmt: skip
+    needed = (MIN_RUNGS_FIXED if config.asymptote is not None else MIN_RUNGS_FREE) + 1  # one more for the band
+    if len(config.rungs) < needed:
+        raise ValueError(
+            f"{where}: {len(config.rungs)} rung(s) cannot fit a power law with a band; give at least {needed}"
+        )
     rungs = [_rung_curve(rung, where) for rung in config.rungs]
     compute = [rung.compute for rung in rungs]
     final = [float(rung.loss[-1]) for rung in rungs]
@@ -135,18 +144,18 @@ def predict_from_ladder(config: LadderConfig) -> dict:
         raise ValueError(f"{where}: cannot fit the rungs' losses {final} at FLOPs {compute}: {error}") from error
     check_fit(where, fit, compute, final)
     target = config.target
-    prediction = bootstrap_prediction(compute, final, target.flops, config.asymptote,
-                                      samples=config.bootstrap_samples)  # fmt: skip
+    prediction = predict_with_band(compute, final, target.flops, config.asymptote, samples=config.bootstrap_samples)
     # The curve starts where every rung has been evaluated at least once.
     first = max(rung.tokens[0] / rung.tokens[-1] for rung in rungs)
     fractions = [float(f) for f in np.linspace(0.1, 1.0, 19) if f >= first] or [1.0]
     # Along the curve the irreducible loss is the final fit's: the loss at any fraction of training tends to the
-    # same E as compute grows. Fixing it makes each of the curve's bootstrap fits a closed-form line.
-    curve = predict_loss_curve(rungs, target.flops, target.tokens, fit.asymptote, fractions=fractions,
-                               samples=min(200, config.bootstrap_samples))  # fmt: skip
+    # same E as compute grows. Fixing it makes each of the curve's fits a closed-form line with a closed-form band.
+    curve = predict_loss_curve(rungs, target.flops, target.tokens, fit.asymptote, fractions=fractions)
     document = prediction_document(fit, prediction, curve, rungs)
     for point in document["curve"]:
-        point["step"] = point["tokens"] / target.tokens_per_step
+        # The step Levanter logs once the target has seen these tokens (it counts completed steps from 0), so
+        # the run view draws the prediction on the same axis as the run's own eval lines.
+        point["step"] = point["tokens"] / target.tokens_per_step - 1
     for entry, rung in zip(document["rungs"], rungs, strict=True):
         entry["tokens"] = rung.tokens[-1]
         entry["curve"] = [{"tokens": t, "loss": loss} for t, loss in zip(rung.tokens, rung.loss, strict=True)]

@@ -9,14 +9,27 @@ rungs' final eval losses, then read the prediction off at the hero's compute. Tw
   one-dimensional search on the residual (E must stay below the smallest observed loss), then all
   three are polished together by nonlinear least squares on the log residuals.
 
-Uncertainty comes from a bootstrap over rungs (resample the rungs with replacement, refit, read the
-prediction): with four rungs it is coarse, and says so by being wide.
+The band is a prediction interval for the target's loss (the achieved run is one more noisy point, not the
+mean of many), at the `band` percentiles:
+
+- with a fixed asymptote, the exact one of least squares with Gaussian noise on log(L - E): Student's t with
+  n - 2 degrees of freedom times s * sqrt(1 + 1/n + (x - mean x)^2 / Sxx) around the line, mapped back to L;
+  on simulated ladders of four it holds the next run 90% of the time for a 90% band;
+- with a free asymptote, a residual bootstrap: keep every rung's compute, add resampled residuals (scaled
+  up by sqrt(n / (n - 3))) to the fitted curve, refit, and read the target with one more resampled residual.
+
+Resampling the rungs themselves (the earlier band) degenerates on a ladder of four: with a free asymptote
+56% of resamples hold three distinct rungs (an exact fit, zero residual) and 34% too few to fit; with a
+fixed one a third hold two (an exact line), and its band held the next run 77% of the time for a nominal
+90%. Either band needs noise to measure: at least one rung more than the fitted parameters.
 
 A predicted **loss curve** for the target run comes from the rungs' eval losses during training: at
 each fraction f of training, fit the law across rungs to (compute of the whole run, loss at f) and
 read the target at its own compute. Learning-rate schedules are defined in fractions of the run, so
 losses at the same fraction are comparable across rungs; the curve is the target's expected loss at
-f x its tokens.
+f x its tokens. Each fraction is a fit of its own, so noise can make neighbours cross; a run's expected eval
+loss does not rise with tokens, so the curve is projected on the non-increasing curves (least squares, pool
+adjacent violators) before it is drawn, each point's band moving with it.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy.optimize import least_squares, minimize_scalar
+from scipy.stats import t as student_t
 
 MIN_RUNGS_FIXED = 2
 MIN_RUNGS_FREE = 3
@@ -122,11 +136,11 @@ class Prediction:
     compute: float
     loss: float
     low: float
-    """Lower edge of the bootstrap band (the `band` percentile pair's first)."""
+    """Lower edge of the prediction band (the `band` percentile pair's first)."""
     high: float
 
 
-def bootstrap_prediction(
+def predict_with_band(
     compute: Sequence[float],
     loss: Sequence[float],
     target_compute: float,
@@ -136,23 +150,69 @@ def bootstrap_prediction(
     band: tuple[float, float] = (5.0, 95.0),
     seed: int = 0,
 ) -> Prediction:
-    """The fit's prediction at `target_compute`, with a band from refitting resampled rungs."""
+    """The fit's prediction at `target_compute` with its prediction band (module docstring); `samples` and `seed`
+    drive the free asymptote's bootstrap."""
     compute_array = np.asarray(compute, dtype=np.float64)
     loss_array = np.asarray(loss, dtype=np.float64)
-    central = float(fit_power_law(compute_array, loss_array, asymptote).predict(target_compute))
-    needed = MIN_RUNGS_FIXED if asymptote is not None else MIN_RUNGS_FREE
+    fit = fit_power_law(compute_array, loss_array, asymptote)
+    parameters = MIN_RUNGS_FIXED if asymptote is not None else MIN_RUNGS_FREE
+    if len(compute_array) <= parameters:
+        raise ValueError(
+            f"a band needs more rungs than fitted parameters: {len(compute_array)} rung(s) for {parameters} "
+            f"parameters leave no residual to measure noise by; give at least {parameters + 1}"
+        )
+    if asymptote is not None:
+        low, high = _line_prediction_band(np.log(compute_array), fit, target_compute, band)
+    else:
+        draws = residual_bootstrap(compute_array, loss_array, target_compute, fit, samples=samples, seed=seed)
+        low, high = (float(edge) for edge in np.percentile(draws, band))
+    return Prediction(compute=target_compute, loss=float(fit.predict(target_compute)), low=low, high=high)
+
+
+def _line_prediction_band(
+    log_compute: np.ndarray, fit: PowerLawFit, target_compute: float, band: tuple[float, float]
+) -> tuple[float, float]:
+    """Least squares' prediction interval for one more point of the line log(L - E) = log A - alpha log C."""
+    count = len(log_compute)
+    noise = fit.rms_log_residual * math.sqrt(count / (count - MIN_RUNGS_FIXED))  # unbiased: n - 2 freedoms
+    spread = float(np.sum((log_compute - log_compute.mean()) ** 2))
+    log_target = math.log(target_compute)
+    error = noise * math.sqrt(1 + 1 / count + (log_target - log_compute.mean()) ** 2 / spread)
+    centre = math.log(fit.A) - fit.alpha * log_target
+    low, high = (float(student_t.ppf(percent / 100, count - MIN_RUNGS_FIXED)) for percent in band)
+    return fit.asymptote + math.exp(centre + low * error), fit.asymptote + math.exp(centre + high * error)
+
+
+def residual_bootstrap(
+    compute: np.ndarray, loss: np.ndarray, target_compute: float, fit: PowerLawFit, *, samples: int, seed: int = 0
+) -> np.ndarray:
+    """`samples` draws of the target's loss under a free asymptote: refits to the fitted curve plus resampled
+    residuals, each read at the target with one more resampled residual. Every draw keeps every rung."""
+    log_compute = np.log(compute)
+    fitted = np.log(fit.A) - fit.alpha * log_compute
+    # Residuals of a least-squares fit are smaller than the noise by (n - p) / n in variance: scale them back up.
+    residuals = (np.log(loss - fit.asymptote) - fitted) * math.sqrt(len(compute) / (len(compute) - MIN_RUNGS_FREE))
     rng = np.random.default_rng(seed)
-    predictions = []
-    for _ in range(samples):
-        chosen = rng.integers(0, len(compute_array), size=len(compute_array))
-        if len(np.unique(compute_array[chosen])) < needed:
-            continue  # too few distinct rungs to fit: not a sample of the fit's uncertainty
-        fit = fit_power_law(compute_array[chosen], loss_array[chosen], asymptote)
-        predictions.append(float(fit.predict(target_compute)))
-    if not predictions:
-        return Prediction(compute=target_compute, loss=central, low=central, high=central)
-    low, high = np.percentile(predictions, band)
-    return Prediction(compute=target_compute, loss=central, low=float(low), high=float(high))
+    draws = np.empty(samples)
+    for index in range(samples):
+        resampled = fit.asymptote + np.exp(fitted + rng.choice(residuals, size=len(compute)))
+        refit = fit_power_law(compute, resampled)
+        draws[index] = refit.asymptote + refit.A * target_compute**-refit.alpha * math.exp(rng.choice(residuals))
+    return draws
+
+
+def non_increasing(values: Sequence[float]) -> list[float]:
+    """The least-squares non-increasing sequence nearest `values` (pool adjacent violators)."""
+    blocks: list[tuple[float, int]] = []  # (mean, length) of each pooled run, left to right
+    for value in values:
+        mean, length = float(value), 1
+        # A value above the run before it violates the order: pool the two into their mean, and repeat.
+        while blocks and blocks[-1][0] < mean:
+            previous_mean, previous_length = blocks.pop()
+            mean = (previous_mean * previous_length + mean * length) / (previous_length + length)
+            length += previous_length
+        blocks.append((mean, length))
+    return [mean for mean, length in blocks for _ in range(length)]
 
 
 @dataclass(frozen=True)
@@ -177,7 +237,8 @@ def predict_loss_curve(
     fractions: Sequence[float] = tuple(np.linspace(0.1, 1.0, 19)),
     samples: int = 200,
 ) -> list[Prediction]:
-    """The target's predicted eval loss at each fraction of its training; `compute` holds its tokens there."""
+    """The target's predicted eval loss at each fraction of its training, non-increasing (module docstring);
+    `compute` holds its tokens there. `samples`: bootstrap draws per point under a free asymptote."""
     curve = []
     for fraction in fractions:
         losses_at_fraction = []
@@ -189,15 +250,21 @@ def predict_loss_curve(
                     f"rung {rung.name} has no eval before {fraction:.0%} of training (first at {tokens[0]:.3g} tokens)"
                 )
             losses_at_fraction.append(float(np.interp(position, tokens, np.asarray(rung.loss, dtype=np.float64))))
-        at_fraction = bootstrap_prediction(
+        at_fraction = predict_with_band(
             [rung.compute for rung in rungs], losses_at_fraction, target_compute, asymptote, samples=samples
         )
-        curve.append(
-            Prediction(
-                compute=fraction * target_tokens, loss=at_fraction.loss, low=at_fraction.low, high=at_fraction.high
-            )
+        curve.append(at_fraction)
+    # The band moves with its point: its width is each fraction's own (it may widen towards the end).
+    loss = non_increasing([point.loss for point in curve])
+    return [
+        Prediction(
+            compute=fraction * target_tokens,
+            loss=level,
+            low=point.low + level - point.loss,
+            high=point.high + level - point.loss,
         )
-    return curve
+        for fraction, level, point in zip(fractions, loss, curve, strict=True)
+    ]
 
 
 def prediction_document(
@@ -230,13 +297,13 @@ def plot_fit(compute: Sequence[float], loss: Sequence[float], fit: PowerLawFit, 
     axes.errorbar(
         [prediction.compute],
         [prediction.loss],
-        # The central fit can fall outside its bootstrap band (few rungs): draw the band's side as empty then.
+        # The central fit can fall outside a bootstrap band (few rungs): draw the band's side as empty then.
         yerr=[[max(0.0, prediction.loss - prediction.low)], [max(0.0, prediction.high - prediction.loss)]],
         fmt="*",
         color="#d62728",
         markersize=12,
         capsize=4,
-        label="prediction (bootstrap band)",
+        label="prediction (90% band)",
     )
     axes.set_xscale("log")
     axes.set_xlabel("training FLOPs")
