@@ -11,6 +11,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,9 @@ from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.train_tokenizer import load_tokenizer
 from steps.train.train_metrics import read_metrics
 
+TINY_STEPS = len(json.loads((Path(__file__).parent / "data" / "hero_step_hashes.json").read_text())["tiny"])
+"""The tiny hero DAG's steps, as pinned (tests/test_layout.py checks the plan against the same file)."""
+
 pytestmark = [pytest.mark.demo, pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(3600)]
 expect = playwright_sync.expect
 
@@ -35,7 +39,7 @@ def train_losses(records: list[dict]) -> list[tuple[int, float]]:
 
 
 def test_every_step_succeeded_and_the_summary_says_where_and_how_well(hero_run: HeroRun) -> None:
-    assert len(hero_run.outputs) == 48
+    assert len(hero_run.outputs) == TINY_STEPS
     assert {name: read_status(str(path)) for name, path in hero_run.outputs.items()} == dict.fromkeys(
         hero_run.outputs, "SUCCESS"
     )
@@ -50,11 +54,12 @@ def test_every_step_succeeded_and_the_summary_says_where_and_how_well(hero_run: 
 
 
 def test_a_rerun_skips_every_step(hero_run: HeroRun) -> None:
-    assert "0 step(s) ran, 48 were already done" in hero_run.rerun_output, hero_run.rerun_output[-2000:]
+    assert f"0 step(s) ran, {TINY_STEPS} were already done" in hero_run.rerun_output, hero_run.rerun_output[-2000:]
 
 
 def test_force_run_reruns_just_that_step(hero_run: HeroRun) -> None:
-    assert "1 step(s) ran, 47 were already done" in hero_run.forced_output, hero_run.forced_output[-2000:]
+    forced = hero_run.forced_output
+    assert f"1 step(s) ran, {TINY_STEPS - 1} were already done" in forced, forced[-2000:]
     status = (hero_run.outputs["evaluate/d6144"] / ".executor_status").read_text()
     assert [json.loads(line)["status"] for line in status.splitlines()].count("SUCCESS") == 2
     results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())

@@ -65,7 +65,7 @@ def bucket_folder(request: pytest.FixtureRequest) -> str:
 def test_a_training_run_on_an_object_store_is_watchable_while_it_runs(bucket_folder):
     """The train step's tracker on gs:// or s3://: the dashboard and `read_metrics` see each step while the
     run goes on (fsspec's buffered upload would show nothing before the end), and after it ends."""
-    tracker = JsonlMetricsTracker(f"{bucket_folder}/metrics.jsonl", 6.0, None, flush_seconds=0)
+    tracker = JsonlMetricsTracker(f"{bucket_folder}/metrics.jsonl", 6.0, None, devices=1, flush_seconds=0)
     tracker.log({"train/loss": 5.0, "throughput/tokens_per_second": 10.0}, step=0)
     tracker.log({"train/loss": 4.0}, step=1)
     assert [record["train/loss"] for record in read_metrics(bucket_folder)] == [5.0, 4.0]

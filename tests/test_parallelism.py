@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import equinox as eqx
@@ -85,17 +87,16 @@ def test_expert_parallelism_stays_inside_the_fast_domain() -> None:
     assert expert_parallel_size(hero, 1024, HARDWARE["tpu_v5p"]) == 64
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sizes", [(192, 3, 384, 4, 3072), (64, 2, 128, 2, 512)])
-def test_memory_estimate_is_within_15_percent_of_xlas_compiled_memory(sizes: tuple[int, ...]) -> None:
-    """Parameters + gradients + activations of the estimate (f32, attention scores materialised, as on CPU)
-    against argument + output + temporaries of the compiled loss-and-gradient of the real model, on shapes
-    that were not used to fit the estimate's two factors."""
-    d_model, layers, seq, batch, vocab = sizes
-    shape = MoeShape(d_model=d_model, n_layers=layers, vocab_size=vocab, n_heads=d_model // 8, head_dim=8,
-                     kv_heads_local=2, kv_heads_global=2, global_every=1, sliding_window=None, n_experts=8, top_k=2,
-                     expert_width=d_model // 2, latent_dim=d_model // 2, n_shared_experts=2,
-                     shared_width=d_model // 2, seq_len=seq)  # fmt: skip
+def calibration_shape(d_model: int, layers: int, seq: int, vocab: int) -> MoeShape:
+    return MoeShape(d_model=d_model, n_layers=layers, vocab_size=vocab, n_heads=d_model // 8, head_dim=8,
+                    kv_heads_local=2, kv_heads_global=2, global_every=1, sliding_window=None, n_experts=8, top_k=2,
+                    expert_width=d_model // 2, latent_dim=d_model // 2, n_shared_experts=2,
+                    shared_width=d_model // 2, seq_len=seq)  # fmt: skip
+
+
+def compiled_bytes(d_model: int, layers: int, seq: int, batch: int, vocab: int) -> int:
+    """Argument + output + temporaries of the compiled loss-and-gradient of the real model on one CPU device."""
+    shape = calibration_shape(d_model, layers, seq, vocab)
     config = qwen3_moe_config(shape, tokenizer_path="unused", router_aux_loss_coef=None, step="calibration")
     config = dataclasses.replace(config, gradient_checkpointing=True)
     batch_axis = hax.Axis("batch", batch)
@@ -104,8 +105,27 @@ def test_memory_estimate_is_within_15_percent_of_xlas_compiled_memory(sizes: tup
         example = hax.vmap(LmExample.causal, batch_axis)(hax.zeros((batch_axis, config.max_Pos), dtype=jnp.int32))
         loss = eqx.filter_value_and_grad(lambda m, ex: m.compute_next_token_loss(ex).scalar())
         compiled = eqx.filter_jit(loss).lower(model, example).compile().compiled.memory_analysis()
-    measured = (compiled.argument_size_in_bytes + compiled.output_size_in_bytes + compiled.temp_size_in_bytes
-                - compiled.alias_size_in_bytes)  # fmt: skip
+    return int(compiled.argument_size_in_bytes + compiled.output_size_in_bytes + compiled.temp_size_in_bytes
+               - compiled.alias_size_in_bytes)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sizes", [(192, 3, 384, 4, 3072), (64, 2, 128, 2, 512)])
+def test_memory_estimate_is_within_15_percent_of_xlas_compiled_memory(sizes: tuple[int, ...]) -> None:
+    """Parameters + gradients + activations of the estimate (f32, attention scores materialised, as on CPU)
+    against argument + output + temporaries of the compiled loss-and-gradient of the real model, on shapes
+    that were not used to fit the estimate's two factors. Compiled in a fresh process: inside the whole suite's
+    process (after other JAX and Levanter tests) the first shape compiled to 212 MB where a fresh process gives
+    the estimate's 265 MB within 15%, so some state an earlier test leaves changes XLA's buffers."""
+    d_model, layers, seq, batch, vocab = sizes
+    code = "import sys; sys.path.insert(0, 'tests'); from test_parallelism import compiled_bytes; "
+    code += f"print('RESULT', compiled_bytes{sizes})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout[-2000:] + done.stderr[-4000:]
+    measured = int(lines[-1].removeprefix("RESULT "))
+    shape = calibration_shape(d_model, layers, seq, vocab)
     estimate = memory_per_device(shape, {"data": 1, "expert": 1}, batch, compute_bytes=4, attention_scores=True)
     estimated = estimate.parameters + estimate.gradients + estimate.activations
     assert estimated == pytest.approx(measured, rel=0.15)
