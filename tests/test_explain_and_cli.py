@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import linecache
 import logging
 import textwrap
 from pathlib import Path
@@ -68,11 +67,13 @@ def produce(config: Config) -> None:
 
 
 def load_step_module(tmp_path: Path, body: str, comment: str = ""):
-    source = tmp_path / "drift_steps.py"
+    # Each version in a folder of its own: a rewrite of one file to the same size within one tick of the file
+    # system's clock ("one" -> "two") looks unchanged to both the bytecode cache (__pycache__, written under
+    # `make test`) and linecache, which would load or fingerprint the old version.
+    folder = tmp_path / f"version-{len(list(tmp_path.glob('version-*')))}"
+    folder.mkdir()
+    source = folder / "drift_steps.py"
     source.write_text(textwrap.dedent(STEP_MODULE.format(body=body)) + comment)
-    # inspect.getsource reads through linecache, which trusts a cached file of the same size and mtime; a rewrite
-    # within one tick of the file system's coarse clock ("one" -> "two") would fingerprint the old source.
-    linecache.clearcache()
     spec = importlib.util.spec_from_file_location("drift_steps", source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
