@@ -5,6 +5,7 @@ message names the step and the file or component, and says what to do."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import shutil
@@ -366,6 +367,11 @@ def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_tr
     assert "Try a lower learning_rate (now 1e+30)" in message
 
 
+# A restore that fails on a cut file leaves one of tensorstore's read futures behind; its done-callback targets
+# the asyncio loop Levanter has closed by then and raises "Event loop is closed" whenever the garbage collector
+# gets to it, which pytest reports as an unraisable exception in whichever test is running (the library's
+# failure path, not this step's: the step's own outcome is what the assertions check).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_latest_checkpoint_with_a_cut_tensor_file_is_moved_aside_and_the_rerun_resumes_before_it(
     data, trained, tmp_path
 ):
@@ -389,3 +395,4 @@ def test_a_latest_checkpoint_with_a_cut_tensor_file_is_moved_aside_and_the_rerun
     # The rerun (what the executor does after a failure) resumes from the previous checkpoint and finishes.
     Executor(str(tmp_path / "prefix")).run([step])
     assert str(read_events(str(output))[-1].status) == "SUCCESS" and latest.exists()
+    gc.collect()  # the leaked future's callback fails here, under this test's filter, not in a later test
