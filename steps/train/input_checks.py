@@ -14,13 +14,13 @@ Each names the step, the component or file, and what to do:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from executor import storage
 from executor.errors import ConfigError
 from steps.tokenize.levanter_cache import CacheCheckError, read_ledger, verify_cache
-from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, check_weights
+from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, as_schedule, check_schedule, check_weights
 from steps.tokenize.tokenize import COMPONENTS_FILE
 
 MIXTURE_FILE = "mixture.json"
@@ -62,6 +62,42 @@ def checked_weights(where: str, weights: Any, fix: str) -> dict[str, float]:
     except ConfigError as error:
         raise TrainInputError(f"{error}; {fix}") from error
     return {name: float(weight) for name, weight in weights.items()}
+
+
+def given_schedule(label: str, weights: Any, components: Collection[str]) -> Schedule:
+    """The step's own `weights` as a schedule: a dict (every component named) is one phase from step 0; a list
+    `[(start_step, weights), ...]` may start a phase at any step and leave components out (weight 0)."""
+    fix = "fix the step's weights"
+    if isinstance(weights, Mapping):
+        if set(weights) != set(components):
+            raise TrainInputError(f"{label}: weights name {sorted(weights)} but the components are "
+                                  f"{sorted(components)}")  # fmt: skip
+        return [(0, checked_weights(f"{label}: weights", weights, fix))]
+    try:
+        schedule = as_schedule(weights)
+        check_schedule(schedule, list(components), f"{label}: weights")
+    except (ConfigError, TypeError, ValueError) as error:
+        raise TrainInputError(f"{label}: the weights are not a mixture schedule [(start_step, weights), ...] over "
+                              f"the components {sorted(components)}: {error}; {fix}") from error  # fmt: skip
+    return [(start, checked_weights(f"{label}: weights from step {start}", phase, fix)) for start, phase in schedule]
+
+
+def checked_skips(label: str, skip_batches: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """`skip_batches` as sorted, disjoint [first step, end step) ranges of whole numbers, or TrainInputError."""
+    ranges: list[tuple[int, int]] = []
+    for item in skip_batches:
+        if len(item) != 2 or not all(isinstance(step, int) and not isinstance(step, bool) for step in item):
+            raise TrainInputError(f"{label}: skip_batches entry {item!r} is not a (first step, end step) pair of "
+                                  "integers; give e.g. ((1200, 1250),)")  # fmt: skip
+        first, end = item
+        if not 0 <= first < end:
+            raise TrainInputError(f"{label}: skip_batches entry {item!r} is no range of steps: it needs "
+                                  "0 <= first < end (end excluded)")  # fmt: skip
+        if ranges and first < ranges[-1][1]:
+            raise TrainInputError(f"{label}: skip_batches {list(skip_batches)} overlap or are out of order; list "
+                                  "disjoint ranges by increasing step")  # fmt: skip
+        ranges.append((first, end))
+    return ranges
 
 
 def phase_weights(

@@ -47,7 +47,7 @@ temporary MARIN_PREFIX) is set by `training_environment`, around the step, not r
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -67,13 +67,16 @@ from steps.model.moe_model import MoeWatchConfig
 from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
+from steps.train.data_order import ordered
+from steps.train.data_tokens import TokensSeen
 from steps.train.failures import damaged_checkpoint_set_aside, divergence_explained
 from steps.train.input_checks import (
     MIXTURE_FILE,
     TrainInputError,
     check_cache,
-    checked_weights,
+    checked_skips,
     excluded_cells,
+    given_schedule,
     weights_file_schedule,
 )
 from steps.train.lineage import record_lineage
@@ -104,8 +107,10 @@ class TrainConfig:
     """Optimizer steps. Versioned."""
     train_batch_size: int
     """Sequences per step; must split evenly over the devices (and microbatches). Versioned."""
-    weights: Mapping[str, float] | None = None
-    """Mixture weight per component (default: equal). Versioned."""
+    weights: Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]] | None = None
+    """Mixture weight per component (default: equal), or phases `[(start_step, weights), ...]` that may start at
+    any step: the batches before a change are the ones the run without it reads (steps/train/data_order.py).
+    Versioned."""
     components_path: str | None = None
     """A `per_folder` tokenize output (one cache pair per cell): its components.json adds components at run
     time, so a DAG need not know how many cells came out non-empty; its `train_only` cells (no validation
@@ -170,6 +175,13 @@ class TrainConfig:
     """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
     hf_export: bool = True
     """After training, export the final checkpoint under `hf/` (steps/model/hf_export.py). Plain."""
+    skip_batches: Sequence[tuple[int, int]] = ()
+    """[first step, end step) ranges of the data order never trained on, e.g. a rollback past a loss spike:
+    step t then trains on the t-th batch outside them (`fork_of(run, step=N, skip_batches=versioned(...))`).
+    Versioned."""
+    max_epochs: float | None = None
+    """No component is read more than this many times its length while sampling: a component reaching its cap
+    leaves the mixture and its weight goes to the others (None: uncapped, an exhausted one restarts). Versioned."""
     initialize_from: str | None = None
     """A checkpoint of another run to start from (a fork / rollback), `output_path_of(run, "checkpoints/step-N")`:
     a dependency, hashed through that run's hash and the step. Ignored once the fork has checkpoints of its own."""
@@ -227,6 +239,7 @@ def check_inputs(config: TrainConfig) -> None:
     except ValueError as error:
         raise TrainInputError(f"{label}: {error}") from error
     components, _ = data_mixture(config)
+    checked_skips(label, config.skip_batches)
     tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
     if tokenizer_vocab != config.shape.vocab_size:
         raise TrainInputError(
@@ -263,12 +276,9 @@ def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, l
     if not components:
         raise TrainInputError(f"{label}: no data components; give at least one tokenize step output")
     if config.mixture_weights_path is None:
-        if config.weights is not None and set(config.weights) != set(components):
-            raise TrainInputError(f"{label}: weights name {sorted(config.weights)} but the components are "
-                                  f"{sorted(components)}")  # fmt: skip
         if config.weights is None:
             return components, [(0, dict.fromkeys(components, 1.0))], {}
-        return components, [(0, checked_weights(f"{label}: weights", config.weights, "fix the step's weights"))], {}
+        return components, given_schedule(label, config.weights, components), {}
 
     def phase_start_step(fraction_before: float) -> int:
         return phase_start(config.num_train_steps, fraction_before, config.train_batch_size, config.mixture_block_size)
@@ -291,11 +301,22 @@ def record_mixture(config: TrainConfig) -> None:
 def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
     """Our config as Levanter's `TrainLmConfig`: every path under the step's output."""
     run_id = storage.basename(config.output_path)
+    label = _step_label(config)
+    components, schedule = data_mixture(config)
+    data = ordered(
+        lm_data_config(config.tokenizer_path, components, schedule, config.mixture_block_size,
+                       train_only=train_only_components(config)),
+        skip_steps=checked_skips(label, config.skip_batches),
+        max_epochs=config.max_epochs,
+        num_train_steps=config.num_train_steps,
+        where=label,
+    )  # fmt: skip
     trackers = (
         JsonlMetricsConfig(
             output_path=config.output_path,
             flops_per_token=flops_per_token(config.shape),
             peak_flops_per_device=config.peak_flops_per_device,
+            tokens_seen=TokensSeen(data, config.shape.seq_len, config.train_batch_size, config.seed),
         ),
         wandb_config(config.wandb_project, config.output_path, config.initialize_from),
     )
@@ -330,11 +351,8 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         min_lr_ratio=config.min_lr_ratio,
         lr_schedule=config.lr_schedule,
     )
-    label = _step_label(config)
-    components, schedule = data_mixture(config)
     return train_lm.TrainLmConfig(
-        data=lm_data_config(config.tokenizer_path, components, schedule, config.mixture_block_size,
-                            train_only=train_only_components(config)),
+        data=data,
         trainer=trainer,
         model=qwen3_moe_config(
             config.shape,

@@ -11,7 +11,9 @@ Each line is `{"step": s, "time": unix seconds, <metric>: value, ...}`. To every
 `throughput/tokens_per_second` the tracker adds `model_flops_per_second` from steps/model/model_size.py (the one
 FLOPs calculator the ladder and hero plan use, not Levanter's own count) and, when the accelerator's peak
 is known, `mfu` = achieved / (per-device peak x devices) (steps/train/hardware.py): the tokens per second
-Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device count.
+Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device count. To every
+line carrying `train/loss` it adds the tokens of each component trained on so far, `data/tokens/<component>`
+(steps/train/data_tokens.py), which the composition view sums per mixture phase.
 A resumed run appends: a step logged twice (before and after a kill) has two lines, the later one is the
 run that continued.
 
@@ -38,6 +40,7 @@ from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from executor import storage
 from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
+from steps.train.data_tokens import TokensSeen
 from steps.train.hardware import mfu_denominator
 
 logger = logging.getLogger(__name__)
@@ -83,10 +86,12 @@ class JsonlMetricsTracker(Tracker):
         peak_flops_per_device: float | None,
         devices: int,
         flush_seconds: float = FLUSH_SECONDS,
+        tokens_seen: TokensSeen | None = None,
     ):
         self._path = path
         self._flops_per_token = flops_per_token
         self._peak = mfu_denominator(peak_flops_per_device, devices) if peak_flops_per_device else None
+        self._tokens_seen = tokens_seen
         # A resumed run continues the same stream: appended locally, new segments on gs:// and s3://.
         self._log = MetricsLog(path, flush_seconds=flush_seconds)
 
@@ -101,6 +106,8 @@ class JsonlMetricsTracker(Tracker):
             line["model_flops_per_second"] = achieved
             if self._peak:
                 line["mfu"] = achieved / self._peak
+        if self._tokens_seen is not None and step is not None and "train/loss" in line:
+            line.update(self._tokens_seen.after_step(step))
         record = {"step": step, "time": time.time(), **line}
         self._log.write(json.dumps(record))
 
@@ -127,13 +134,16 @@ class JsonlMetricsConfig(TrackerConfig):
     """Devices the run trains on (None: every device JAX sees, `jax.device_count()`)."""
     flush_seconds: float = FLUSH_SECONDS
     """On object stores, how often the lines logged since are made visible (executor/metrics_log.py)."""
+    tokens_seen: TokensSeen | None = None
+    """The run's data order, to log `data/tokens/<component>` with each loss (None: not logged)."""
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
             return NoopTracker()
         path = storage.join(self.output_path, METRICS_FILE)
         devices = self.devices if self.devices is not None else jax.device_count()
-        return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_device, devices, self.flush_seconds)
+        return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_device, devices, self.flush_seconds,
+                                   self.tokens_seen)  # fmt: skip
 
 
 def read_metrics(output_path: str) -> list[dict[str, Any]]:
