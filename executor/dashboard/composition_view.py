@@ -6,6 +6,11 @@ holds `weights.json` (`{"phases": [{"fraction", "tokens", "weights": {cell: w}}]
 "capped": [[cell, ...] per phase], "empty": [cell, ...]}`) and names its cells step by the config field
 `composition_path`. The view joins the two per cell, so one table holds what the hero published as its data
 page: tokens, share, weight per phase, expected epochs, top terms and sample snippets.
+
+A train step's view shows what the run has actually eaten, per mixture phase: its `metrics.jsonl` carries, with
+each loss, the tokens of each component trained on so far (`data/tokens/<component>`, counted from the data
+order's sampling, not from the planned weights), and its `mixture.json` the phases' start steps; a phase's
+tokens are the difference of those figures at its first and last step reached.
 """
 
 from __future__ import annotations
@@ -13,10 +18,55 @@ from __future__ import annotations
 from typing import Any
 
 from executor import storage
-from executor.dashboard.panels import COMPOSITION_FILE, WEIGHTS_FILE, PanelError, config_path, numbers, read_json
+from executor.dashboard import files
+from executor.dashboard.panels import (
+    COMPOSITION_FILE,
+    MIXTURE_FILE,
+    WEIGHTS_FILE,
+    PanelError,
+    config_path,
+    numbers,
+    read_json,
+)
 from executor.dashboard.safety import relative_to
+from executor.metrics_log import rows_by_step
+from executor.status import METRICS_FILE
 
 MAX_CELLS = 20_000
+TOKENS_PREFIX = "data/tokens/"
+
+
+def eaten_by_phase(output_path: str) -> dict[str, Any] | None:
+    """Per phase of a train step's mixture, the tokens of each component trained on (None: not a train step
+    that logs them)."""
+    mixture = read_json(storage.join(output_path, MIXTURE_FILE), "composition view")
+    schedule = mixture.get("schedule") if isinstance(mixture, dict) else None
+    records = files.metrics_records(storage.join(output_path, METRICS_FILE)) if schedule else None
+    seen = {
+        step: {key.removeprefix(TOKENS_PREFIX): value for key, value in row.items() if key.startswith(TOKENS_PREFIX)}
+        for step, row in rows_by_step(records or []).items()
+    }
+    seen = {step: tokens for step, tokens in seen.items() if tokens}
+    if not schedule or not seen:
+        return None
+    last = max(seen)
+    names = sorted({name for tokens in seen.values() for name in tokens})
+
+    def before(step: int) -> dict[str, int]:
+        """The figures once the steps before `step` were trained on (zero before the first)."""
+        logged = [earlier for earlier in seen if earlier < step]
+        return seen[max(logged)] if logged else {}
+
+    starts = [int(start) for start, _ in schedule] + [last + 1]
+    phases = []
+    for number, (start, weights) in enumerate(schedule):
+        if start > last:
+            break
+        end = min(starts[number + 1], last + 1)
+        first, upto = before(start), before(end)
+        phases.append({"start_step": start, "end_step": end - 1, "weights": weights,
+                       "tokens": {name: upto.get(name, 0) - first.get(name, 0) for name in names}})  # fmt: skip
+    return {"step": last, "components": names, "phases": phases, "total": seen[last]}
 
 
 def _cells(composition: Any, path: str) -> list[dict[str, Any]]:
@@ -72,6 +122,9 @@ def composition_view(prefix: str, output_path: str) -> dict[str, Any]:
     weights_path = storage.join(output_path, WEIGHTS_FILE)
     composition = read_json(composition_path, "composition view")
     weights = read_json(weights_path, "composition view")
+    eaten = eaten_by_phase(output_path)
+    if composition is None and weights is None and eaten is not None:
+        return {"cells": [], "phases": [], "eaten": eaten}
     if composition is None and weights is None:
         raise PanelError(f"composition view: neither {COMPOSITION_FILE} nor {WEIGHTS_FILE} under {output_path}")
     if composition is None:
@@ -103,4 +156,5 @@ def composition_view(prefix: str, output_path: str) -> dict[str, Any]:
         "phases": [{"fraction": p["fraction"], "tokens": p["tokens"]} for p in mixture["phases"]] if mixture else [],
         "max_epochs": mixture["max_epochs"] if mixture else None,
         "cells": cells,
+        "eaten": eaten,
     }

@@ -9,6 +9,7 @@
     composition.json and/or weights.json  composition view: topic x quality cells with tokens, weights per
                                           phase, expected epochs, top terms, samples; a weights step's config
                                           names its cells step by `composition_path`
+    mixture.json beside a run             composition view: the tokens of each component eaten per phase
 
 The server aligns each chart's series on one x axis (`chart`), so the browser only draws. Paths a step's
 config names are full paths the executor wrote; they are read only when they lie under the prefix, through
@@ -37,6 +38,7 @@ RUN_DETECT_BYTES = 256 * 1024
 PREDICTION_FILE = "prediction.json"
 COMPOSITION_FILE = "composition.json"
 WEIGHTS_FILE = "weights.json"
+MIXTURE_FILE = "mixture.json"
 TRAIN_LOSS = "train/loss"
 
 RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -110,15 +112,15 @@ def config_path(prefix: str, output_path: str, field: str, file: str) -> str | N
 def available(output_path: str) -> list[str]:
     """The views that apply to the step at `output_path`, by the files it holds."""
     present = {name: storage.exists(storage.join(output_path, name))
-               for name in (PREDICTION_FILE, COMPOSITION_FILE, WEIGHTS_FILE)}  # fmt: skip
+               for name in (PREDICTION_FILE, COMPOSITION_FILE, WEIGHTS_FILE, MIXTURE_FILE)}  # fmt: skip
     views = []
     head = read_metrics_bytes(storage.join(output_path, METRICS_FILE), RUN_DETECT_BYTES)
     if head is not None and f'"{TRAIN_LOSS}"'.encode() in head:  # no metrics.jsonl: no run view
         views.append("run")
     if present[PREDICTION_FILE]:
         views.append("ladder")
-    if present[COMPOSITION_FILE] or present[WEIGHTS_FILE]:
-        views.append("composition")
+    if present[COMPOSITION_FILE] or present[WEIGHTS_FILE] or (present[MIXTURE_FILE] and "run" in views):
+        views.append("composition")  # a train step's: what it ate per mixture phase
     return views
 
 

@@ -20,7 +20,11 @@ mixture's one key:
 
 All of it is a function of the configuration and the key: a resumed run (the loader's `iter_from_step`) reads
 what an uninterrupted one does, and `sequences_before(t)` counts, per component, the sequences the first t
-positions held: what the train step logs as `data/tokens/<component>` (steps/train/data_tokens.py).
+positions held. `TokensSeen` turns that into `data/tokens/<component>`, the tokens of each component a run has
+trained on, which the metrics tracker logs beside each loss: not the planned weights but what was served
+(block rounding, a phase starting mid-block, a capped component leaving, skipped batches). It rebuilds the
+run's order from the data config and the trainer seed Levanter keys its data with (bookkeeping only: no
+sequence is read), so a resumed run or a fork logs the figures an uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypeVar
 
 import jax
@@ -285,3 +290,26 @@ def ordered(config: LmDataConfig, **settings: object) -> OrderedLmDataConfig:
     """`config` as an `OrderedLmDataConfig` with `settings` (its fields beyond Levanter's)."""
     inherited = {item.name: getattr(config, item.name) for item in dataclasses.fields(config)}
     return OrderedLmDataConfig(**inherited, **settings)  # type: ignore[arg-type]
+
+
+TOKENS_PREFIX = "data/tokens/"
+
+
+@dataclass(frozen=True)
+class TokensSeen:
+    """What to count the tokens seen of: the run's data config, sequence length, batch size and trainer seed."""
+
+    data: OrderedLmDataConfig
+    seq_len: int
+    batch_size: int
+    seed: int
+
+    @cached_property
+    def _order(self) -> DataOrder:
+        return self.data.data_order(Axis("position", self.seq_len), BatchSchedule(self.batch_size),
+                                    key=levanter_data_key(self.seed))  # fmt: skip
+
+    def after_step(self, step: int) -> dict[str, int]:
+        """`data/tokens/<component>` once the batch of `step` (0-based) has been trained on."""
+        sequences = self._order.sequences_before((step + 1) * self.batch_size)
+        return {f"{TOKENS_PREFIX}{name}": count * self.seq_len for name, count in sorted(sequences.items())}

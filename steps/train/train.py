@@ -67,8 +67,7 @@ from steps.model.moe_model import MoeWatchConfig
 from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
-from steps.train.data_order import ordered
-from steps.train.data_tokens import TokensSeen
+from steps.train.data_order import TokensSeen, ordered
 from steps.train.failures import damaged_checkpoint_set_aside, divergence_explained
 from steps.train.input_checks import (
     MIXTURE_FILE,

@@ -13,7 +13,7 @@ FLOPs calculator the ladder and hero plan use, not Levanter's own count) and, wh
 is known, `mfu` = achieved / (per-device peak x devices) (steps/train/hardware.py): the tokens per second
 Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device count. To every
 line carrying `train/loss` it adds the tokens of each component trained on so far, `data/tokens/<component>`
-(steps/train/data_tokens.py), which the composition view sums per mixture phase.
+(steps/train/data_order.py), which the composition view sums per mixture phase.
 A resumed run appends: a step logged twice (before and after a kill) has two lines, the later one is the
 run that continued.
 
@@ -40,7 +40,7 @@ from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from executor import storage
 from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
-from steps.train.data_tokens import TokensSeen
+from steps.train.data_order import TokensSeen
 from steps.train.hardware import mfu_denominator
 
 logger = logging.getLogger(__name__)

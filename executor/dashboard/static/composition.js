@@ -1,6 +1,7 @@
 // The composition view (executor/dashboard/composition_view.py): a topic x quality grid shaded by tokens or by a
 // phase's weight, and a sortable table of the cells (top terms, docs, tokens, weight per phase, expected epochs)
-// whose rows open to the cell's sample snippets. A grid cell's click opens its row.
+// whose rows open to the cell's sample snippets. A grid cell's click opens its row. A train step's view is a table
+// of what the run ate per mixture phase (tokens and share of each component, from its data/tokens metrics).
 "use strict";
 
 class CompositionPanel {
@@ -38,6 +39,10 @@ class CompositionPanel {
 
   render() {
     const data = this.data;
+    if (!data.cells.length && data.eaten) {
+      this.element.replaceChildren(this.eatenTable());
+      return;
+    }
     const options = [h("option", { value: "tokens", selected: this.heat === "tokens" }, "tokens")].concat(data.phases.map((phase, index) =>
       h("option", { value: `weight${index}`, selected: this.heat === `weight${index}` }, `weight, phase ${index + 1} (${Math.round(phase.fraction * 100)}% of tokens)`)));
     this.element.replaceChildren(
@@ -49,7 +54,24 @@ class CompositionPanel {
         data.composition && data.weights ? h("span", {}, "cells from ", h("a", { href: stepHref(data.composition) }, data.composition)) : ""),
       h("div", { class: "toolbar" }, h("label", {}, "shade by ", h("select", { "data-testid": "heat", onchange: (event) => {
         this.heat = event.target.value; this.chosen = true; this.render(); } }, options))),
-      this.grid(), this.table());
+      this.grid(), this.table(), data.eaten ? this.eatenTable() : "");
+  }
+
+  eatenTable() {
+    const eaten = this.data.eaten;
+    const sums = eaten.phases.map((phase) => Object.values(phase.tokens).reduce((a, b) => a + b, 0));
+    const head = h("tr", {}, h("th", {}, "component"), eaten.phases.map((phase, index) =>
+      h("th", { class: "num" }, `phase ${index + 1}: steps ${phase.start_step}–${phase.end_step}`)));
+    const rows = eaten.components.map((name) => h("tr", { "data-component": name }, h("td", { class: "mono" }, name),
+      eaten.phases.map((phase, index) => {
+        const tokens = phase.tokens[name] || 0, weight = (phase.weights || {})[name];
+        const title = weight === undefined ? "" : `planned weight ${Number(weight).toFixed(4)}`;
+        return h("td", { class: "num", "data-value": tokens, title }, fmtNum(tokens),
+          h("span", { class: "muted" }, sums[index] ? ` ${(100 * tokens / sums[index]).toFixed(1)}%` : ""));
+      })));
+    return h("div", {}, h("div", { class: "meta" }, h("span", {}, "eaten by step ", h("b", {}, eaten.step)),
+        h("span", { class: "muted" }, "tokens of each component trained on, from the run's data/tokens metrics")),
+      h("div", { class: "scroll" }, h("table", { "data-testid": "eaten-table" }, h("thead", {}, head), h("tbody", {}, rows))));
   }
 
   grid() {
