@@ -198,6 +198,8 @@ def fork_of(run: ExecutorStep, step: int, name: str, **changes: Any) -> Executor
     rollback past a spike): its own content-hashed step, whose lineage the run view draws.
 
         rollback = fork_of(hero, step=12_000, name="train/hero-rollback", learning_rate=versioned(2e-4))
+        # past a spike: never train on the parent's batches 12,001-12,040, step t reads batch t + 40 after them
+        skipping = fork_of(hero, step=12_000, name="train/hero-skip", skip_batches=versioned(((12_001, 12_041),)))
     """
     if not isinstance(run.config, TrainConfig):
         raise TypeError(f"fork_of: {run.name} is not a train step (its config is {type(run.config).__name__})")
