@@ -26,7 +26,7 @@ from executor import THIS_OUTPUT_PATH, ExecutorStep, versioned
 from executor.plan import build_plan
 from experiments.train_defaults import fork_of
 from steps.model.model_size import MoeShape
-from steps.train.data_order import DataOrder, DataOrderError, caps_for, levanter_data_key
+from steps.train.data_order import DataOrder, DataOrderError, TokensSeen, caps_for, levanter_data_key
 from steps.train.input_checks import TrainInputError
 from steps.train.train import TrainConfig, check_inputs, data_mixture, levanter_config, train
 
@@ -174,3 +174,31 @@ def test_bad_skip_batches_are_refused_before_any_compute(parent: ExecutorStep, s
     config = build_plan([parent], "/tmp/prefix").lookup(parent).config
     with pytest.raises(TrainInputError, match=rf"train step .*{message}"):
         check_inputs(dataclasses.replace(config, skip_batches=skips))
+
+
+def test_max_epochs_holds_in_the_train_steps_own_data_order(parent: ExecutorStep) -> None:
+    """Through TrainConfig.max_epochs on real caches: alpha (weight 0.7) is capped at one epoch and reaches it
+    within the run; from then on beta alone is served, and the logged token counts say so."""
+    config = dataclasses.replace(build_plan([parent], "/tmp/prefix").lookup(parent).config, max_epochs=1.0)
+    data = levanter_config(config).data
+    order = data.data_order(Axis("position", SEQ_LEN), BatchSchedule(BATCH), key=levanter_data_key(config.seed))
+    alpha_length = len(windows(config, "alpha"))
+    served = blocking_wait(order.get_batch(list(range(STEPS * BATCH))))
+    alpha = [tuple(np.asarray(example.tokens).tolist()) for example in served
+             if tuple(np.asarray(example.tokens).tolist()) in set(windows(config, "alpha"))]  # fmt: skip
+    assert 0 < len(alpha) <= alpha_length and len(set(alpha)) == len(alpha)  # never past one epoch
+    uncapped = levanter_config(dataclasses.replace(config, max_epochs=None)).data.data_order(
+        Axis("position", SEQ_LEN), BatchSchedule(BATCH), key=levanter_data_key(config.seed))  # fmt: skip
+    assert uncapped.sequences_before(STEPS * BATCH)["alpha"] > alpha_length // 2  # the cap is reached in the run
+    tokens = TokensSeen(data, SEQ_LEN, BATCH, config.seed).after_step(STEPS - 1)
+    assert tokens == {
+        "data/tokens/alpha": len(alpha) * SEQ_LEN,
+        "data/tokens/beta": (STEPS * BATCH - len(alpha)) * SEQ_LEN,
+    }
+
+
+def windows(config: TrainConfig, name: str) -> list[tuple[int, ...]]:
+    """The fixed-length sequences Levanter cuts from a component's train cache."""
+    cache = TreeCache.load(f"{config.components[name]}/train", {"input_ids": np.zeros(0, dtype=np.int32)})
+    tokens = [int(token) for row in cache.get_batch_sync(list(range(len(cache)))) for token in row["input_ids"]]
+    return [tuple(tokens[i : i + SEQ_LEN]) for i in range(0, len(tokens) - SEQ_LEN + 1, SEQ_LEN)]
