@@ -8,6 +8,7 @@ arrays through the train step's own Levanter config, on real caches); per-compon
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections import Counter
 
@@ -66,10 +67,13 @@ def test_a_phase_change_mid_block_keeps_the_batches_before_it_and_reads_nothing_
     assert {name: count / (22 * BLOCK) for name, count in after.items()} == LATE
 
 
-def test_a_change_on_a_block_boundary_reads_what_levanters_staged_mixture_reads() -> None:
-    phases = [(0, EARLY), (3 * BLOCK, LATE)]
-    order = DataOrder(DATASETS, phases, block_size=BLOCK, key=KEY, horizon=300)
-    staged = MixtureDataset(DATASETS, phases, block_size=BLOCK, key=KEY)
+@pytest.mark.parametrize("late", [LATE, {"big": 0.3, "other": 0.7}])  # the second leaves tiny out
+def test_a_change_on_a_block_boundary_reads_what_levanters_staged_mixture_reads(late) -> None:
+    """So the hero DAG, whose phases start on blocks, reads what it read before the data order existed."""
+    datasets = {**DATASETS, "held_out": listed("held_out", 50)}  # weighed by no phase: validation only
+    phases = [(0, EARLY), (3 * BLOCK, late)]
+    order = DataOrder(datasets, phases, block_size=BLOCK, key=KEY, horizon=300)
+    staged = MixtureDataset(datasets, phases, block_size=BLOCK, key=KEY)
     assert served(order, 0, 300) == served(staged, 0, 300)
 
 
@@ -202,3 +206,18 @@ def windows(config: TrainConfig, name: str) -> list[tuple[int, ...]]:
     cache = TreeCache.load(f"{config.components[name]}/train", {"input_ids": np.zeros(0, dtype=np.int32)})
     tokens = [int(token) for row in cache.get_batch_sync(list(range(len(cache)))) for token in row["input_ids"]]
     return [tuple(tokens[i : i + SEQ_LEN]) for i in range(0, len(tokens) - SEQ_LEN + 1, SEQ_LEN)]
+
+
+def test_mixture_weights_phases_may_start_at_given_steps(parent: ExecutorStep, tmp_path) -> None:
+    """The hero's switch at step 108,000 is no share of its 390,251 steps on a block: `phase_steps` places it."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    phases = [{"fraction": 0.8, "weights": {"alpha": 0.7, "beta": 0.3}}, {"fraction": 0.2, "weights": {"beta": 1.0}}]
+    (weights / "weights.json").write_text(json.dumps({"phases": phases}))
+    config = dataclasses.replace(build_plan([parent], "/tmp/prefix").lookup(parent).config, weights=None,
+                                 mixture_weights_path=str(weights), phase_steps=[7])  # fmt: skip
+    assert [start for start, _ in data_mixture(config)[1]] == [0, 7]
+    with pytest.raises(TrainInputError, match=r"phase_steps \[7, 9\] give 2 starts for the 1 phases after the first"):
+        data_mixture(dataclasses.replace(config, phase_steps=[7, 9]))
+    with pytest.raises(TrainInputError, match=r"phase_steps: phase 2 starts at step 0, not after phase 1"):
+        data_mixture(dataclasses.replace(config, phase_steps=[0]))

@@ -82,6 +82,22 @@ def given_schedule(label: str, weights: Any, components: Collection[str]) -> Sch
     return [(start, checked_weights(f"{label}: weights from step {start}", phase, fix)) for start, phase in schedule]
 
 
+def restarted(label: str, schedule: Schedule, phase_steps: Sequence[int] | None) -> Schedule:
+    """`schedule` with its later phases starting at `phase_steps` (None: as it is), or TrainInputError."""
+    if phase_steps is None:
+        return schedule
+    if len(phase_steps) != len(schedule) - 1:
+        raise TrainInputError(f"{label}: phase_steps {list(phase_steps)} give {len(phase_steps)} starts for the "
+                              f"{len(schedule) - 1} phases after the first; give one step per later phase")  # fmt: skip
+    later = [(step, weights) for step, (_, weights) in zip(phase_steps, schedule[1:], strict=True)]
+    moved = [(0, schedule[0][1]), *later]
+    try:
+        check_schedule(moved, [name for _, weights in moved for name in weights], f"{label}: phase_steps")
+    except ConfigError as error:
+        raise TrainInputError(f"{error}; list increasing steps after 0") from error
+    return moved
+
+
 def checked_skips(label: str, skip_batches: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
     """`skip_batches` as sorted, disjoint [first step, end step) ranges of whole numbers, or TrainInputError."""
     ranges: list[tuple[int, int]] = []

@@ -76,6 +76,7 @@ from steps.train.input_checks import (
     checked_skips,
     excluded_cells,
     given_schedule,
+    restarted,
     weights_file_schedule,
 )
 from steps.train.lineage import record_lineage
@@ -121,6 +122,9 @@ class TrainConfig:
     other name that is not a component (a typo) is refused. A dependency."""
     mixture_block_size: int = 2048
     """Sequences per block of Levanter's mixture (weights hold exactly within a block). Versioned."""
+    phase_steps: Sequence[int] | None = None
+    """The steps the mixture_weights phases after the first start at, any steps (the hero: its new mixture from
+    step 108,000); None: each at its share of the run, on a mixture block. Versioned."""
     prediction_path: str | None = None
     """A scaling step output whose predicted loss curve this run is watched against (the dashboard's run
     view overlays it). A dependency: the prediction is registered before the run starts."""
@@ -284,7 +288,7 @@ def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, l
 
     schedule, dropped = weights_file_schedule(label, config.mixture_weights_path, components,
                                               excluded_cells(config.components_path), phase_start_step)  # fmt: skip
-    return components, schedule, dropped
+    return components, restarted(label, schedule, config.phase_steps), dropped
 
 
 def record_mixture(config: TrainConfig) -> None:
