@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import test_dashboard_browser as browser_tests
 from test_steps_train import SOURCES, build_data, train_config, train_losses
 
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
 from executor.dashboard import DashboardApp
 from steps.train.data_order import TOKENS_PREFIX
 from steps.train.train import train
@@ -89,17 +92,52 @@ def test_the_composition_view_shows_what_each_phase_ate(runs) -> None:
     assert Path(runs["prefix"], "train", "straight", "mixture.json").exists()
 
 
-def test_the_eaten_table_takes_a_resumed_runs_later_lines_and_stops_at_the_last_step(tmp_path: Path) -> None:
-    run = tmp_path / "train" / "run"
-    run.mkdir(parents=True)
+@dataclass(frozen=True)
+class RunFilesConfig:
+    """A run's mixture.json and metrics.jsonl, written as a train step writes them (a resumed run's lines too)."""
+
+    output_path: str
+
+
+def write_run_files(config: RunFilesConfig) -> None:
+    run = Path(config.output_path)
+    run.mkdir(parents=True, exist_ok=True)
     (run / "mixture.json").write_text(json.dumps({"schedule": [[0, {"a": 1.0}], [3, {"b": 1.0}], [9, {"a": 1.0}]]}))
     lines = [{"step": step, "train/loss": 5.0, f"{TOKENS_PREFIX}a": 10 * min(step + 1, 3),
               f"{TOKENS_PREFIX}b": 10 * max(0, step - 2)} for step in range(6)]  # fmt: skip
     lines.insert(3, {"step": 4, "train/loss": 9.0, f"{TOKENS_PREFIX}a": 999, f"{TOKENS_PREFIX}b": 999})  # killed run
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.fixture
+def written_run(tmp_path: Path) -> str:
+    """The run's path relative to the prefix `tmp_path`, written by a real executor step."""
+    executor = Executor(str(tmp_path))
+    step = ExecutorStep(name="train/run", fn=write_run_files, config=RunFilesConfig(output_path=THIS_OUTPUT_PATH))
+    executor.run([step])
+    return executor.output_paths[step][len(str(tmp_path)) + 1 :]
+
+
+def test_the_eaten_table_takes_a_resumed_runs_later_lines_and_stops_at_the_last_step(tmp_path, written_run) -> None:
     app = DashboardApp(str(tmp_path))
-    assert "composition" in json.loads(app.handle("/api/step/views", {"path": "train/run"}).body)["views"]
-    eaten = json.loads(app.handle("/api/step/composition", {"path": "train/run"}).body)["eaten"]
+    assert "composition" in json.loads(app.handle("/api/step/views", {"path": written_run}).body)["views"]
+    eaten = json.loads(app.handle("/api/step/composition", {"path": written_run}).body)["eaten"]
     assert eaten["step"] == 5 and eaten["components"] == ["a", "b"]
     assert [(p["start_step"], p["end_step"], p["tokens"]) for p in eaten["phases"]] == [
         (0, 2, {"a": 30, "b": 0}), (3, 5, {"a": 0, "b": 30})]  # the third phase is not reached yet
+
+
+browser = browser_tests.browser  # the dashboard tests' Chromium, and a page that fails on any JavaScript error
+page = browser_tests.page
+
+
+@pytest.mark.browser
+def test_the_step_page_has_the_eaten_table(page, tmp_path, written_run) -> None:  # type: ignore[no-untyped-def]
+    expect = browser_tests.playwright_sync.expect
+    with browser_tests.served(tmp_path) as base:
+        page.goto(f"{base}/step/{written_run}")
+        table = page.locator('[data-view="composition"] [data-testid=eaten-table]')
+        expect(table).to_contain_text("phase 2: steps 3-5", timeout=browser_tests.DEADLINE_MS)
+        expect(table.locator('tr[data-component="b"] td[data-value="30"]')).to_have_count(1)
+        expect(table.locator('tr[data-component="a"] td[data-value="30"]')).to_contain_text("100.0%")
+        browser_tests.screenshot(page, "composition-eaten-per-phase")

@@ -61,7 +61,7 @@ class CompositionPanel {
     const eaten = this.data.eaten;
     const sums = eaten.phases.map((phase) => Object.values(phase.tokens).reduce((a, b) => a + b, 0));
     const head = h("tr", {}, h("th", {}, "component"), eaten.phases.map((phase, index) =>
-      h("th", { class: "num" }, `phase ${index + 1}: steps ${phase.start_step}–${phase.end_step}`)));
+      h("th", { class: "num" }, `phase ${index + 1}: steps ${phase.start_step}-${phase.end_step}`)));
     const rows = eaten.components.map((name) => h("tr", { "data-component": name }, h("td", { class: "mono" }, name),
       eaten.phases.map((phase, index) => {
         const tokens = phase.tokens[name] || 0, weight = (phase.weights || {})[name];
