@@ -246,6 +246,33 @@ def list_names(path: str) -> list[str]:
     return sorted(posixpath.basename(entry.rstrip("/")) for entry in entries)
 
 
+def list_details(path: str) -> list[dict[str, Any]]:
+    """The entries directly under `path` as the store describes them (size, type, and its change marks:
+    `mtime`, `generation`, `ETag`...), each with `name` cut to its basename; empty if `path` does not exist."""
+    fs, fs_path = filesystem(path)
+
+    def listing() -> list[dict[str, Any]]:
+        try:
+            if _supports_refresh(fs):
+                return fs.ls(fs_path, detail=True, refresh=True)
+            return fs.ls(fs_path, detail=True)
+        except FileNotFoundError:
+            return []
+
+    try:
+        entries = call_with_retry(listing, f"list {path}")
+    finally:
+        forget_listings(path)
+    return sorted(
+        (
+            {**entry, "name": posixpath.basename(entry["name"].rstrip("/"))}
+            for entry in entries
+            if entry["name"].rstrip("/") != fs_path.rstrip("/")
+        ),
+        key=lambda entry: entry["name"],
+    )
+
+
 def _supports_refresh(fs: fsspec.AbstractFileSystem) -> bool:
     return not isinstance(fs, (LocalFileSystem, MemoryFileSystem))
 

@@ -7,17 +7,18 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     index.html, static/...                        the page shell (routes by #/experiment/F, #/step/R) and assets
     data/experiments.json                         /api/experiments, with each experiment's alert count
     data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
-    data/step/<R>/{step,live,views,metrics,files}.json   one step (R: its path relative to the prefix)
-    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for
+    data/step/<R>/{step,live,views,files}.json    one step (R: its path relative to the prefix)
+    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the parts that are not
+                                                  the run's own lines; the page draws those: site_run.js)
     data/step/<R>/alerts.json                     the run's alerts (executor/alerts.py), evaluated here
-    data/step/<R>/metrics/index.json, NNNNN.jsonl the run's raw metrics lines as appended segments
+    data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, appended (site_metrics.py)
 
 Not published: logs, file previews, the step's outputs themselves, user/host/worker names, config values with
 a secret-sounding key, any absolute path of the machine (README "Watch a run in public").
 
-With `--watch` the publisher repeats every SECONDS. A file is rewritten only when its bytes change, and the raw
-metrics go out as segments of `segment_bytes`: only the open (last) one is rewritten, so a cycle costs at most
-one segment plus the bounded views (thinned to MAX_POINTS), however long the run.
+With `--watch` the publisher repeats every SECONDS. A file is rewritten only when its bytes change, and a run's
+metrics lines go out as appended chunks, so a cycle in which a run logged K lines writes those K lines and a
+few small files of a fixed size, however long the run (README "Watch a run in public" has the figures).
 """
 
 from __future__ import annotations
@@ -33,24 +34,17 @@ from executor import alerts, storage
 from executor.dashboard import files
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
-from executor.dashboard.panels import PanelError, predicted_curve, step_config
+from executor.dashboard.panels import PanelError, predicted_curve, run_static, step_config
 from executor.dashboard.site_files import PublishError, SiteWriter, redact
+from executor.dashboard.site_metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.errors import StorageError
 from executor.lease import LeaseSettings, takeover_reason
-from executor.metrics_log import read_metrics_bytes
 from executor.status import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
-SEGMENT_BYTES = 1 << 20
-STEP_ROUTES = {
-    "step": "/api/step",
-    "live": "/api/step/live",
-    "views": "/api/step/views",
-    "metrics": "/api/step/metrics",
-    "files": "/api/step/files",
-}
-VIEW_ROUTES = {"run": "/api/step/run", "ladder": "/api/step/ladder", "composition": "/api/step/composition"}
+STEP_ROUTES = {"step": "/api/step", "live": "/api/step/live", "views": "/api/step/views", "files": "/api/step/files"}
+VIEW_ROUTES = {"ladder": "/api/step/ladder", "composition": "/api/step/composition"}
 ALL_ROWS = 1 << 30
 
 
@@ -72,6 +66,7 @@ class SitePublisher:
         destination: str,
         *,
         segment_bytes: int = SEGMENT_BYTES,
+        max_chunks: int = MAX_CHUNKS,
         webhook_url: str | None = None,
         clock: Callable[[], float] = time.time,
     ):
@@ -80,7 +75,7 @@ class SitePublisher:
             raise PublishError(f"the prefix {self.prefix} does not exist: nothing to publish (check --prefix)")
         self.app = DashboardApp(self.prefix, live_ttl_s=0.0, finished_ttl_s=300.0)
         self.site = SiteWriter(destination)
-        self.segment_bytes = segment_bytes
+        self.metrics = MetricsPublisher(self.site, self.prefix, segment_bytes, max_chunks)
         self.webhook_url = webhook_url
         self.clock = clock
 
@@ -174,25 +169,20 @@ class SitePublisher:
         if "run" in views:  # alerts first, so this cycle's run view already lists them
             fired = self._evaluate_alerts(step, running=live.get("status") == "RUNNING")
             self._put(f"{folder}/alerts.json", {"alerts": alerts.read_alerts(step.output_path)})
-            self._publish_segments(step, folder)
+            self._put(f"{folder}/run.json", self._run_static(step))
+        self.metrics.publish(step.output_path, folder)
         for name, route in STEP_ROUTES.items():
             self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
         for view in views:
-            self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
+            if view in VIEW_ROUTES:
+                self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
         return fired
 
-    def _publish_segments(self, step: ExperimentStep, folder: str) -> None:
-        """The run's metrics lines as segments: closed ones are never rewritten, the open (last) one grows."""
-        data = read_metrics_bytes(storage.join(step.output_path, METRICS_FILE)) or b""
-        data = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
-        segments = cut_segments(data, self.segment_bytes)
-        for index, (start, end) in enumerate(segments):
-            relative = f"{folder}/metrics/{index:05d}.jsonl"
-            if index < len(segments) - 1 and relative in self.site.manifest:
-                continue  # closed, and written whole when it closed
-            self.site.write(relative, redact_lines(data[start:end], self.prefix))
-        index_document = {"segments": [f"{index:05d}.jsonl" for index in range(len(segments))], "bytes": len(data)}
-        self._put(f"{folder}/metrics/index.json", index_document)
+    def _run_static(self, step: ExperimentStep) -> dict[str, Any]:
+        try:
+            return run_static(self.prefix, step.output_path)
+        except PanelError as error:  # as the dashboard answers it: the page shows the message
+            return {"error": str(error), "status": 422}
 
     def _evaluate_alerts(self, step: ExperimentStep, running: bool) -> int:
         where = f"step {step.name} ({step.relative})"
@@ -213,34 +203,6 @@ class SitePublisher:
         for alert in new:
             logger.warning("alert %s on %s: %s", alert.rule, where, alert.message)
         return len(new)
-
-
-def cut_segments(data: bytes, segment_bytes: int) -> list[tuple[int, int]]:
-    """(start, end) of each segment: lines from `start` up to the first line end past `segment_bytes`. A
-    segment's bounds depend only on the bytes before its end, so they stay put as the file grows."""
-    segments, start = [], 0
-    while start < len(data):
-        end = data.find(b"\n", min(start + segment_bytes, len(data)) - 1) + 1 or len(data)
-        segments.append((start, end))
-        start = end
-    return segments
-
-
-def _records(data: bytes) -> list[dict[str, Any]]:
-    records = []
-    for line in data.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def redact_lines(data: bytes, prefix: str) -> bytes:
-    """Metrics lines in their public form (a line that is not JSON is left out)."""
-    return b"".join(json.dumps(redact(record, prefix)).encode() + b"\n" for record in _records(data))
 
 
 def publish(prefix: str, destination: str, watch_s: float | None = None, webhook_url: str | None = None) -> None:
