@@ -1,0 +1,112 @@
+"""What a `--watch` cycle costs: bytes written as a run grows, and what an idle cycle reads.
+
+Bytes are counted in the destination folder itself (every file created or replaced in the cycle, by inode,
+time and size), not by the publisher's own counter. The prefix is tests/publish_dag.py's real DAG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from publish_dag import build_publish_prefix, metrics_line
+from test_publish import published_lines
+
+from executor.dashboard.publish import SitePublisher
+from executor.status import METRICS_FILE
+
+FIXED_BYTES = 4096
+"""What a cycle may write besides the new lines: the index, the step's file listing, their manifests."""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    prefix = tmp_path_factory.mktemp("publish-cost") / "prefix"
+    return {"prefix": prefix, "paths": build_publish_prefix(prefix)}
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
+    files = (Path(root, name) for root, _, names in os.walk(folder) for name in names)
+    return {str(path): (stat.st_ino, stat.st_mtime_ns, stat.st_size) for path in files if (stat := path.stat())}
+
+
+def bytes_written(before: dict[str, tuple[int, int, int]], after: dict[str, tuple[int, int, int]]) -> int:
+    """Bytes of the files the cycle created or replaced (an atomic write replaces the inode)."""
+    return sum(entry[2] for path, entry in after.items() if before.get(path) != entry)
+
+
+def append_lines(metrics: Path, steps: range) -> int:
+    """Append the healthy run's lines for `steps`; returns their bytes."""
+    text = "".join(json.dumps(metrics_line(step)) + "\n" for step in steps)
+    with metrics.open("a") as handle:
+        handle.write(text)
+    return len(text.encode())
+
+
+def measured_cycle(publisher: SitePublisher, site: Path) -> int:
+    before = snapshot(site)
+    publisher.cycle()
+    return bytes_written(before, snapshot(site))
+
+
+def test_a_cycle_writes_the_new_lines_plus_a_fixed_cost(built, tmp_path: Path) -> None:
+    prefix, site = tmp_path / "prefix", tmp_path / "site"
+    shutil.copytree(built["prefix"], prefix)
+    metrics = prefix / built["paths"]["healthy"] / METRICS_FILE
+    publisher = SitePublisher(str(prefix), str(site))
+    publisher.cycle()
+    cost, step = {}, 80
+    for count in (1, 10, 100):
+        line_bytes = append_lines(metrics, range(step, step + count))
+        step += count
+        cost[count] = measured_cycle(publisher, site)
+        assert cost[count] <= FIXED_BYTES + 1.1 * line_bytes, (count, cost[count], line_bytes)
+    append_lines(metrics, range(step, 1910))  # the run grows 10x (191 -> 1910 steps)
+    publisher.cycle()
+    append_lines(metrics, range(1910, 1920))
+    grown = measured_cycle(publisher, site)
+    assert grown <= cost[10] + 256, (grown, cost)  # the same per new line on a run 10x as long
+    assert [line["step"] for line in published_lines(site, built["paths"]["healthy"])] == list(range(1920))
+
+
+def test_over_many_cycles_each_line_is_written_about_twice(built, tmp_path: Path) -> None:
+    """Chunks are folded into sealed segments (each line written twice in all), the open chunks stay few,
+    and a restarted watcher goes on from the published index without rewriting what is out."""
+    prefix, site = tmp_path / "prefix", tmp_path / "site"
+    shutil.copytree(built["prefix"], prefix)
+    relative = built["paths"]["healthy"]
+    metrics = prefix / relative / METRICS_FILE
+    publisher = SitePublisher(str(prefix), str(site), segment_bytes=8192, max_chunks=8)
+    publisher.cycle()
+    total, new_bytes, step, cycles = 0, 0, 80, 0
+    for count in [3, 7, 1, 12, 5] * 8:
+        new_bytes += append_lines(metrics, range(step, step + count))
+        step += count
+        cycles += 1
+        total += measured_cycle(publisher, site)
+        if cycles == 20:
+            publisher = SitePublisher(str(prefix), str(site), segment_bytes=8192, max_chunks=8)  # a restart
+    assert total <= cycles * FIXED_BYTES + 2.2 * new_bytes, (total, new_bytes)
+    index = json.loads((site / "data" / "step" / relative / "metrics" / "index.json").read_text())
+    assert index["segments"] >= 4 and index["next_chunk"] - index["first_chunk"] < 8
+    assert [line["step"] for line in published_lines(site, relative)] == list(range(step))
+    on_site = sorted(path.name for path in (site / "data" / "step" / relative / "metrics").glob("c*.jsonl"))
+    assert len(on_site) == index["next_chunk"] - index["first_chunk"]  # folded chunks are deleted
+
+
+def test_a_rerun_that_rewrites_the_metrics_is_published_anew(built, tmp_path: Path) -> None:
+    prefix, site = tmp_path / "prefix", tmp_path / "site"
+    shutil.copytree(built["prefix"], prefix)
+    relative = built["paths"]["healthy"]
+    metrics = prefix / relative / METRICS_FILE
+    publisher = SitePublisher(str(prefix), str(site), segment_bytes=4096)
+    publisher.cycle()
+    metrics.write_text("".join(json.dumps(metrics_line(step)) + "\n" for step in range(5)))  # a --force_run
+    publisher.cycle()
+    index = json.loads((site / "data" / "step" / relative / "metrics" / "index.json").read_text())
+    assert index["epoch"] == 1
+    assert [line["step"] for line in published_lines(site, relative)] == list(range(5))
