@@ -1,7 +1,8 @@
 """What a `--watch` cycle costs: bytes written as a run grows, and what an idle cycle reads.
 
 Bytes are counted in the destination folder itself (every file created or replaced in the cycle, by inode,
-time and size), not by the publisher's own counter. The prefix is tests/publish_dag.py's real DAG.
+time and size), not by the publisher's own counter; reads through a memory:// store that records every open
+and listing. The prefix is tests/publish_dag.py's real DAG.
 """
 
 from __future__ import annotations
@@ -9,13 +10,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 from publish_dag import build_publish_prefix, metrics_line
 from test_publish import published_lines
 
+from executor import storage
 from executor.dashboard.publish import SitePublisher
 from executor.status import METRICS_FILE
 
@@ -110,3 +115,50 @@ def test_a_rerun_that_rewrites_the_metrics_is_published_anew(built, tmp_path: Pa
     index = json.loads((site / "data" / "step" / relative / "metrics" / "index.json").read_text())
     assert index["epoch"] == 1
     assert [line["step"] for line in published_lines(site, relative)] == list(range(5))
+
+
+class CountingMemoryFileSystem(MemoryFileSystem):
+    """fsspec's memory store, recording every file opened and every folder listed (`countmem://`)."""
+
+    protocol = "countmem"
+    opened: ClassVar[list[str]] = []
+    listed: ClassVar[list[str]] = []
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        CountingMemoryFileSystem.opened.append(path)
+        return super()._open(path, mode, **kwargs)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
+        CountingMemoryFileSystem.opened.append(path)
+        return super().cat_file(path, start, end, **kwargs)
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        CountingMemoryFileSystem.listed.append(path)
+        return super().ls(path, detail=detail, **kwargs)
+
+
+def counted_cycle(publisher: SitePublisher) -> tuple[list[str], list[str]]:
+    """(files opened, folders listed) in the prefix during one cycle."""
+    CountingMemoryFileSystem.opened.clear()
+    CountingMemoryFileSystem.listed.clear()
+    publisher.cycle()
+    return list(CountingMemoryFileSystem.opened), list(CountingMemoryFileSystem.listed)
+
+
+def test_an_idle_cycle_lists_each_step_once_and_opens_no_file(built, tmp_path: Path) -> None:
+    fsspec.register_implementation("countmem", CountingMemoryFileSystem, clobber=True)
+    prefix = f"countmem://idle-{uuid.uuid4().hex[:8]}/prefix"
+    fs, root = storage.filesystem(prefix)
+    for path in Path(built["prefix"]).rglob("*"):
+        if path.is_file():
+            fs.pipe_file(f"{root}/{path.relative_to(built['prefix']).as_posix()}", path.read_bytes())
+    publisher = SitePublisher(prefix, str(tmp_path / "site"))
+    opened, _ = counted_cycle(publisher)
+    assert any(path.endswith(METRICS_FILE) for path in opened)  # the first cycle reads everything
+    opened, listed = counted_cycle(publisher)
+    steps = len(built["paths"])
+    assert opened == [] and len(listed) <= steps + 1, (opened, listed)  # the steps and the experiments folder
+    healthy, faulty = (f"{root}/{built['paths'][key]}/{METRICS_FILE}" for key in ("healthy", "faulty"))
+    fs.pipe_file(healthy, fs.cat_file(healthy) + (json.dumps(metrics_line(80)) + "\n").encode())
+    opened, _ = counted_cycle(publisher)
+    assert healthy in opened and faulty not in opened  # only the changed run (and its neighbours) is read

@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import alerts, storage
-from executor.dashboard import files
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
-from executor.dashboard.panels import PanelError, predicted_curve, run_static, step_config
+from executor.dashboard.panels import PanelError, run_static
+from executor.dashboard.site_alerts import RunAlerts
+from executor.dashboard.site_changes import ChangeTracker
 from executor.dashboard.site_files import PublishError, SiteWriter, redact
 from executor.dashboard.site_metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.errors import StorageError
-from executor.lease import LeaseSettings, takeover_reason
-from executor.status import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +75,10 @@ class SitePublisher:
         self.app = DashboardApp(self.prefix, live_ttl_s=0.0, finished_ttl_s=300.0)
         self.site = SiteWriter(destination)
         self.metrics = MetricsPublisher(self.site, self.prefix, segment_bytes, max_chunks)
-        self.webhook_url = webhook_url
-        self.clock = clock
+        self.alerts = RunAlerts(self.prefix, webhook_url, clock)
+        self.changes = ChangeTracker()
+        self._alert_counts: dict[str, int] = {}
+        """Alerts fired so far on each run, as of its last full look."""
 
     def _answer(self, route: str, **query: str) -> Any:
         response = self.app.handle(route, query)
@@ -94,26 +95,33 @@ class SitePublisher:
         written_before, bytes_before = self.site.files_written, self.site.bytes_written
         self._put_shell()
         experiments = self.app.experiments.all()
-        published: set[str] = set()
-        alert_counts: dict[str, int] = {}
+        dirty_steps, dirty_experiments = self.changes.dirty(experiments)
+        steps = {step.relative: (step, experiment.file) for experiment in experiments for step in experiment.steps}
+        self.app.cache.forget(steps[relative][0].output_path for relative in dirty_steps if relative in steps)
         new_alerts = 0
+        for relative, (step, file) in steps.items():
+            fired = 0
+            if relative in dirty_steps:
+                fired = self._publish_step(step)
+            elif relative in self.alerts.running and (fired := self.alerts.check_stall(step)):
+                self._publish_step(step)  # its alerts and run view, in this cycle
+                dirty_experiments.add(file)
+            if fired:
+                self.changes.remark(relative, step.output_path)
+                new_alerts += fired
         for experiment in experiments:
-            count = 0
-            for step in experiment.steps:
-                if step.relative not in published:
-                    published.add(step.relative)
-                    new_alerts += self._publish_step(step)
-                count += len(alerts.read_alerts(step.output_path))
-            alert_counts[experiment.file] = count
-            self._publish_experiment(experiment, count)
-        listing = self._answer("/api/experiments")
-        for summary in listing.get("experiments", []):
-            summary["alerts"] = alert_counts.get(summary["file"], 0)
-        self._put("data/experiments.json", listing)
+            if experiment.file in dirty_experiments:
+                self._publish_experiment(experiment, self._alert_count(experiment))
+        if dirty_experiments:
+            listing = self._answer("/api/experiments")
+            counts = {experiment.file: self._alert_count(experiment) for experiment in experiments}
+            for summary in listing.get("experiments", []):
+                summary["alerts"] = counts.get(summary["file"], 0)
+            self._put("data/experiments.json", listing)
         self.site.save_manifest()
         return CycleReport(
             len(experiments),
-            len(published),
+            len(dirty_steps),
             self.site.files_written - written_before,
             self.site.bytes_written - bytes_before,
             new_alerts,
@@ -148,6 +156,9 @@ class SitePublisher:
             if name != "page.html":
                 self.site.write(f"static/{name}", data)
 
+    def _alert_count(self, experiment: Experiment) -> int:
+        return sum(self._alert_counts.get(step.relative, 0) for step in experiment.steps)
+
     def _publish_experiment(self, experiment: Experiment, alert_count: int) -> None:
         folder = f"data/experiment/{experiment.file}"
         summary = self._answer("/api/experiment", file=experiment.file)
@@ -167,8 +178,10 @@ class SitePublisher:
         views = self._answer("/api/step/views", path=step.relative).get("views", [])
         fired = 0
         if "run" in views:  # alerts first, so this cycle's run view already lists them
-            fired = self._evaluate_alerts(step, running=live.get("status") == "RUNNING")
-            self._put(f"{folder}/alerts.json", {"alerts": alerts.read_alerts(step.output_path)})
+            fired = self.alerts.evaluate(step, running=live.get("status") == "RUNNING")
+            fired_so_far = alerts.read_alerts(step.output_path)
+            self._alert_counts[step.relative] = len(fired_so_far)
+            self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
             self._put(f"{folder}/run.json", self._run_static(step))
         self.metrics.publish(step.output_path, folder)
         for name, route in STEP_ROUTES.items():
@@ -183,26 +196,6 @@ class SitePublisher:
             return run_static(self.prefix, step.output_path)
         except PanelError as error:  # as the dashboard answers it: the page shows the message
             return {"error": str(error), "status": 422}
-
-    def _evaluate_alerts(self, step: ExperimentStep, running: bool) -> int:
-        where = f"step {step.name} ({step.relative})"
-        try:
-            config = step_config(step.output_path)
-        except PanelError as error:
-            logger.warning("%s: no config for its alerts: %s", where, error)
-            config = {}
-        rules = alerts.AlertRules.from_config(config.get("alerts"), where)
-        curve, _, _ = predicted_curve(self.prefix, step.output_path)
-        records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
-        live_lease = running and takeover_reason(step.output_path, LeaseSettings.from_env()) is None
-        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve)
-        new = alerts.record_alerts(step.output_path, fired)
-        hook = rules.webhook_url or self.webhook_url
-        if new and hook:
-            alerts.post_webhook(hook, step.relative, new)
-        for alert in new:
-            logger.warning("alert %s on %s: %s", alert.rule, where, alert.message)
-        return len(new)
 
 
 def publish(prefix: str, destination: str, watch_s: float | None = None, webhook_url: str | None = None) -> None:
