@@ -7,9 +7,11 @@
 A cycle that finds K new complete lines in the step's metrics.jsonl writes them, redacted, as one new chunk and
 rewrites the index: it costs the new lines plus a constant, however long the run has been going. The page
 (static/site_run.js) fetches only what it has not seen and draws the charts itself. So that a page never has
-thousands of chunks to fetch, once the open chunks hold `segment_bytes` or number `max_chunks` they are folded
-into the next sealed segment (written once) and deleted: in all each line is written twice, and a page's first
-load fetches about (run bytes / segment_bytes) + max_chunks files, each poll after that the index and a chunk.
+thousands of chunks to fetch, a cycle whose new lines would bring the open chunks to `segment_bytes` or to
+`max_chunks` folds them, its new lines with them, into the next sealed segment (written once) and deletes them:
+such a cycle writes up to a segment, but in all each line is written at most twice (once when a cycle's lines
+fill a segment by themselves, as a first cycle's do), and a page's first load fetches about
+(run bytes / segment_bytes) + max_chunks files, each poll after that the index and a chunk.
 
 Everything a watcher needs to go on is in the published index (byte offsets into the step's metrics stream),
 so a restarted watcher continues where the last one stopped. A metrics stream shorter than what was published
@@ -116,9 +118,17 @@ class MetricsPublisher:
         fresh = data[index.source_bytes - index.sealed_source_bytes :]
         fresh = fresh[: fresh.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
         if fresh:
-            self._append(index, folder, fresh)
-        if index.open_bytes >= self.segment_bytes or index.next_chunk - index.first_chunk >= self.max_chunks:
-            self._seal(index, folder, data[: index.source_bytes - index.sealed_source_bytes])
+            public, lines = redact_lines(fresh, self.prefix)
+            index.source_bytes += len(fresh)
+            index.lines += lines
+            index.bytes += len(public)
+            full = index.open_bytes + len(public) >= self.segment_bytes
+            if full or index.next_chunk - index.first_chunk + 1 >= self.max_chunks:  # fold, the new lines with them
+                self._seal(index, folder, data[: index.source_bytes - index.sealed_source_bytes])
+            else:
+                self.site.write_once(f"{folder}/metrics/{index.chunk_name(index.next_chunk)}", public)
+                index.next_chunk += 1
+                index.open_bytes += len(public)
         self._write_index(index, folder)
         self._indexes[folder] = index
         return True
@@ -141,17 +151,8 @@ class MetricsPublisher:
             data = data[1:]
         return REWRITTEN if index.sealed_source_bytes + len(data) < index.source_bytes else data
 
-    def _append(self, index: MetricsIndex, folder: str, fresh: bytes) -> None:
-        public, lines = redact_lines(fresh, self.prefix)
-        self.site.write_once(f"{folder}/metrics/{index.chunk_name(index.next_chunk)}", public)
-        index.next_chunk += 1
-        index.source_bytes += len(fresh)
-        index.lines += lines
-        index.bytes += len(public)
-        index.open_bytes += len(public)
-
     def _seal(self, index: MetricsIndex, folder: str, open_source: bytes) -> None:
-        """Fold the open chunks (the stream's bytes `open_source`) into the next sealed segment."""
+        """Fold the open chunks and the new lines (the stream's bytes `open_source`) into the next sealed segment."""
         public, _ = redact_lines(open_source, self.prefix)
         self.site.write_once(f"{folder}/metrics/{index.segment_name(index.segments)}", public)
         chunks = range(index.first_chunk, index.next_chunk)
