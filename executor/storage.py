@@ -229,21 +229,7 @@ def delete(path: str, recursive: bool = False) -> None:
 
 def list_names(path: str) -> list[str]:
     """Names (not paths) of the entries directly under `path`; empty if it does not exist."""
-    fs, fs_path = filesystem(path)
-
-    def listing() -> list[str]:
-        try:
-            if _supports_refresh(fs):
-                return fs.ls(fs_path, detail=False, refresh=True)
-            return fs.ls(fs_path, detail=False)
-        except FileNotFoundError:
-            return []
-
-    try:
-        entries = call_with_retry(listing, f"list {path}")
-    finally:
-        forget_listings(path)  # s3fs lists (and caches) the parent when `path` is empty
-    return sorted(posixpath.basename(entry.rstrip("/")) for entry in entries)
+    return [entry["name"] for entry in list_details(path)]
 
 
 def list_details(path: str) -> list[dict[str, Any]]:

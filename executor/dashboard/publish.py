@@ -183,7 +183,8 @@ class SitePublisher:
             self._alert_counts[step.relative] = len(fired_so_far)
             self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
             self._put(f"{folder}/run.json", self._run_static(step))
-        self.metrics.publish(step.output_path, folder)
+        if self.changes.has_metrics(step.relative):  # known from this cycle's listing: no read for the others
+            self.metrics.publish(step.output_path, folder)
         for name, route in STEP_ROUTES.items():
             self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
         for view in views:

@@ -90,3 +90,7 @@ class ChangeTracker:
         """Take a step's mark again after the publisher wrote into its folder (a run's alerts.jsonl), so its own
         write does not count as a change next cycle."""
         self._marks[relative] = step_mark(output_path)
+
+    def has_metrics(self, relative: str) -> bool:
+        """Whether the step's last listing showed a metrics.jsonl (or its segments' folder)."""
+        return any(entry[0] in (METRICS_FILE, METRICS_SEGMENTS) for entry in self._marks.get(relative, ()))
