@@ -10,19 +10,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
 import fsspec
 import pytest
+from conftest import wait_until
 from fsspec.implementations.memory import MemoryFileSystem
-from publish_dag import build_publish_prefix, metrics_line
+from publish_dag import STALL_GATES, START_TIME, StalledRunConfig, build_publish_prefix, metrics_line, stalled_run
 from test_publish import published_lines
 
-from executor import storage
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage, versioned
 from executor.dashboard.publish import SitePublisher
-from executor.status import METRICS_FILE
+from executor.status import METRICS_FILE, read_status
 
 FIXED_BYTES = 4096
 """What a cycle may write besides the new lines: the index, the step's file listing, their manifests."""
@@ -76,6 +78,35 @@ def test_a_cycle_writes_the_new_lines_plus_a_fixed_cost(built, tmp_path: Path) -
     grown = measured_cycle(publisher, site)
     assert grown <= cost[10] + 256, (grown, cost)  # the same per new line on a run 10x as long
     assert [line["step"] for line in published_lines(site, built["paths"]["healthy"])] == list(range(1920))
+
+
+def test_a_running_step_costs_its_new_lines_plus_a_fixed_cost(tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
+    """The same while the step runs (lease live, heartbeats going): its experiment's table is not rewritten
+    for the clock's sake either (the page counts a running step's time itself)."""
+    gate = "running-cost"
+    STALL_GATES[gate] = threading.Event()
+    config = StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate))
+    step = ExecutorStep(name="train/running", fn=stalled_run, config=config)
+    executor = Executor(str(tmp_path / "prefix"))
+    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/running.py"})
+    runner.start()
+    try:
+        wait_until(lambda: step in executor.output_paths, "the step to be planned")
+        metrics = Path(executor.output_paths[step], METRICS_FILE)
+        wait_until(lambda: metrics.exists() and read_status(str(metrics.parent)) == "RUNNING", "the step to run")
+        clock = START_TIME + 2.0 * 20  # just after its last line: no stall
+        publisher = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site"), clock=lambda: clock)
+        publisher.cycle()
+        for count, first in ((1, 20), (30, 21)):
+            line_bytes = append_lines(metrics, range(first, first + count))
+            before = snapshot(tmp_path / "site")
+            publisher.cycle()
+            after = snapshot(tmp_path / "site")
+            assert bytes_written(before, after) <= FIXED_BYTES + 1.1 * line_bytes, (count, line_bytes)
+            assert not [path for path in after if path.endswith("steps.json") and before.get(path) != after[path]]
+    finally:
+        STALL_GATES[gate].set()
+        runner.join(timeout=120)
 
 
 def test_over_many_cycles_each_line_is_written_about_twice(built, tmp_path: Path) -> None:
