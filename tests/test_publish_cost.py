@@ -24,6 +24,7 @@ from test_publish import published_lines
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage, versioned
 from executor.dashboard.publish import SitePublisher
+from executor.metrics_log import MetricsLog
 from executor.status import METRICS_FILE, read_status
 
 FIXED_BYTES = 4096
@@ -193,3 +194,25 @@ def test_an_idle_cycle_lists_each_step_once_and_opens_no_file(built, tmp_path: P
     fs.pipe_file(healthy, fs.cat_file(healthy) + (json.dumps(metrics_line(80)) + "\n").encode())
     opened, _ = counted_cycle(publisher)
     assert healthy in opened and faulty not in opened  # only the changed run (and its neighbours) is read
+
+
+@pytest.mark.gcs
+def test_a_run_on_gcs_growing_by_segments_costs_its_new_lines(built, gcs_emulator: str, tmp_path: Path) -> None:
+    """A prefix on an object store: the run's new lines arrive as metrics.jsonl.d segments (no append there),
+    which the step's mark lists; an idle cycle writes nothing, a grown one the new lines and a fixed cost."""
+    prefix = f"{gcs_emulator}/cost-{uuid.uuid4().hex[:8]}"
+    fs, root = storage.filesystem(prefix)
+    fs.put(str(built["prefix"]), root, recursive=True)
+    storage.forget_listings(prefix, everything=True)
+    site = tmp_path / "site"
+    publisher = SitePublisher(prefix, str(site))
+    publisher.cycle()  # it writes the faulty run's alerts.jsonl, and takes that run's mark again
+    assert measured_cycle(publisher, site) == 0
+    log = MetricsLog(storage.join(prefix, built["paths"]["healthy"], METRICS_FILE), flush_seconds=0)
+    lines = [json.dumps(metrics_line(step)) for step in range(80, 90)]
+    for line in lines:
+        log.write(line)
+    log.close()
+    cost = measured_cycle(publisher, site)
+    assert cost <= FIXED_BYTES + 1.1 * sum(len(line) + 1 for line in lines), cost
+    assert [line["step"] for line in published_lines(site, built["paths"]["healthy"])] == list(range(90))
