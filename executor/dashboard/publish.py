@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +73,10 @@ class SitePublisher:
         self.prefix = storage.make_absolute(prefix)
         if not storage.exists(self.prefix):
             raise PublishError(f"the prefix {self.prefix} does not exist: nothing to publish (check --prefix)")
-        self.app = DashboardApp(self.prefix, live_ttl_s=0.0, finished_ttl_s=300.0)
+        self.app = DashboardApp(self.prefix, live_ttl_s=0.0)
+        # A step's status changes only with its files, which make it dirty (site_changes.py), and a cycle drops
+        # its dirty steps' cached state: nothing cached need expire on a clock, so no cycle re-reads every step.
+        self.app.cache.live_ttl_s = self.app.cache.finished_ttl_s = math.inf
         self.site = SiteWriter(destination)
         self.metrics = MetricsPublisher(self.site, self.prefix, segment_bytes, max_chunks)
         self.alerts = RunAlerts(self.prefix, webhook_url, clock)
@@ -97,7 +101,7 @@ class SitePublisher:
         experiments = self.app.experiments.all()
         dirty_steps, dirty_experiments = self.changes.dirty(experiments)
         steps = {step.relative: (step, experiment.file) for experiment in experiments for step in experiment.steps}
-        self.app.cache.forget(steps[relative][0].output_path for relative in dirty_steps if relative in steps)
+        self.app.cache.forget(steps[relative][0].output_path for relative in dirty_steps)
         new_alerts = 0
         for relative, (step, file) in steps.items():
             fired = 0

@@ -103,14 +103,14 @@ class MetricsPublisher:
         self.max_chunks = max_chunks
         self._indexes: dict[str, MetricsIndex] = {}
 
-    def publish(self, output_path: str, folder: str) -> bool:
-        """Publish the step's new complete lines under `<folder>/metrics/`; True when its metrics exist."""
+    def publish(self, output_path: str, folder: str) -> None:
+        """Publish the step's new complete lines under `<folder>/metrics/` (nothing while it has no metrics)."""
         index = self._indexes.get(folder) or MetricsIndex.from_json(self.site.read_json(f"{folder}/metrics/{INDEX}"))
         index = index or MetricsIndex()
         source = storage.join(output_path, METRICS_FILE)
         data = self._read(source, index)
         if data is None:
-            return False
+            return
         if data is REWRITTEN:
             logger.info("%s is not the stream that was published (a rerun): publishing it anew", source)
             index = MetricsIndex(epoch=index.epoch + 1)
@@ -131,7 +131,6 @@ class MetricsPublisher:
                 index.open_bytes += len(public)
         self._write_index(index, folder)
         self._indexes[folder] = index
-        return True
 
     def _write_index(self, index: MetricsIndex, folder: str) -> None:
         layout = {"max_points": files.MAX_POINTS, "last_rows": files.PREVIEW_ROWS}  # how the page thins
@@ -160,6 +159,6 @@ class MetricsPublisher:
         index.first_chunk = index.next_chunk
         index.sealed_source_bytes = index.source_bytes
         index.open_bytes = 0
-        self._write_index(index, folder)  # pages find the segment before the
-        for number in chunks:  # chunks it replaces are gone
+        self._write_index(index, folder)  # first, so a page reading the index finds the segment, never a chunk gone
+        for number in chunks:
             self.site.remove(f"{folder}/metrics/{index.chunk_name(number)}")
