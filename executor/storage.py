@@ -23,7 +23,7 @@ import posixpath
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -257,6 +257,15 @@ def list_details(path: str) -> list[dict[str, Any]]:
         ),
         key=lambda entry: entry["name"],
     )
+
+
+def list_details_many(paths: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """`list_details` of each path: concurrently on an object store (a listing is a round trip there), one
+    after another on a local disk."""
+    if len(paths) <= 1 or not any(is_url(path) and not on_local_disk(path) for path in paths):
+        return [list_details(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(paths))) as pool:
+        return list(pool.map(list_details, paths))
 
 
 def _supports_refresh(fs: fsspec.AbstractFileSystem) -> bool:

@@ -24,6 +24,7 @@ from test_publish import published_lines
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage, versioned
 from executor.dashboard.publish import SitePublisher
+from executor.dashboard.site_files import PublishError
 from executor.metrics_log import MetricsLog
 from executor.status import METRICS_FILE, read_status
 
@@ -217,3 +218,14 @@ def test_a_run_on_gcs_growing_by_segments_costs_its_new_lines(built, gcs_emulato
     cost = measured_cycle(publisher, site)
     assert cost <= FIXED_BYTES + 1.1 * sum(len(line) + 1 for line in lines), cost
     assert [line["step"] for line in published_lines(site, built["paths"]["healthy"])] == list(range(90))
+
+
+def test_a_restarted_watcher_rewrites_nothing_and_a_broken_manifest_is_named(built, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "site-manifest.json").write_text(json.dumps({"index.html": "0" * 64}))  # the older, flat layout
+    assert SitePublisher(str(built["prefix"]), str(site)).cycle().files_written > 40  # rewritten once
+    assert SitePublisher(str(built["prefix"]), str(site)).cycle().files_written == 0  # the folders' manifests
+    (site / "data" / "site-manifest.json").write_text("{cut off")
+    with pytest.raises(PublishError, match=r"data/site-manifest\.json failed"):
+        SitePublisher(str(built["prefix"]), str(site))

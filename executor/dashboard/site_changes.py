@@ -38,14 +38,18 @@ def _entry_mark(entry: dict[str, Any]) -> tuple[Any, ...]:
     return (entry["name"], entry.get("size"), *(str(entry[key]) for key in CHANGE_MARKS if key in entry))
 
 
-def step_mark(output_path: str) -> Mark:
-    """What changes when any file a step's published pages derive from changes (module docstring)."""
-    entries = storage.list_details(output_path)
-    mark = [_entry_mark(entry) for entry in entries]
-    if any(entry["name"] == METRICS_SEGMENTS for entry in entries):
-        segments = storage.list_details(storage.join(output_path, METRICS_SEGMENTS))
-        mark += [(METRICS_SEGMENTS, *_entry_mark(entry)) for entry in segments]
-    return tuple(mark)
+def step_marks(output_paths: Sequence[str]) -> list[Mark]:
+    """What changes when any file a step's published pages derive from changes (module docstring), for each
+    step; the listings go out together (concurrently on an object store)."""
+    listings = storage.list_details_many(output_paths)
+    segmented = [
+        index for index, entries in enumerate(listings) if any(entry["name"] == METRICS_SEGMENTS for entry in entries)
+    ]
+    segments = storage.list_details_many([storage.join(output_paths[index], METRICS_SEGMENTS) for index in segmented])
+    marks = [[_entry_mark(entry) for entry in entries] for entries in listings]
+    for index, entries in zip(segmented, segments, strict=True):
+        marks[index] += [(METRICS_SEGMENTS, *_entry_mark(entry)) for entry in entries]
+    return [tuple(mark) for mark in marks]
 
 
 def neighbours(experiments: Iterable[Experiment]) -> dict[str, set[str]]:
@@ -72,7 +76,7 @@ class ChangeTracker:
     def dirty(self, experiments: Sequence[Experiment]) -> tuple[set[str], set[str]]:
         """(steps to republish, experiment files to republish) since the last call; everything the first time."""
         steps = {step.relative: step.output_path for experiment in experiments for step in experiment.steps}
-        marks = {relative: step_mark(output_path) for relative, output_path in steps.items()}
+        marks = dict(zip(steps, step_marks(list(steps.values())), strict=True))
         changed = {relative for relative, mark in marks.items() if self._marks.get(relative) != mark}
         shapes = {experiment.file: tuple(step.relative for step in experiment.steps) for experiment in experiments}
         for file, shape in shapes.items():
@@ -89,7 +93,7 @@ class ChangeTracker:
     def remark(self, relative: str, output_path: str) -> None:
         """Take a step's mark again after the publisher wrote into its folder (a run's alerts.jsonl), so its own
         write does not count as a change next cycle."""
-        self._marks[relative] = step_mark(output_path)
+        [self._marks[relative]] = step_marks([output_path])
 
     def has_metrics(self, relative: str) -> bool:
         """Whether the step's last listing showed a metrics.jsonl (or its segments' folder)."""

@@ -94,21 +94,22 @@ class SiteWriter:
         self.fs, self.root = storage.filesystem(self.destination)
         self.bytes_written = 0
         self.files_written = 0
+        self.manifest: dict[str, str] = {}
+        where = MANIFEST
         try:
             root = self.read_json(MANIFEST)
-            folders = root.get("folders", []) if isinstance(root, dict) else []
+            folders = root.get("folders", []) if isinstance(root, dict) else []  # older sites: one flat manifest,
             blobs = storage.read_many([storage.join(self.destination, _manifest_path(name)) for name in folders])
-        except (OSError, StorageError, ValueError) as error:
+            self.manifest.update(root.get("files", {}) if isinstance(root, dict) else {})  # rewritten once
+            for folder, blob in zip(folders, blobs, strict=True):
+                where = _manifest_path(folder)
+                entries = json.loads(blob) if blob else {}
+                self.manifest.update((f"{folder}/{name}", digest) for name, digest in entries.items())
+        except (OSError, StorageError, ValueError, AttributeError) as error:
             raise PublishError(
-                f"cannot use {self.destination} as the site's destination (reading its {MANIFEST} failed: {error}); "
-                "pass a folder, gs:// or s3:// path that you can write"
+                f"cannot use {self.destination} as the site's destination (reading its {where} failed: {error}); "
+                f"pass a folder, gs:// or s3:// path that you can write, or delete the broken {MANIFEST}"
             ) from error
-        self.manifest: dict[str, str] = {}
-        if isinstance(root, dict):
-            self.manifest.update((name, digest) for name, digest in root.get("files", {}).items())
-        for folder, blob in zip(folders, blobs, strict=True):
-            entries = json.loads(blob) if blob else {}
-            self.manifest.update((f"{folder}/{name}", digest) for name, digest in entries.items())
         groups = self._grouped()
         self._saved = {folder: groups.get(folder, {}) for folder in folders}
         self._saved_root = {"folders": sorted(folders), "files": groups.get("", {})}
