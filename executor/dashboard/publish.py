@@ -16,9 +16,11 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
 Not published: logs, file previews, the step's outputs themselves, user/host/worker names, config values with
 a secret-sounding key, any absolute path of the machine (README "Watch a run in public").
 
-With `--watch` the publisher repeats every SECONDS. A file is rewritten only when its bytes change, and a run's
-metrics lines go out as appended chunks, so a cycle in which a run logged K lines writes those K lines and a
-few small files of a fixed size, however long the run (README "Watch a run in public" has the figures).
+With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
+since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
+changed); a file is rewritten only when its bytes change, and a run's metrics lines go out as appended chunks,
+so a cycle in which a run logged K lines writes those K lines and a few small files of a fixed size, however
+long the run (README "Watch a run in public" has the figures).
 """
 
 from __future__ import annotations
