@@ -260,13 +260,20 @@ def evaluate(
     return sorted(alerts, key=lambda alert: (alert.step, alert.rule))
 
 
-def stalled(records: Iterable[Mapping[str, Any]], rules: AlertRules, now: float) -> list[Alert]:
-    """A stall is keyed by the step of the newest line, so one stall fires once however long it lasts."""
+def newest_line(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The `time` and `step` of the newest line that has both (None when none has)."""
     newest: tuple[float, int] | None = None
     for record in records:
         stamp, step = record.get("time"), record.get("step")
         if isinstance(stamp, int | float) and isinstance(step, int) and (newest is None or stamp >= newest[0]):
             newest = (float(stamp), step)
+    return None if newest is None else {"time": newest[0], "step": newest[1]}
+
+
+def stalled(records: Iterable[Mapping[str, Any]], rules: AlertRules, now: float) -> list[Alert]:
+    """A stall is keyed by the step of the newest line, so one stall fires once however long it lasts."""
+    line = newest_line(records)
+    newest = None if line is None else (line["time"], line["step"])
     if newest is None or now - newest[0] <= rules.stall_after_s:
         return []
     quiet = now - newest[0]

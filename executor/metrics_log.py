@@ -83,24 +83,34 @@ class MetricsLog:
             self.flush()
 
 
-def read_metrics_bytes(path: str, limit: int | None = None) -> bytes | None:
-    """The file's bytes, then its segments' in order, up to `limit` bytes; None if there is neither."""
+def read_metrics_bytes(path: str, limit: int | None = None, start: int = 0) -> bytes | None:
+    """The file's bytes, then its segments' in order, from byte `start` of that stream, up to `limit` bytes;
+    None if there is neither. Segments wholly before `start` are skipped by their listed size, unread."""
     fs, fs_path = storage.filesystem(path)
     chunks: list[bytes] = []
+    skip = start
     try:
         with fs.open(fs_path, "rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(min(skip, size))
             chunks.append(handle.read() if limit is None else handle.read(limit))
+            skip -= min(skip, size)
     except FileNotFoundError:
         pass
     folder = segments_folder(path)
-    names = sorted(name for name in storage.list_names(folder) if name.endswith(".jsonl"))
-    if not chunks and not names:
+    segments = [entry for entry in storage.list_details(folder) if entry["name"].endswith(".jsonl")]
+    if not chunks and not segments:
         return None
     held = sum(map(len, chunks))
-    for name in names:
+    for entry in segments:
         if limit is not None and held >= limit:
             break
-        data = storage.read_bytes(storage.join(folder, name)) or b""
+        size = int(entry.get("size") or 0)
+        if skip and skip >= size:
+            skip -= size
+            continue
+        data = (storage.read_bytes(storage.join(folder, entry["name"])) or b"")[skip:]
+        skip = 0
         chunks.append(data if limit is None else data[: limit - held])
         held += len(chunks[-1])
     return b"".join(chunks)

@@ -23,7 +23,7 @@ import posixpath
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -229,21 +229,43 @@ def delete(path: str, recursive: bool = False) -> None:
 
 def list_names(path: str) -> list[str]:
     """Names (not paths) of the entries directly under `path`; empty if it does not exist."""
+    return [entry["name"] for entry in list_details(path)]
+
+
+def list_details(path: str) -> list[dict[str, Any]]:
+    """The entries directly under `path` as the store describes them (size, type, and its change marks:
+    `mtime`, `generation`, `ETag`...), each with `name` cut to its basename; empty if `path` does not exist."""
     fs, fs_path = filesystem(path)
 
-    def listing() -> list[str]:
+    def listing() -> list[dict[str, Any]]:
         try:
             if _supports_refresh(fs):
-                return fs.ls(fs_path, detail=False, refresh=True)
-            return fs.ls(fs_path, detail=False)
+                return fs.ls(fs_path, detail=True, refresh=True)
+            return fs.ls(fs_path, detail=True)
         except FileNotFoundError:
             return []
 
     try:
         entries = call_with_retry(listing, f"list {path}")
     finally:
-        forget_listings(path)  # s3fs lists (and caches) the parent when `path` is empty
-    return sorted(posixpath.basename(entry.rstrip("/")) for entry in entries)
+        forget_listings(path)
+    return sorted(
+        (
+            {**entry, "name": posixpath.basename(entry["name"].rstrip("/"))}
+            for entry in entries
+            if entry["name"].rstrip("/") != fs_path.rstrip("/")
+        ),
+        key=lambda entry: entry["name"],
+    )
+
+
+def list_details_many(paths: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """`list_details` of each path: concurrently on an object store (a listing is a round trip there), one
+    after another on a local disk."""
+    if len(paths) <= 1 or not any(is_url(path) and not on_local_disk(path) for path in paths):
+        return [list_details(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(paths))) as pool:
+        return list(pool.map(list_details, paths))
 
 
 def _supports_refresh(fs: fsspec.AbstractFileSystem) -> bool:

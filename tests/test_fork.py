@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import test_dashboard_browser as browser_tests
 from test_dashboard_browser import DEADLINE_MS
-from test_publish_browser import static_server
+from test_publish_browser import check_page_builds_the_servers_views, static_server
 from test_steps_train import build_data, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
@@ -139,3 +139,4 @@ def test_the_published_run_view_shows_the_fork_and_its_parent(runs, page, tmp_pa
         expect(page.locator("[data-testid=lineage] a")).to_contain_text("train/parent-")
         expect(page.locator('[data-testid=run-view] [data-chart="loss"]')).to_contain_text("parent train/loss")
         browser_tests.screenshot(page, "publish-fork-run")
+        check_page_builds_the_servers_views(page, prefix, relative)  # the parent's curve included

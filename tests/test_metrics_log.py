@@ -56,6 +56,22 @@ def test_on_an_object_store_lines_go_to_segments_rewritten_at_most_every_flush_i
     assert read_metrics_bytes(path, limit=25) == "".join(f"{line}\n" for line in expected)[:25].encode()
 
 
+def test_a_read_from_an_offset_skips_whole_segments_by_their_listed_size(tmp_path):
+    """What the publisher reads each cycle: the stream from where it stopped, local file or segments alike."""
+    local = str(tmp_path / "metrics.jsonl")
+    remote = f"memory://metrics-{uuid.uuid4().hex}/train/metrics.jsonl"
+    for path in (local, remote):
+        log = MetricsLog(path, flush_seconds=0, segment_bytes=40)
+        for step in range(12):
+            log.write(json.dumps({"step": step}))
+        log.close()
+        stream = read_metrics_bytes(path)
+        assert stream is not None
+        for start in range(len(stream) + 2):
+            assert read_metrics_bytes(path, start=start) == stream[start:], (path, start)
+        assert read_metrics_bytes(path, limit=7, start=20) == stream[20:27]
+
+
 @pytest.fixture(params=[pytest.param("gcs", marks=pytest.mark.gcs), pytest.param("s3", marks=pytest.mark.s3)])
 def bucket_folder(request: pytest.FixtureRequest) -> str:
     bucket = request.getfixturevalue("gcs_emulator" if request.param == "gcs" else "s3_server")

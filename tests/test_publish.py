@@ -1,9 +1,9 @@
 """`python -m executor publish`: the static site of a prefix, on a local folder and on the GCS emulator.
 
 The prefix is a real DAG (tests/publish_dag.py). The tests check that every page's JSON is there, that
-nothing private is (logs, secret config values, user and host names, paths of the machine), that a
-republish writes only what changed, with the raw metrics as appended segments, and that the bytes written
-per cycle stay bounded as a run grows. Pages in Chromium: tests/test_publish_browser.py.
+nothing private is (logs, secret config values, user and host names, paths of the machine), and that a
+republish writes only what changed, with the metrics lines appended. What a cycle costs as a run grows, and
+what an idle cycle reads: tests/test_publish_cost.py. Pages in Chromium: tests/test_publish_browser.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import pytest
 from publish_dag import LOG_SECRET, SECRET, build_publish_prefix, metrics_line
 
 from executor import storage
-from executor.dashboard import files
 from executor.dashboard.publish import SitePublisher
 from executor.dashboard.site_files import PublishError
 from executor.status import METRICS_FILE
@@ -45,6 +44,15 @@ def site_json(site: Path, relative: str) -> Any:
     return json.loads((site / relative).read_text())
 
 
+def published_lines(site: Path, relative: str) -> list[dict[str, Any]]:
+    """A step's metrics lines as the site holds them: its sealed segments, then its open chunks, in order."""
+    folder = site / "data" / "step" / relative / "metrics"
+    index = json.loads((folder / "index.json").read_text())
+    names = [f"s{index['epoch']}-{number:05d}.jsonl" for number in range(index["segments"])]
+    names += [f"c{index['epoch']}-{number:08d}.jsonl" for number in range(index["first_chunk"], index["next_chunk"])]
+    return [json.loads(line) for name in names for line in (folder / name).read_text().splitlines()]
+
+
 def test_the_site_holds_every_page_of_every_experiment(built, tmp_path: Path) -> None:
     site = tmp_path / "site"
     report = SitePublisher(str(built["prefix"]), str(site)).cycle()
@@ -57,7 +65,8 @@ def test_the_site_holds_every_page_of_every_experiment(built, tmp_path: Path) ->
     assert len(site_json(site, f"{folder}/steps.json")["rows"]) == 3
     assert len(site_json(site, f"{folder}/graph.json")["nodes"]) == 3
     run = site_json(site, f"data/step/{built['paths']['healthy']}/run.json")
-    assert run["last_step"] == 79 and run["alerts"] == []
+    assert run["alerts"] == [] and run["layout"]["train"] == "train/loss"
+    assert [line["step"] for line in published_lines(site, built["paths"]["healthy"])] == list(range(80))
     faulty = site_json(site, f"data/step/{built['paths']['faulty']}/run.json")
     assert [(alert["rule"], alert["step"]) for alert in faulty["alerts"]] == [
         ("nonfinite_loss", 30),
@@ -94,33 +103,11 @@ def test_a_republish_writes_only_what_changed(built, tmp_path: Path) -> None:
     with metrics.open("a") as handle:
         handle.write(json.dumps(metrics_line(80)) + "\n")
     grown = publisher.cycle()
-    run = site_json(tmp_path / "site", f"data/step/{relative}/run.json")
-    assert run["last_step"] == 80  # the appended line is in the published run view on the next cycle
+    lines = published_lines(tmp_path / "site", relative)
+    assert [line["step"] for line in lines] == list(range(81))  # the appended line is out on the next cycle
     index = site_json(tmp_path / "site", f"data/step/{relative}/metrics/index.json")
-    segments = [tmp_path / "site" / f"data/step/{relative}/metrics/{name}" for name in index["segments"]]
-    lines = [json.loads(line) for segment in segments for line in segment.read_text().splitlines()]
-    assert [line["step"] for line in lines] == list(range(81)) and len(segments) > 1
-    assert grown.files_written <= 10  # the run's views, its open segment, the index, the manifest
-
-
-def test_bytes_per_cycle_stay_bounded_as_the_run_grows(built, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(files, "MAX_POINTS", 200)  # the views' thinning, made small so the test stays small
-    prefix = copy_prefix(built, tmp_path)
-    metrics = prefix / built["paths"]["healthy"] / METRICS_FILE
-    publisher = SitePublisher(str(prefix), str(tmp_path / "site"), segment_bytes=16384)
-    publisher.cycle()
-    step, cost = 80, {}
-    for size in (1000, 2000, 4000):
-        with metrics.open("a") as handle:
-            handle.writelines(json.dumps(metrics_line(step)) + "\n" for step in range(step, size))
-        step = size
-        publisher.cycle()
-        with metrics.open("a") as handle:  # the measured cycle: 50 new lines on a run of `size` steps
-            handle.writelines(json.dumps(metrics_line(step)) + "\n" for step in range(step, step + 50))
-        step += 50
-        cost[size] = publisher.cycle().bytes_written
-    assert cost[4000] < 1.5 * cost[1000], cost  # not proportional to the run's length (4x)
-    assert cost[4000] < metrics.stat().st_size / 2, cost
+    assert (index["segments"], index["first_chunk"], index["next_chunk"]) == (1, 0, 1)  # 80 lines sealed, 1 open
+    assert grown.files_written <= 6  # the new chunk, the index, the step's file listing, their folders' manifests
 
 
 def test_publish_to_the_gcs_emulator_sets_content_types_and_cache_control(built, gcs_emulator: str) -> None:

@@ -9,6 +9,7 @@ DAG (a real tiny Levanter run, a scaling ladder, data composition) for the ladde
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,11 +18,15 @@ from typing import Any
 
 import pytest
 import test_dashboard_browser as browser_tests
-from publish_dag import build_publish_prefix
+from publish_dag import build_publish_prefix, metrics_line
 from services import free_port, wait_for_port
 from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 
+from executor.dashboard import files
+from executor.dashboard.panels import run_view
 from executor.dashboard.publish import SitePublisher
+from executor.dashboard.site_files import redact
+from executor.status import METRICS_FILE
 
 pytestmark = pytest.mark.browser
 
@@ -85,6 +90,51 @@ def test_the_published_site_renders_from_a_static_server(page, tmp_path: Path) -
     assert not [url for url in urls if "/api/" in url]
 
 
+def rounded(value: Any) -> Any:
+    """JSON-like `value` with floats to 12 significant digits (a sum in JavaScript may differ in the last bit)."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    if isinstance(value, dict):
+        return {key: rounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [rounded(item) for item in value]
+    return value
+
+
+def check_page_builds_the_servers_views(page: Any, prefix: Path, relative: str) -> None:
+    """The run and metrics views the page builds from the published lines (static/site_run.js) are the
+    dashboard's own (panels.run_view, files.metrics), in their published form."""
+    output_path = str(prefix / relative)
+    expected = redact(run_view(str(prefix), output_path), str(prefix))
+    assert rounded(page.evaluate("(path) => siteRunView(path)", relative)) == rounded(expected)
+    expected = redact(files.metrics(f"{output_path}/{METRICS_FILE}"), str(prefix))
+    assert rounded(page.evaluate("(path) => siteMetrics(path)", relative)) == rounded(expected)
+
+
+def test_a_line_appended_to_a_run_shows_on_the_published_run_view(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The run view is built in the page from the published lines: the next cycle's chunk is all it needs."""
+    expect = playwright_sync.expect
+    paths = build_publish_prefix(tmp_path / "prefix")
+    publisher = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site"))
+    publisher.cycle()
+    urls = record_requests(page)
+    with static_server(tmp_path / "site") as base:
+        page.goto(f"{base}/index.html#/step/{paths['healthy']}")
+        expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=run-view] .meta b").first).to_have_text("79")
+        with (tmp_path / "prefix" / paths["healthy"] / METRICS_FILE).open("a") as handle:
+            handle.write(json.dumps(metrics_line(80, loss=1.25)) + "\n")
+        assert publisher.cycle().files_written <= 6
+        page.reload()
+        expect(page.locator("[data-testid=run-view] .meta b").first).to_have_text("80", timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=last-train-loss]")).to_have_text("1.250")
+        expect(page.locator("[data-testid=metrics]")).to_contain_text("81 rows")
+        screenshot(page, "publish-run-appended")
+        for key in ("healthy", "faulty"):
+            check_page_builds_the_servers_views(page, tmp_path / "prefix", paths[key])
+    assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
+
+
 @pytest.mark.slow
 @pytest.mark.training
 @pytest.mark.timeout(900)
@@ -105,6 +155,7 @@ def test_the_ladder_and_composition_pages_render_on_the_site(page, tmp_path: Pat
         page.goto(f"{base}/index.html#/step/{built['paths']['train']}")
         expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
         screenshot(page, "publish-tiny-run")
+        check_page_builds_the_servers_views(page, built["prefix"], built["paths"]["train"])
     assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
 
 

@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +202,15 @@ class StatusCache:
             except Exception:  # a background refresh must not die silently: log and serve what is cached
                 logger.exception("dashboard: refreshing %d step statuses failed", len(paths))
                 return
+
+    def forget(self, output_paths: Iterable[str]) -> None:
+        """Drop what is cached of these steps, so the next answer reads them first (the publisher's changed
+        steps: a page it writes once must not show the state of a cycle before)."""
+        with self._lock:
+            for path in output_paths:
+                self._states.pop(path, None)
+                self._extras.pop(path, None)
+                self._pending.discard(path)
 
     def extras(self, output_paths: Sequence[str], states: Sequence[StepState]) -> list[StepExtras]:
         """Progress and stats of a few steps (a page of rows); finished steps' copies are kept."""

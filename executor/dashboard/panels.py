@@ -221,22 +221,39 @@ def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[
     return {step: loss for step, loss in losses.items() if step <= last}, {"parent": relative, "step": fork_at}
 
 
+def run_static(prefix: str, output_path: str) -> dict[str, Any]:
+    """What the run view draws besides the run's own metrics: the predicted curve, a fork's lineage and its
+    parent's loss, the alerts, and the chart layout. The published site builds the charts from this and the
+    run's published metrics lines in the page (static/site_run.js), so a new line never rewrites it."""
+    curve, prediction_source, prediction_error = predicted_curve(prefix, output_path)
+    parent, lineage = parent_curve(prefix, output_path)  # a fork: its parent's curve up to the fork
+    return {
+        "prediction": {"source": prediction_source, "points": len(curve)} if curve else None,
+        "prediction_error": prediction_error,
+        "curve": curve,
+        "parent": sorted(parent.items()),
+        "alerts": read_alerts(output_path),
+        "lineage": lineage,
+        "layout": {"train": TRAIN_LOSS, "charts": RUN_CHARTS, "max_points": files.MAX_POINTS},
+    }
+
+
 def run_view(prefix: str, output_path: str) -> dict[str, Any]:
     records = files.metrics_records(storage.join(output_path, METRICS_FILE))
     rows = rows_by_step(records or [])
     train = series_of(rows, TRAIN_LOSS)
     if not train:
         raise PanelError(f"{storage.join(output_path, METRICS_FILE)} has no {TRAIN_LOSS} rows (yet): no run to show")
+    static = run_static(prefix, output_path)
     stride = max(1, math.ceil(len(rows) / files.MAX_POINTS))
     steps = sorted(rows)
     kept = set(steps[::stride]) | {steps[-1]}
     thinned = {step: row for step, row in rows.items() if step in kept}
     components = eval_components(rows)
     evals = {step: loss for step, row in rows.items() if (loss := macro_eval(row, components)) is not None}
-    curve, prediction_source, prediction_error = predicted_curve(prefix, output_path)
     train_kept = {step: loss for step, loss in train.items() if step in kept}
-    parent, lineage = parent_curve(prefix, output_path)  # a fork: its parent's curve up to the fork
-    charts = [loss_chart(train_kept, evals, curve, "eval (macro)" if components else "eval/loss", parent)]
+    eval_label = "eval (macro)" if components else "eval/loss"
+    charts = [loss_chart(train_kept, evals, static["curve"], eval_label, dict(static["parent"]))]
     for chart_id, title, keys in RUN_CHARTS:
         series: list[dict[str, Any]] = [
             {"label": key, "kind": "line", "points": series_of(thinned, key)} for key in keys
@@ -254,10 +271,10 @@ def run_view(prefix: str, output_path: str) -> dict[str, Any]:
         "last_train_loss": train[max(train)],
         "last_eval": evals[max(evals)] if evals else None,
         "components": components,
-        "prediction": {"source": prediction_source, "points": len(curve)} if curve else None,
-        "prediction_error": prediction_error,
+        "prediction": static["prediction"],
+        "prediction_error": static["prediction_error"],
         "thinned": stride > 1,
-        "alerts": read_alerts(output_path),
-        "lineage": lineage,
+        "alerts": static["alerts"],
+        "lineage": static["lineage"],
         "charts": charts,
     }

@@ -7,50 +7,46 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     index.html, static/...                        the page shell (routes by #/experiment/F, #/step/R) and assets
     data/experiments.json                         /api/experiments, with each experiment's alert count
     data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
-    data/step/<R>/{step,live,views,metrics,files}.json   one step (R: its path relative to the prefix)
-    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for
+    data/step/<R>/{step,live,views,files}.json    one step (R: its path relative to the prefix)
+    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the parts that are not
+                                                  the run's own lines; the page draws those: site_run.js)
     data/step/<R>/alerts.json                     the run's alerts (executor/alerts.py), evaluated here
-    data/step/<R>/metrics/index.json, NNNNN.jsonl the run's raw metrics lines as appended segments
+    data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, appended (site_metrics.py)
 
 Not published: logs, file previews, the step's outputs themselves, user/host/worker names, config values with
 a secret-sounding key, any absolute path of the machine (README "Watch a run in public").
 
-With `--watch` the publisher repeats every SECONDS. A file is rewritten only when its bytes change, and the raw
-metrics go out as segments of `segment_bytes`: only the open (last) one is rewritten, so a cycle costs at most
-one segment plus the bounded views (thinned to MAX_POINTS), however long the run.
+With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
+since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
+changed); a file is rewritten only when its bytes change, and a run's metrics lines go out as appended chunks,
+so a cycle in which a run logged K lines writes those K lines and a few small files of a fixed size, however
+long the run (README "Watch a run in public" has the figures).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from executor import alerts, storage
-from executor.dashboard import files
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
-from executor.dashboard.panels import PanelError, predicted_curve, step_config
+from executor.dashboard.panels import PanelError, run_static
+from executor.dashboard.site_alerts import RunAlerts
+from executor.dashboard.site_changes import ChangeTracker
 from executor.dashboard.site_files import PublishError, SiteWriter, redact
+from executor.dashboard.site_metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.errors import StorageError
-from executor.lease import LeaseSettings, takeover_reason
-from executor.metrics_log import read_metrics_bytes
-from executor.status import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
-SEGMENT_BYTES = 1 << 20
-STEP_ROUTES = {
-    "step": "/api/step",
-    "live": "/api/step/live",
-    "views": "/api/step/views",
-    "metrics": "/api/step/metrics",
-    "files": "/api/step/files",
-}
-VIEW_ROUTES = {"run": "/api/step/run", "ladder": "/api/step/ladder", "composition": "/api/step/composition"}
+STEP_ROUTES = {"step": "/api/step", "live": "/api/step/live", "views": "/api/step/views", "files": "/api/step/files"}
+VIEW_ROUTES = {"ladder": "/api/step/ladder", "composition": "/api/step/composition"}
 ALL_ROWS = 1 << 30
 
 
@@ -72,17 +68,23 @@ class SitePublisher:
         destination: str,
         *,
         segment_bytes: int = SEGMENT_BYTES,
+        max_chunks: int = MAX_CHUNKS,
         webhook_url: str | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.prefix = storage.make_absolute(prefix)
         if not storage.exists(self.prefix):
             raise PublishError(f"the prefix {self.prefix} does not exist: nothing to publish (check --prefix)")
-        self.app = DashboardApp(self.prefix, live_ttl_s=0.0, finished_ttl_s=300.0)
+        self.app = DashboardApp(self.prefix, live_ttl_s=0.0)
+        # A step's status changes only with its files, which make it dirty (site_changes.py), and a cycle drops
+        # its dirty steps' cached state: nothing cached need expire on a clock, so no cycle re-reads every step.
+        self.app.cache.live_ttl_s = self.app.cache.finished_ttl_s = math.inf
         self.site = SiteWriter(destination)
-        self.segment_bytes = segment_bytes
-        self.webhook_url = webhook_url
-        self.clock = clock
+        self.metrics = MetricsPublisher(self.site, self.prefix, segment_bytes, max_chunks)
+        self.alerts = RunAlerts(self.prefix, webhook_url, clock)
+        self.changes = ChangeTracker()
+        self._alert_counts: dict[str, int] = {}
+        """Alerts fired so far on each run, as of its last full look."""
 
     def _answer(self, route: str, **query: str) -> Any:
         response = self.app.handle(route, query)
@@ -99,26 +101,33 @@ class SitePublisher:
         written_before, bytes_before = self.site.files_written, self.site.bytes_written
         self._put_shell()
         experiments = self.app.experiments.all()
-        published: set[str] = set()
-        alert_counts: dict[str, int] = {}
+        dirty_steps, dirty_experiments = self.changes.dirty(experiments)
+        steps = {step.relative: (step, experiment.file) for experiment in experiments for step in experiment.steps}
+        self.app.cache.forget(steps[relative][0].output_path for relative in dirty_steps)
         new_alerts = 0
+        for relative, (step, file) in steps.items():
+            fired = 0
+            if relative in dirty_steps:
+                fired = self._publish_step(step)
+            elif relative in self.alerts.running and (fired := self.alerts.check_stall(step)):
+                self._publish_step(step)  # its alerts and run view, in this cycle
+                dirty_experiments.add(file)
+            if fired:
+                self.changes.remark(relative, step.output_path)
+                new_alerts += fired
         for experiment in experiments:
-            count = 0
-            for step in experiment.steps:
-                if step.relative not in published:
-                    published.add(step.relative)
-                    new_alerts += self._publish_step(step)
-                count += len(alerts.read_alerts(step.output_path))
-            alert_counts[experiment.file] = count
-            self._publish_experiment(experiment, count)
-        listing = self._answer("/api/experiments")
-        for summary in listing.get("experiments", []):
-            summary["alerts"] = alert_counts.get(summary["file"], 0)
-        self._put("data/experiments.json", listing)
+            if experiment.file in dirty_experiments:
+                self._publish_experiment(experiment, self._alert_count(experiment))
+        if dirty_experiments:
+            listing = self._answer("/api/experiments")
+            counts = {experiment.file: self._alert_count(experiment) for experiment in experiments}
+            for summary in listing.get("experiments", []):
+                summary["alerts"] = counts.get(summary["file"], 0)
+            self._put("data/experiments.json", listing)
         self.site.save_manifest()
         return CycleReport(
             len(experiments),
-            len(published),
+            len(dirty_steps),
             self.site.files_written - written_before,
             self.site.bytes_written - bytes_before,
             new_alerts,
@@ -153,15 +162,20 @@ class SitePublisher:
             if name != "page.html":
                 self.site.write(f"static/{name}", data)
 
+    def _alert_count(self, experiment: Experiment) -> int:
+        return sum(self._alert_counts.get(step.relative, 0) for step in experiment.steps)
+
     def _publish_experiment(self, experiment: Experiment, alert_count: int) -> None:
         folder = f"data/experiment/{experiment.file}"
         summary = self._answer("/api/experiment", file=experiment.file)
         summary["alerts"] = alert_count
         self._put(f"{folder}/summary.json", summary)
         self._put(f"{folder}/graph.json", self._answer("/api/experiment/graph", file=experiment.file))
-        self._put(
-            f"{folder}/steps.json", self._answer("/api/experiment/steps", file=experiment.file, limit=str(ALL_ROWS))
-        )
+        table = self._answer("/api/experiment/steps", file=experiment.file, limit=str(ALL_ROWS))
+        for row in table.get("rows", []):
+            if row.get("finished") is None:  # the page counts an unfinished step's time from `started`, so the
+                row["duration_s"] = None  # table does not change every cycle while a step runs
+        self._put(f"{folder}/steps.json", table)
 
     def _publish_step(self, step: ExperimentStep) -> int:
         """One step's files; returns how many new alerts its run fired."""
@@ -172,75 +186,25 @@ class SitePublisher:
         views = self._answer("/api/step/views", path=step.relative).get("views", [])
         fired = 0
         if "run" in views:  # alerts first, so this cycle's run view already lists them
-            fired = self._evaluate_alerts(step, running=live.get("status") == "RUNNING")
-            self._put(f"{folder}/alerts.json", {"alerts": alerts.read_alerts(step.output_path)})
-            self._publish_segments(step, folder)
+            fired = self.alerts.evaluate(step, running=live.get("status") == "RUNNING")
+            fired_so_far = alerts.read_alerts(step.output_path)
+            self._alert_counts[step.relative] = len(fired_so_far)
+            self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
+            self._put(f"{folder}/run.json", self._run_static(step))
+        if self.changes.has_metrics(step.relative):  # known from this cycle's listing: no read for the others
+            self.metrics.publish(step.output_path, folder)
         for name, route in STEP_ROUTES.items():
             self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
         for view in views:
-            self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
+            if view in VIEW_ROUTES:
+                self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
         return fired
 
-    def _publish_segments(self, step: ExperimentStep, folder: str) -> None:
-        """The run's metrics lines as segments: closed ones are never rewritten, the open (last) one grows."""
-        data = read_metrics_bytes(storage.join(step.output_path, METRICS_FILE)) or b""
-        data = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
-        segments = cut_segments(data, self.segment_bytes)
-        for index, (start, end) in enumerate(segments):
-            relative = f"{folder}/metrics/{index:05d}.jsonl"
-            if index < len(segments) - 1 and relative in self.site.manifest:
-                continue  # closed, and written whole when it closed
-            self.site.write(relative, redact_lines(data[start:end], self.prefix))
-        index_document = {"segments": [f"{index:05d}.jsonl" for index in range(len(segments))], "bytes": len(data)}
-        self._put(f"{folder}/metrics/index.json", index_document)
-
-    def _evaluate_alerts(self, step: ExperimentStep, running: bool) -> int:
-        where = f"step {step.name} ({step.relative})"
+    def _run_static(self, step: ExperimentStep) -> dict[str, Any]:
         try:
-            config = step_config(step.output_path)
-        except PanelError as error:
-            logger.warning("%s: no config for its alerts: %s", where, error)
-            config = {}
-        rules = alerts.AlertRules.from_config(config.get("alerts"), where)
-        curve, _, _ = predicted_curve(self.prefix, step.output_path)
-        records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
-        live_lease = running and takeover_reason(step.output_path, LeaseSettings.from_env()) is None
-        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve)
-        new = alerts.record_alerts(step.output_path, fired)
-        hook = rules.webhook_url or self.webhook_url
-        if new and hook:
-            alerts.post_webhook(hook, step.relative, new)
-        for alert in new:
-            logger.warning("alert %s on %s: %s", alert.rule, where, alert.message)
-        return len(new)
-
-
-def cut_segments(data: bytes, segment_bytes: int) -> list[tuple[int, int]]:
-    """(start, end) of each segment: lines from `start` up to the first line end past `segment_bytes`. A
-    segment's bounds depend only on the bytes before its end, so they stay put as the file grows."""
-    segments, start = [], 0
-    while start < len(data):
-        end = data.find(b"\n", min(start + segment_bytes, len(data)) - 1) + 1 or len(data)
-        segments.append((start, end))
-        start = end
-    return segments
-
-
-def _records(data: bytes) -> list[dict[str, Any]]:
-    records = []
-    for line in data.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def redact_lines(data: bytes, prefix: str) -> bytes:
-    """Metrics lines in their public form (a line that is not JSON is left out)."""
-    return b"".join(json.dumps(redact(record, prefix)).encode() + b"\n" for record in _records(data))
+            return run_static(self.prefix, step.output_path)
+        except PanelError as error:  # as the dashboard answers it: the page shows the message
+            return {"error": str(error), "status": 422}
 
 
 def publish(prefix: str, destination: str, watch_s: float | None = None, webhook_url: str | None = None) -> None:

@@ -4,18 +4,23 @@
 the machine keeps only its last part (`/home/me/repo/experiments/hero.py` -> `…/hero.py`), config values
 whose key says secret (`password`, `token` as a key's last word, `api_key`, `secret`, `credential`...), as a
 mapping's key or as the `key` of a config row, become
-`<redacted>`, and the fields that name people and machines (`user`, `host`, `worker`) are dropped.
+`<redacted>`, the fields that name people and machines (`user`, `host`, `worker`) are dropped, and a
+number that is not finite becomes the string `"nan"` / `"inf"` (JSON has no NaN: a browser would refuse the file).
 
 `SiteWriter` writes a file only when its bytes changed since the last write it knows of (its manifest, kept
-in the destination as `site-manifest.json`, so a restarted `--watch` does not rewrite the site either), with
-the content type its name calls for and a short `Cache-Control` on JSON (pages poll it), a long one on the
-packaged scripts. Bytes written are counted, so a cycle's cost is measurable.
+in the destination so a restarted `--watch` does not rewrite the site either), with the content type its name
+calls for and a short `Cache-Control` on JSON (pages poll it), a long one on the packaged scripts. The
+manifest is split by folder (`<folder>/site-manifest.json`, the root's listing the folders), so a cycle that
+changes one run's files rewrites that run's small manifests, not one that grows with the whole site. Files
+that are written once and never change (a run's metrics chunks: `write_once`) are not in it at all. Bytes
+written are counted, so a cycle's cost is measurable.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mimetypes
 import re
 from typing import Any
@@ -59,6 +64,8 @@ def redact(value: Any, prefix: str, key: str = "") -> Any:
         return REDACTED
     if isinstance(value, str):
         return _redact_text(value, prefix)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN: "nan", "inf", as alerts.jsonl writes them
     return value
 
 
@@ -71,6 +78,14 @@ def content_type(name: str) -> str:
     return guessed
 
 
+def _folder(relative: str) -> str:
+    return relative.rsplit("/", 1)[0] if "/" in relative else ""
+
+
+def _manifest_path(folder: str) -> str:
+    return f"{folder}/{MANIFEST}" if folder else MANIFEST
+
+
 class SiteWriter:
     """Writes the site's files under `destination`, skipping those whose bytes it already wrote."""
 
@@ -79,15 +94,29 @@ class SiteWriter:
         self.fs, self.root = storage.filesystem(self.destination)
         self.bytes_written = 0
         self.files_written = 0
+        self.manifest: dict[str, str] = {}
+        where = MANIFEST
         try:
-            manifest = storage.read_json(storage.join(self.destination, MANIFEST))
-        except (OSError, StorageError, ValueError) as error:
+            root = self.read_json(MANIFEST)
+            folders = root.get("folders", []) if isinstance(root, dict) else []  # older sites: one flat manifest,
+            blobs = storage.read_many([storage.join(self.destination, _manifest_path(name)) for name in folders])
+            self.manifest.update(root.get("files", {}) if isinstance(root, dict) else {})  # rewritten once
+            for folder, blob in zip(folders, blobs, strict=True):
+                where = _manifest_path(folder)
+                entries = json.loads(blob) if blob else {}
+                self.manifest.update((f"{folder}/{name}", digest) for name, digest in entries.items())
+        except (OSError, StorageError, ValueError, AttributeError) as error:
             raise PublishError(
-                f"cannot use {self.destination} as the site's destination (reading its {MANIFEST} failed: {error}); "
-                "pass a folder, gs:// or s3:// path that you can write"
+                f"cannot use {self.destination} as the site's destination (reading its {where} failed: {error}); "
+                f"pass a folder, gs:// or s3:// path that you can write, or delete the broken {MANIFEST}"
             ) from error
-        self.manifest: dict[str, str] = manifest if isinstance(manifest, dict) else {}
-        self._saved_manifest = json.dumps(self.manifest, sort_keys=True).encode()
+        groups = self._grouped()
+        self._saved = {folder: groups.get(folder, {}) for folder in folders}
+        self._saved_root = {"folders": sorted(folders), "files": groups.get("", {})}
+
+    def read_json(self, relative: str) -> Any | None:
+        """A JSON file of the site as it stands in the destination (None when there is none)."""
+        return storage.read_json(storage.join(self.destination, relative))
 
     def write(self, relative: str, data: bytes) -> bool:
         """Write `data` at `relative` unless the site already holds these bytes there; True when written."""
@@ -97,6 +126,17 @@ class SiteWriter:
         self._put(relative, data)
         self.manifest[relative] = digest
         return True
+
+    def write_once(self, relative: str, data: bytes) -> None:
+        """Write a file that is never rewritten (its name says what it holds), outside the manifest."""
+        self._put(relative, data)
+
+    def remove(self, relative: str) -> None:
+        """Delete a file written by `write_once` (it is in no manifest)."""
+        try:
+            storage.delete(storage.join(self.destination, relative))
+        except (OSError, StorageError) as error:
+            raise PublishError(f"cannot delete {relative} from the site at {self.destination}: {error}") from error
 
     def write_json(self, relative: str, value: Any) -> bool:
         return self.write(relative, json.dumps(value, separators=(",", ":"), default=str).encode())
@@ -120,9 +160,22 @@ class SiteWriter:
         self.bytes_written += len(data)
         self.files_written += 1
 
+    def _grouped(self) -> dict[str, dict[str, str]]:
+        """The manifest's entries by folder, each by file name."""
+        groups: dict[str, dict[str, str]] = {}
+        for relative, digest in self.manifest.items():
+            groups.setdefault(_folder(relative), {})[relative.rsplit("/", 1)[-1]] = digest
+        return groups
+
     def save_manifest(self) -> None:
-        """Store the manifest, unless this cycle wrote nothing (an idle cycle writes no byte)."""
-        data = json.dumps(self.manifest, sort_keys=True).encode()
-        if data != self._saved_manifest:
-            self._put(MANIFEST, data)
-            self._saved_manifest = data
+        """Store the manifests of the folders whose entries changed (an idle cycle writes no byte); the root's
+        lists the folders and holds the root's own files."""
+        groups = self._grouped()
+        root = {"folders": sorted(set(groups) - {""}), "files": groups.pop("", {})}
+        for folder, entries in sorted(groups.items()):
+            if entries != self._saved.get(folder):
+                self._put(_manifest_path(folder), json.dumps(entries, sort_keys=True).encode())
+                self._saved[folder] = entries
+        if root != self._saved_root:
+            self._put(MANIFEST, json.dumps(root, sort_keys=True).encode())
+            self._saved_root = root

@@ -86,7 +86,7 @@ class StepTable {
         row.drift ? h("span", { class: "tag versioned", title: "the code changed since this output was written" }, "code drift") : "",
         row.message && row.status !== "SUCCESS" ? h("div", { class: "muted" }, row.message.slice(0, 160)) : ""),
       h("td", {}, badge(row.status)), h("td", { class: "mono" }, row.hash), h("td", {}, timeCell(row.started)),
-      h("td", { class: "num" }, fmtDuration(row.duration_s)), h("td", { class: "num" }, row.attempts || ""),
+      h("td", { class: "num" }, fmtDuration(rowDuration(row))), h("td", { class: "num" }, row.attempts || ""),
       h("td", {}, progressBar(row.progress)), h("td", {}, figuresText(row.figures))));
     const last = Math.min(page.offset + page.rows.length, page.matched);
     this.body.replaceChildren(

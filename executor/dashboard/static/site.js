@@ -30,6 +30,13 @@ async function siteJson(file) {
   return body;
 }
 
+// A row's duration: the site leaves it out while a step has not finished (so the table is not rewritten every
+// cycle), and the page counts it from the step's start.
+function rowDuration(row) {
+  if (row.duration_s !== null && row.duration_s !== undefined) return row.duration_s;
+  return row.started && !row.finished && row.status === "RUNNING" ? Math.max(0, (Date.now() - Date.parse(row.started)) / 1000) : null;
+}
+
 // The step table's filters, sort and pages, done here on the whole table the site holds.
 function siteSteps(page, params) {
   let rows = page.rows;
@@ -43,7 +50,7 @@ function siteSteps(page, params) {
     rows = rows.filter((row) => (pattern ? pattern.test(row.name) : row.name.toLowerCase().includes(needle)));
   }
   const keys = { name: (row) => row.name, status: (row) => SITE_STATUS_ORDER.indexOf(row.status), started: (row) => row.started || "",
-    duration: (row) => row.duration_s ?? -1, attempts: (row) => row.attempts || 0 };
+    duration: (row) => rowDuration(row) ?? -1, attempts: (row) => row.attempts || 0 };
   if (keys[params.sort]) {
     const key = keys[params.sort];
     rows = rows.slice().sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
@@ -66,6 +73,8 @@ async function siteApi(path, params) {
       if (params.dir) throw new Error("only a step's top folder is published");
       return siteJson(`step/${step}/files.json`);
     case "/api/step/preview": throw new Error("file contents are not published");
+    case "/api/step/run": return siteRunView(step);
+    case "/api/step/metrics": return siteMetrics(step);
     default: {
       const name = path.slice("/api/".length).replace(/^step\/?/, "") || "step";
       return siteJson(`step/${step}/${name}.json`);
