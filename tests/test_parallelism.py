@@ -25,7 +25,13 @@ from experiments import hero_535b
 from steps.model.levanter_config import qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape, flops_per_token, ladder_shape
 from steps.train.hardware import HARDWARE
-from steps.train.parallelism import PlanDoesNotFitError, expert_parallel_size, memory_per_device, precision_policy
+from steps.train.parallelism import (
+    PlanDoesNotFitError,
+    expert_parallel_size,
+    memory_per_device,
+    precision_policy,
+    refuse_unless_fits,
+)
 from steps.train.train import TrainConfig, levanter_config
 from steps.train.train_metrics import JsonlMetricsConfig, read_metrics
 
@@ -76,9 +82,15 @@ def test_the_heros_plan_on_gb200_fits_with_ep64(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) -> None:
-    with pytest.raises(PlanDoesNotFitError, match=r"train/d6144 .*8 h100 devices.*largest term is optimizer_state"):
+    # The dry run refuses the first step that does not fit: on one node already the d2048 rung, whose dense
+    # weights are replicated over the 8 expert groups (FSDP over `data`, which is 1 here).
+    with pytest.raises(PlanDoesNotFitError, match=r"train/d2048 .*8 h100 devices.*largest term is optimizer_state"):
         full_plan(tmp_path, "h100")
     assert not storage.exists(str(tmp_path / "prefix")), "a refused plan ran or recorded something"
+    plans = hero_535b.step_plans(hero_535b.build_dag(hero_535b.full_scale(HARDWARE["h100"])))
+    hero = next(plan for step, plan in plans.items() if step.name == "train/d6144")
+    with pytest.raises(PlanDoesNotFitError, match=r"train/d6144: .*8 h100 devices.*largest term is optimizer_state"):
+        refuse_unless_fits("train/d6144", hero)
 
 
 def test_expert_parallelism_stays_inside_the_fast_domain() -> None:

@@ -20,7 +20,7 @@ from test_steps_train import SOURCES, build_data, tiny_shape, train_config, trai
 
 from steps.tokenize.train_tokenizer import load_tokenizer
 
-pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(3000)]
 
 STEPS = 5
 
@@ -60,7 +60,7 @@ def run_script(script: str, devices: int, fields: dict) -> dict:
     """Run `script` on `devices` fake CPU devices with the config `fields`; what it printed after RESULT."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-c", script, str(devices), json.dumps(fields)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=Path(__file__).parent.parent,
+    done = subprocess.run(command, capture_output=True, text=True, timeout=2400, cwd=Path(__file__).parent.parent,
                           env=env)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stdout[-2000:] + done.stderr[-6000:]
@@ -100,9 +100,9 @@ def runs(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict
 def test_the_train_step_on_a_data2_x_expert2_mesh_trains_as_on_one_device_with_experts_split(runs):
     one, four = runs["one"], runs["four"]
     assert (one["devices"], four["devices"]) == (1, 4)
-    one_losses, four_losses = train_losses(one["records"]), train_losses(four["records"])
-    assert [step for step, _ in one_losses] == [step for step, _ in four_losses] and len(one_losses) == STEPS
-    assert [loss for _, loss in four_losses] == pytest.approx([loss for _, loss in one_losses], abs=1e-4)
+    one_losses, four_losses = dict(train_losses(one["records"])), dict(train_losses(four["records"]))
+    assert sorted(one_losses) == sorted(four_losses) == list(range(STEPS))
+    assert four_losses == pytest.approx(one_losses, abs=1e-4)
     # One device holds all 4 experts; on the mesh each shard holds 2 of them (split over `expert`) and half of
     # their hidden width (FSDP over `data`), so a quarter of the bytes.
     axis = four["expert_axis"]
