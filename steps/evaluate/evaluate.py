@@ -71,8 +71,9 @@ class EvaluateConfig:
     components_path: str | None = None
     """A `per_folder` tokenize output whose components.json adds components (as the train step's). A dependency."""
     batch_size: int = BATCH_UNIT
-    """Sequences per eval batch, split over every device (a multiple of their number). Plain (the loss does not
-    depend on it); a planned run's is the plan's microbatch x devices."""
+    """Sequences per eval batch, split over every device (a multiple of their number); a planned run's is the
+    plan's microbatch x devices. Plain: the loss does not depend on it (Levanter's bits per byte move by up to
+    about 1% with it)."""
     mesh: Mapping[str, int] | None = None
     """The plan's device mesh, `{"data": D, "expert": E}`, the train step's layout (`TrainConfig.mesh`): the
     model is loaded FSDP over `data` with its routed experts split over `expert`, and each device scores its
