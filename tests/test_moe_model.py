@@ -386,7 +386,7 @@ def test_capacity_keeps_each_experts_first_tokens_and_drops_the_rest() -> None:
     np.testing.assert_allclose(output(EXPERTS / TOP_K), dropless, rtol=1e-5, atol=1e-6)  # room for every token
 
     factor = 0.5
-    chosen, weights, _ = (np.asarray(a) for a in block._select(block.gate(x).array.astype(jnp.float32), None))
+    chosen, weights, _ = (np.asarray(a) for a in block._select(block.gate(x).array.astype(jnp.float32)))
     capacity = int(np.ceil(factor * SEQ * TOP_K / EXPERTS))
     gate, up, down = (np.asarray(p.weight.rearrange(("experts", p.In, p.Out)).array)
                       for p in (block.experts.gate_proj, block.experts.up_proj, block.experts.down_proj))  # fmt: skip

@@ -186,7 +186,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             config, gate, experts, balance=balance, shared=shared, latent_in=latent_in, latent_out=latent_out
         )
 
-    def _select(self, logits: jax.Array, mesh: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def _select(self, logits: jax.Array, mesh: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(chosen experts (tokens, K), gate weights (tokens, K), next bias) from f32 logits (tokens, E).
 
         Top-k runs on each device's own tokens and the bias rule's quantile only sums counts over tokens,
