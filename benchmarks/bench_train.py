@@ -16,10 +16,10 @@ about a seventh of a dense matmul, so capacity (one batched matmul over expert s
 training efficient.
 
 `--comm` compiles the tiny hero-shaped MoE's training step on 4 fake CPU devices (data=2 x expert=2;
-tests/expert_parallel_run.py) and reports `comm_bytes_ratio`: the bytes of every collective of the step (each
-op's per-device result) over the least an expert-parallel step moves: the routed copies' all-to-alls, to the
-experts and back, forward and backward, and the gathers of the weights split over devices (here the router's,
-which shares the experts' axis).
+tests/expert_parallel_run.py) and reports `comm_bytes_ratio`: the bytes of every collective of the step
+(each op's per-device result, every array of a tuple-valued one) over the least an expert-parallel step
+moves: the routed copies' all-to-alls, to the experts and back, forward and backward, and the gathers of the
+weights split over devices (here the router's, which shares the experts' axis).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, ResourceConfig, output_path_of, versioned
-from steps.evaluate.evaluate import EvaluateConfig, evaluate
+from steps.evaluate.evaluate import BATCH_UNIT, EvaluateConfig, evaluate
 from steps.model.model_size import MoeShape, active_params, total_params, training_flops
 from steps.scaling.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
@@ -113,6 +113,16 @@ def _microbatch(plan: ParallelismPlan | None) -> int:
     return -1 if plan is None else plan.microbatch
 
 
+def _mesh(plan: ParallelismPlan | None) -> dict[str, int] | None:
+    """The step's device mesh for a plan: its data x expert mesh, or None (Levanter's default) without one."""
+    return None if plan is None else dict(plan.mesh)
+
+
+def _eval_batch(plan: ParallelismPlan | None) -> int:
+    """The evaluate step's batch for a plan (its microbatch on every device); the step's default without one."""
+    return BATCH_UNIT if plan is None else plan.microbatch * plan.devices
+
+
 def versioned_unless_default(config_type: type, **values: Any) -> dict[str, Any]:
     """Config fields added after runs were made with their defaults (the combine rule, the compute dtype):
     versioned only where a recipe changes them, so that those runs keep their hashes."""
@@ -184,6 +194,7 @@ def default_train(
             temporary_checkpoint_seconds=recipe.temporary_checkpoint_seconds,
             peak_flops_per_device=recipe.peak_flops_per_device,
             per_device_parallelism=_microbatch(rung.plan()),
+            mesh=_mesh(rung.plan()),
             prediction_path=None if prediction is None else output_path_of(prediction),
         ),
         resources=rung.resources,
@@ -225,6 +236,8 @@ def default_evaluate(
             components_path=output_path_of(tokenized),
             output_path=THIS_OUTPUT_PATH,
             max_batches=versioned(recipe.eval_batches),
+            mesh=_mesh(rung.plan(training=False)),
+            batch_size=_eval_batch(rung.plan(training=False)),
             **versioned_unless_default(
                 EvaluateConfig, router_combine=recipe.router_combine, router_combine_sum=recipe.router_combine_sum
             ),

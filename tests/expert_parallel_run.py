@@ -62,10 +62,12 @@ def run(devices: int) -> dict:
             state, loss = step(state, example)
             losses.append(float(loss))
         experts = state.model.transformer.periods.stacked.global_layer.mlp.experts.gate_proj.weight.array
+    # One entry per array a collective moves: XLA combines several into one op with a tuple result.
     collectives = [
-        {"op": match.group(2), "shape": match.group(1)}
-        for match in re.finditer(r"= \(?([a-z0-9]+\[[0-9,]*\])[^=]*? (all-gather|all-to-all|all-reduce|reduce-scatter)"
-                                 r"(?:-start)?\(", hlo)
+        {"op": match.group(2), "shape": shape}
+        for match in re.finditer(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|"
+                                 r"reduce-scatter)(?:-start)?\(", hlo)
+        for shape in re.findall(r"[a-z0-9]+\[[0-9,]*\]", match.group(1))
     ]  # fmt: skip
     model_config = config()
     copies = BATCH * SEQ // devices * model_config.num_experts_per_tok

@@ -18,13 +18,20 @@ import jmp
 import numpy as np
 import pytest
 from levanter.models.lm_model import LmExample
+from levanter.utils.mesh import MeshConfig
 
 from executor import storage
 from experiments import hero_535b
-from steps.model.levanter_config import qwen3_moe_config
+from steps.model.levanter_config import qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape, flops_per_token, ladder_shape
 from steps.train.hardware import HARDWARE
-from steps.train.parallelism import PlanDoesNotFitError, expert_parallel_size, memory_per_device, precision_policy
+from steps.train.parallelism import (
+    PlanDoesNotFitError,
+    expert_parallel_size,
+    memory_per_device,
+    precision_policy,
+    refuse_unless_fits,
+)
 from steps.train.train import TrainConfig, levanter_config
 from steps.train.train_metrics import JsonlMetricsConfig, read_metrics
 
@@ -75,9 +82,15 @@ def test_the_heros_plan_on_gb200_fits_with_ep64(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) -> None:
-    with pytest.raises(PlanDoesNotFitError, match=r"train/d6144 .*8 h100 devices.*largest term is optimizer_state"):
+    # The dry run refuses the first step that does not fit: on one node already the d2048 rung, whose dense
+    # weights are replicated over the 8 expert groups (FSDP over `data`, which is 1 here).
+    with pytest.raises(PlanDoesNotFitError, match=r"train/d2048 .*8 h100 devices.*largest term is optimizer_state"):
         full_plan(tmp_path, "h100")
     assert not storage.exists(str(tmp_path / "prefix")), "a refused plan ran or recorded something"
+    plans = hero_535b.step_plans(hero_535b.build_dag(hero_535b.full_scale(HARDWARE["h100"])))
+    hero = next(plan for step, plan in plans.items() if step.name == "train/d6144")
+    with pytest.raises(PlanDoesNotFitError, match=r"train/d6144: .*8 h100 devices.*largest term is optimizer_state"):
+        refuse_unless_fits("train/d6144", hero)
 
 
 def test_expert_parallelism_stays_inside_the_fast_domain() -> None:
@@ -140,3 +153,35 @@ def test_the_train_step_hands_levanter_its_precision_and_the_hero_computes_in_bf
     assert levanter_config(dataclasses.replace(config, compute_dtype="float32")).trainer.mp == jmp.get_policy("f32")
     dag = hero_535b.build_dag(hero_535b.full_scale())
     assert {step.config.compute_dtype.value for _rung, step in dag.trains.values()} == {"bfloat16"}
+
+
+def test_full_train_and_evaluate_steps_carry_their_plans_mesh_and_the_tiny_ones_levanters_default() -> None:
+    dag = hero_535b.build_dag(hero_535b.full_scale())
+    for rung, step in dag.trains.values():
+        assert step.config.mesh == rung.plan().mesh, step.name
+    for rung, step in dag.evaluates.values():
+        plan = rung.plan(training=False)
+        assert (step.config.mesh, step.config.batch_size) == (plan.mesh, plan.microbatch * plan.devices), step.name
+    tiny = hero_535b.build_dag(hero_535b.tiny_scale())
+    steps = [step for _rung, step in [*tiny.trains.values(), *tiny.evaluates.values()]]
+    assert {step.config.mesh for step in steps} == {None}
+    assert {step.config.batch_size for _rung, step in tiny.evaluates.values()} == {8}
+
+
+def test_a_plans_mesh_becomes_levanters_batch_fsdp_and_expert_split() -> None:
+    shape = ladder_shape(768, 8)  # latent experts: their hidden `mlp` axis is FSDP-split over `data`
+    mesh = trainer_mesh({"data": 2, "expert": 4}, shape, 8)
+    assert mesh.axis_shapes(8, 1)[0] == {"data": 2, "replica": 1, "model": 1, "expert": 4}
+    assert mesh.resolved_compute_mapping["batch"] == ("data", "expert")
+    assert mesh.resolved_compute_mapping["experts"] == "expert"
+    params = mesh.resolved_param_mapping
+    assert (params["embed"], params["experts"], params["mlp"]) == ("data", "expert", "data")
+    assert "mlp" not in trainer_mesh({"data": 2}, dataclasses.replace(shape, latent_dim=None), 2).param_mapping
+    assert trainer_mesh(None, shape, 8) == MeshConfig()
+    with pytest.raises(ValueError, match=r"holds 4 devices but the run has 8"):
+        trainer_mesh({"data": 2, "expert": 2}, shape, 8)
+    with pytest.raises(ValueError, match=r"must map axes among \('data', 'expert'\)"):
+        trainer_mesh({"data": 2, "tensor": 4}, shape, 8)
+    uneven = r"splits d_model over data \(768 by 5\), expert_width over data \(384 by 5\) unevenly"
+    with pytest.raises(ValueError, match=uneven):
+        trainer_mesh({"data": 5}, shape, 5)

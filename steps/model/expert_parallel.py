@@ -53,6 +53,23 @@ def replicated(mesh: Mesh, array: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(array, NamedSharding(mesh, P()))
 
 
+def local_top_k(mesh: Mesh | None, scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k(scores, k)` of (tokens, experts) `scores`, each device on its own tokens. XLA's SPMD
+    partitioner does not split TopK over a sharded batch dimension: it all-gathers the operand, the whole
+    batch's router scores (tokens x experts) onto every device, once per layer. Top-k is per token, so under
+    expert parallelism (where tokens are split over the token axes) it runs inside `shard_map` instead."""
+    if expert_parallel_size(mesh) == 1:
+        return jax.lax.top_k(scores, k)
+    assert mesh is not None  # expert_parallel_size is 1 without a mesh
+    tokens = P(token_axes(mesh))
+
+    def per_device(local: jax.Array) -> tuple[jax.Array, jax.Array]:
+        values, indices = jax.lax.top_k(local, k)
+        return values, indices
+
+    return shard_map(per_device, mesh=mesh, in_specs=tokens, out_specs=(tokens, tokens))(scores)
+
+
 def routed_experts(
     mesh: Mesh,
     x: jax.Array,

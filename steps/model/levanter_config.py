@@ -12,6 +12,14 @@ router-bias balancing. Every run gets that model, whatever its options, so that 
 same tree (the bias and expert loads are carried even when balancing is off) and evaluation routes exactly as
 training did. It holds exactly the weights steps/model/model_size.py counts for the shape.
 
+Layout: `trainer_mesh` turns a plan's mesh (`{"data": D, "expert": E}`, steps/train/parallelism.py) into
+Levanter's `MeshConfig`: the batch splits over data x expert (every device its own sequences), dense weights
+are FSDP-sharded over `data` (their `embed` axis: Levanter's own default), and routed experts split over
+`expert` (their `experts` axis) and FSDP over `data` within an expert group (their `embed` input, or with
+latent experts their hidden `mlp` axis, since `latent` meets `embed` in the latent projections and one
+array cannot split two of its axes over the same mesh axis). Without a mesh, Levanter's default (all
+devices on `data`) is kept, so the tiny runs are laid out as before.
+
 Data: each component is a tokenize step's output (`train/` and `validation/` Levanter caches); Levanter
 opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never tokenizes at run time.
 """
@@ -22,6 +30,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig
+from levanter.utils.mesh import MeshConfig
 
 from steps.model.model_size import MoeShape
 from steps.model.moe_model import MoeConfig
@@ -89,6 +98,36 @@ def _moe_config(
         reference_checkpoint=tokenizer_path,
         # Rematerialisation trades compute for memory; tiny CPU runs have memory to spare.
         gradient_checkpointing=False,
+    )
+
+
+MESH_AXES = ("data", "expert")
+"""The mesh axes a plan may name: data parallelism (FSDP) and expert parallelism."""
+
+
+def trainer_mesh(mesh: Mapping[str, int] | None, shape: MoeShape, devices: int) -> MeshConfig:
+    """Levanter's mesh for a plan's `mesh` over `devices` (module docstring; None: Levanter's default). A mesh
+    that names another axis, does not multiply to `devices` or splits an axis unevenly raises ValueError."""
+    if mesh is None:
+        return MeshConfig()
+    unknown = sorted(set(mesh) - set(MESH_AXES))
+    if unknown or any(not isinstance(size, int) or size < 1 for size in mesh.values()):
+        raise ValueError(f"mesh {dict(mesh)} must map axes among {MESH_AXES} to positive sizes")
+    data, expert = mesh.get("data", 1), mesh.get("expert", 1)
+    if data * expert != devices:
+        raise ValueError(f"mesh {dict(mesh)} holds {data * expert} devices but the run has {devices}")
+    split = {"d_model over data": (shape.d_model, data), "experts over expert": (shape.n_experts, expert)}
+    if shape.latent_dim is not None:
+        split["expert_width over data"] = (shape.expert_width, data)
+    uneven = [f"{name} ({size} by {parts})" for name, (size, parts) in split.items() if size % parts]
+    if uneven:
+        raise ValueError(f"mesh {dict(mesh)} splits {', '.join(uneven)} unevenly; choose sizes that divide them")
+    routed_fsdp = {"mlp": "data"} if shape.latent_dim is not None else {}
+    return MeshConfig(
+        axes={"data": data, "expert": expert},
+        compute_mapping={"batch": ("data", "expert")},
+        shared_mapping={"experts": "expert"},
+        param_mapping={"embed": "data", **routed_fsdp},
     )
 
 

@@ -42,7 +42,14 @@ from levanter.models.llama import LlamaMlp
 from levanter.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
 
 from steps.model.config import MoeArchitecture
-from steps.model.expert_parallel import expert_parallel_size, replicated, routed_experts, shard_tokens, token_axes
+from steps.model.expert_parallel import (
+    expert_parallel_size,
+    local_top_k,
+    replicated,
+    routed_experts,
+    shard_tokens,
+    token_axes,
+)
 
 ROUTER_Z_LOSS = "router_z_loss"
 LOAD_BALANCING_LOSS = "load_balancing_loss"
@@ -179,18 +186,21 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             config, gate, experts, balance=balance, shared=shared, latent_in=latent_in, latent_out=latent_out
         )
 
-    def _select(self, logits: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(chosen experts (tokens, K), gate weights (tokens, K), next bias) from f32 logits (tokens, E)."""
+    def _select(self, logits: jax.Array, mesh: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(chosen experts (tokens, K), gate weights (tokens, K), next bias) from f32 logits (tokens, E).
+
+        Top-k runs on each device's own tokens and the bias rule's quantile only sums counts over tokens,
+        so under expert parallelism no collective carries the logits (tokens x experts)."""
         assert self.balance is not None
         top_k = self.config.num_experts_per_tok
         bias = jax.lax.stop_gradient(self.balance.bias.array.astype(jnp.float32))
         scores = jax.lax.stop_gradient(logits) + bias
         if self.config.router_bias_balancing:
-            top_scores, chosen = jax.lax.top_k(scores, top_k + 1)
+            top_scores, chosen = local_top_k(mesh, scores, top_k + 1)
             next_bias = balanced_bias(jax.lax.stop_gradient(logits), top_scores[:, top_k], top_k)
             chosen = chosen[:, :top_k]
         else:
-            _, chosen = jax.lax.top_k(scores, top_k)
+            _, chosen = local_top_k(mesh, scores, top_k)
             next_bias = bias
         return chosen, combine_weights(logits, chosen, self.config), next_bias
 
@@ -279,7 +289,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             x_flat = hax.named(shard_tokens(mesh, x_flat.array), x_flat.axes)
         token = x_flat.resolve_axis("token")
         logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rearrange((token, config.Experts))
-        chosen, weights, next_bias = self._select(logits.array)
+        chosen, weights, next_bias = self._select(logits.array, mesh)
         load = jnp.bincount(chosen.reshape(-1), length=config.num_experts).astype(jnp.float32)
 
         x_experts = x_flat if self.latent_in is None else self.latent_in(x_flat, key=k_in)

@@ -4,9 +4,12 @@ The layout (nothing here is versioned: it changes where numbers live, never whic
 
 - **mesh** `{"data": D, "expert": E}` over `devices = D x E`. Every device holds distinct tokens (the batch
   splits over all of them); dense weights (attention, embeddings, shared experts, router, latent
-  projections) are fully sharded over every device (FSDP) and gathered a layer at a time; routed experts are
-  split over `expert` (E groups of `n_experts / E` experts; the all-to-all that sends a token to its experts'
-  devices stays inside one fast domain) and FSDP-sharded over `data` within a group.
+  projections) are FSDP-sharded over `data` (replicated over the E expert groups: the router's weight holds
+  the experts' axis and the d_model axis, and one array cannot split two axes over the same mesh axis) and
+  gathered a layer at a time; routed experts are split over `expert` (E groups of `n_experts / E` experts;
+  the all-to-all that sends a token to its experts' devices stays inside one fast domain) and FSDP-sharded
+  over `data` within a group, so over every device. steps/model/levanter_config.py's `trainer_mesh` builds
+  this layout in Levanter's trainer.
 - **precision**: f32 master weights, gradients and AdamW moments (4 + 4 + 8 bytes per parameter, sharded),
   bf16 compute (`compute_bytes` = 2; the CPU calibration runs f32, 4).
 - **microbatch**: sequences per device per forward/backward pass, the largest divisor of the per-device
@@ -136,8 +139,8 @@ def memory_per_device(
     """The module docstring's estimate for `microbatch` sequences per device on `mesh`."""
     devices = math.prod(mesh.values())
     experts_per_device = shape.n_experts / mesh.get("expert", 1)
-    total = total_params(shape)
-    shard = math.ceil(MASTER_BYTES * total / devices)
+    sharded = _params_per_device(shape, mesh)
+    shard = math.ceil(MASTER_BYTES * sharded)
     gathered = 0.0
     if devices > 1 or compute_bytes != MASTER_BYTES:  # a single f32 device computes on its master weights
         layer = _dense_layer_params(shape) + experts_per_device * _routed_params_per_expert(shape)
@@ -147,7 +150,7 @@ def memory_per_device(
     return MemoryEstimate(
         parameters=int(shard + gathered),
         gradients=shard if training else 0,
-        optimizer_state=math.ceil(MOMENT_BYTES * total / devices) if training else 0,
+        optimizer_state=math.ceil(MOMENT_BYTES * sharded) if training else 0,
         activations=int(activations),
     )
 
@@ -205,6 +208,13 @@ def refuse_unless_fits(step: str, plan: ParallelismPlan) -> None:
         f"(mesh {plan.mesh}, microbatch {plan.microbatch}) but may use {plan.memory_limit_bytes / 1e9:,.1f} GB; "
         f"the largest term is {largest} ({getattr(plan.memory, largest) / 1e9:,.1f} GB): use {advice}"
     )
+
+
+def _params_per_device(shape: MoeShape, mesh: dict[str, int]) -> float:
+    """Parameters one device holds of the master copy: the dense ones over `data`, the routed ones over all."""
+    routed = shape.n_layers * shape.n_experts * _routed_params_per_expert(shape)
+    dense = total_params(shape) - routed
+    return dense / mesh.get("data", 1) + routed / math.prod(mesh.values())
 
 
 def _routed_params_per_expert(shape: MoeShape) -> int:

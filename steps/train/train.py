@@ -61,7 +61,7 @@ from levanter.trainer import TrainerConfig
 from executor import storage
 from steps.model.checkpoints import check_checkpoints
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
-from steps.model.levanter_config import lm_data_config, qwen3_moe_config
+from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape, flops_per_token
 from steps.model.moe_model import MoeWatchConfig
 from steps.tokenize.mixture_weights import Schedule, phase_start
@@ -171,6 +171,10 @@ class TrainConfig:
     """Log gradient and parameter norms (total and per parameter) every this many steps. Plain."""
     per_device_parallelism: int = -1
     """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain."""
+    mesh: Mapping[str, int] | None = None
+    """The plan's device mesh, `{"data": D, "expert": E}` over all D x E devices: the batch split over both,
+    dense weights FSDP over `data`, routed experts split over `expert` (steps/model/levanter_config.py's
+    `trainer_mesh`). None: Levanter's default, every device on `data`. Plain: layout, not what is computed."""
     peak_flops_per_device: float | None = None
     """Dense bf16 peak FLOP/s of one device (steps/train/hardware.py); `mfu` in metrics.jsonl divides by it
     times the devices the run sees (None: MFU not logged). Plain."""
@@ -239,8 +243,14 @@ def check_inputs(config: TrainConfig) -> None:
         )
     try:
         precision_policy(config.compute_dtype)
+        trainer_mesh(config.mesh, config.shape, devices)
     except ValueError as error:
-        raise TrainInputError(f"{label}: {error}") from error
+        raise TrainInputError(f"{label}: {error}; fix the step's config") from error
+    if (config.mesh or {}).get("expert", 1) > 1 and config.capacity_factor is not None:
+        raise TrainInputError(
+            f"{label}: capacity_factor={config.capacity_factor} with an expert-parallel mesh {dict(config.mesh or {})} "
+            "is not built (each expert group would drop by its own tokens); train dropless (capacity_factor=None)"
+        )
     components, _ = data_mixture(config)
     checked_skips(label, config.skip_batches)
     tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
@@ -326,6 +336,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
     trainer = TrainerConfig(
         seed=config.seed,
         mp=precision_policy(config.compute_dtype),
+        mesh=trainer_mesh(config.mesh, config.shape, jax.device_count()),
         id=run_id,
         tracker=trackers,
         log_dir=Path(local_dir(config.output_path, "logs")),
