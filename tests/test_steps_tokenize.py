@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from levanter.store.cache import CacheLedger, consolidate_shard_cache_ledgers
+from tokenizers import Encoding, Tokenizer
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError
 from executor.shard_writer import read_shard_markers
@@ -24,6 +26,7 @@ from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
 from steps.tokenize.levanter_cache import UnsupportedCachePathError, load_cache
 from steps.tokenize.tokenize import (
+    ENCODE_AHEAD,
     EmptyTokenizeOutputError,
     TokenizeConfig,
     _encoded_batches,
@@ -204,6 +207,39 @@ def test_encode_batches_end_at_either_cap_and_come_back_in_order(tokenizer_path)
         assert [encoding.ids for encoding in encodings] == [
             encoding.ids for encoding in tokenizer.encode_batch([d["text"] for d in batch], add_special_tokens=False)
         ]
+
+
+class _RendezvousTokenizer:
+    """The real tokenizer, whose first `ENCODE_AHEAD` encode calls wait for one another: they return only if
+    that many batches are encoding at once (a pipeline one batch deep breaks the barrier instead)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._barrier = threading.Barrier(ENCODE_AHEAD, timeout=60)  # a deadlock guard, not a timing
+        self.calls = 0
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        self.calls += 1
+        if self.calls <= ENCODE_AHEAD:
+            self._barrier.wait()
+        return self._tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+
+def test_a_group_keeps_several_batches_encoding_at_once(tokenizer_path):
+    """At a group's end, and while its neighbour commits, the tokenizer's cores have only this group's batches
+    to work on: `ENCODE_AHEAD` of them are encoding while the caller frames and writes the one before."""
+    assert ENCODE_AHEAD >= 2
+    documents = [{"id": str(index), "text": f"document {index} " * 20} for index in range(12)]
+    tokenizer = load_tokenizer(tokenizer_path)
+    rendezvous = _RendezvousTokenizer(tokenizer)
+    batches = list(_encoded_batches(rendezvous, iter(documents), 2, 1 << 20))  # type: ignore[arg-type]
+    assert rendezvous.calls == 6
+    assert [[document["id"] for document in batch] for batch, _ in batches] == [
+        [str(index), str(index + 1)] for index in range(0, 12, 2)
+    ]
+    for batch, encodings in batches:
+        expected = tokenizer.encode_batch_fast([d["text"] for d in batch], add_special_tokens=False)
+        assert [encoding.ids for encoding in encodings] == [encoding.ids for encoding in expected]
 
 
 def test_documents_without_text_and_empty_files_are_counted_and_reported(tmp_path, tokenizer_path):

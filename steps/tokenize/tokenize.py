@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,11 @@ _HASH_RANGE = float(1 << 64)
 BATCH_CHARS = 1 << 19
 """An encode call also ends at this many characters of text: the next batch can encode while the last is
 written even in a small file, and a batch of huge documents stays bounded."""
+ENCODE_AHEAD = 2
+"""Batches a shard group keeps encoding at once, each in a thread of its own, while it frames and writes one
+more: memory is one more than this many batches' texts and encodings, `BATCH_CHARS` each at most. Two beat
+one by 3-4% of the step's time on bench_tokenize's defaults (2 cores); smaller batches cost more than they
+overlap (see README, Tokenize)."""
 
 
 class EmptyTokenizeOutputError(ValueError):
@@ -261,19 +266,22 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
 def _encoded_batches(
     tokenizer: Tokenizer, documents: Iterable[dict[str, Any]], batch_size: int, batch_chars: int
 ) -> Iterator[tuple[tuple[dict[str, Any], ...], list[Encoding]]]:
-    """Batches of documents with their encodings, in order. Each batch is encoded in a helper thread while
-    the caller handles the one before and the next is read: `encode_batch_fast` releases the GIL, so the
-    Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its cores."""
-    with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoder:
-        ahead = None
+    """Batches of documents with their encodings, in order. Up to `ENCODE_AHEAD` batches encode in helper
+    threads while the caller handles the one before and the next is read: `encode_batch_fast` releases the
+    GIL, so the Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its
+    cores, and a group running alone (the last one, or its neighbour between groups) still gives the
+    tokenizer's thread pool more than one batch to spread over the cores."""
+    with ThreadPoolExecutor(ENCODE_AHEAD, thread_name_prefix="encode") as encoder:
+        ahead: deque[tuple[tuple[dict[str, Any], ...], Future[list[Encoding]]]] = deque()
         for batch in _batches(documents, batch_size, batch_chars):
             texts = [document["text"] for document in batch]
-            encoding = encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
-            if ahead is not None:
-                yield ahead[0], ahead[1].result()
-            ahead = (batch, encoding)
-        if ahead is not None:
-            yield ahead[0], ahead[1].result()
+            ahead.append((batch, encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)))
+            if len(ahead) > ENCODE_AHEAD:
+                done, encoding = ahead.popleft()
+                yield done, encoding.result()
+        while ahead:
+            done, encoding = ahead.popleft()
+            yield done, encoding.result()
 
 
 def _batches(
