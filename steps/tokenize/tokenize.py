@@ -59,7 +59,13 @@ from steps.data.documents import (
     read_documents,
     write_stats,
 )
-from steps.tokenize.levanter_cache import PartFigures, PartWriter, check_cache_path, write_sharded_ledger
+from steps.tokenize.levanter_cache import (
+    PartFigures,
+    PartWriter,
+    check_cache_path,
+    close_parts,
+    write_sharded_ledger,
+)
 from steps.tokenize.train_tokenizer import SpecialTokenIds, load_tokenizer, special_token_ids
 
 logger = logging.getLogger(__name__)
@@ -251,8 +257,7 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
             by_source["bytes"][source] += len(document["text"].encode("utf-8"))
         for split in SPLITS:
             parts[split].write(rows[split])
-    for part in parts.values():
-        part.close()
+    close_parts(parts.values())
     stats = flow_stats(report, report.docs, report.bytes)
     for split, part in parts.items():
         stats[f"{split}_docs"], stats[f"{split}_tokens"] = part.rows, part.tokens
