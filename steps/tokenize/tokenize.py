@@ -79,9 +79,9 @@ BATCH_CHARS = 1 << 19
 written even in a small file, and a batch of huge documents stays bounded."""
 ENCODE_AHEAD = 2
 """Batches a shard group keeps encoding at once, each in a thread of its own, while it frames and writes one
-more: memory is one more than this many batches' texts and encodings, `BATCH_CHARS` each at most. Two beat
-one by 3-4% of the step's time on bench_tokenize's defaults (2 cores); smaller batches cost more than they
-overlap (see README, Tokenize)."""
+more: memory is one more than this many batches' texts and encodings, `BATCH_CHARS` each at most. A group
+running alone (the last one) thus still hands the tokenizer's pool two batches; on bench_tokenize's 2
+cores, with two groups at once, it measured even with one (see README, Tokenizing)."""
 
 
 class EmptyTokenizeOutputError(ValueError):
