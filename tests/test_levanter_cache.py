@@ -1,4 +1,5 @@
-"""The tokenize step's cache writer against Levanter's own: the same files, the same ledger, the same rows."""
+"""The tokenize step's cache writer against Levanter's own: the same files byte for byte, the same ledger, the
+same rows."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def our_cache(output: Path, docs: list[list[int]], flush_tokens: int) -> tuple[P
     return output / "train" / "part-00000", writer.commit()
 
 
+def file_bytes(cache: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(cache)): path.read_bytes() for path in sorted(cache.rglob("*")) if path.is_file()}
+
+
 def array_metadata(cache: Path) -> dict[str, dict]:
     return {name: json.loads((cache / TOKENS_FIELD / name / "zarr.json").read_text()) for name in ("offsets", "data")}
 
@@ -59,6 +64,9 @@ def test_a_part_is_what_levanters_own_writer_leaves(tmp_path, flush_tokens):
     ours, manifest = our_cache(tmp_path / "ours", docs, flush_tokens)
 
     assert array_metadata(ours) == array_metadata(theirs)
+    # Byte for byte: the arrays' stored files (compressed chunks, shard index) and the ledger, whichever
+    # order and grouping of tensorstore writes produced them.
+    assert file_bytes(ours) == file_bytes(theirs)
     our_ledger, their_ledger = CacheLedger.load(str(ours)), CacheLedger.load(str(theirs))
     for field in ("total_num_rows", "shard_rows", "is_finished", "finished_shards", "field_counts", "metadata"):
         assert getattr(our_ledger, field) == getattr(their_ledger, field), field

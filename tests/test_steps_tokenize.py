@@ -4,6 +4,7 @@ SIGKILL, and refuse bad input with errors that name the step."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -11,12 +12,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from levanter.store.cache import CacheLedger, consolidate_shard_cache_ledgers
+from tokenizers import Encoding, Tokenizer
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError
 from executor.shard_writer import read_shard_markers
@@ -24,6 +27,7 @@ from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
 from steps.tokenize.levanter_cache import UnsupportedCachePathError, load_cache
 from steps.tokenize.tokenize import (
+    ENCODE_AHEAD,
     EmptyTokenizeOutputError,
     TokenizeConfig,
     _encoded_batches,
@@ -204,6 +208,86 @@ def test_encode_batches_end_at_either_cap_and_come_back_in_order(tokenizer_path)
         assert [encoding.ids for encoding in encodings] == [
             encoding.ids for encoding in tokenizer.encode_batch([d["text"] for d in batch], add_special_tokens=False)
         ]
+
+
+class _RendezvousTokenizer:
+    """The real tokenizer, whose first `ENCODE_AHEAD` encode calls wait for one another: they return only if
+    that many batches are encoding at once (a pipeline one batch deep breaks the barrier instead)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._barrier = threading.Barrier(ENCODE_AHEAD, timeout=60)  # a deadlock guard, not a timing
+        self.calls = 0
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        self.calls += 1
+        if self.calls <= ENCODE_AHEAD:
+            self._barrier.wait()
+        return self._tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+
+def test_a_group_keeps_several_batches_encoding_at_once(tokenizer_path):
+    """At a group's end, and while its neighbour commits, the tokenizer's cores have only this group's batches
+    to work on: `ENCODE_AHEAD` of them are encoding while the caller frames and writes the one before."""
+    assert ENCODE_AHEAD >= 2
+    documents = [{"id": str(index), "text": f"document {index} " * 20} for index in range(12)]
+    tokenizer = load_tokenizer(tokenizer_path)
+    rendezvous = _RendezvousTokenizer(tokenizer)
+    batches = list(_encoded_batches(rendezvous, iter(documents), 2, 1 << 20))  # type: ignore[arg-type]
+    assert rendezvous.calls == 6
+    assert [[document["id"] for document in batch] for batch, _ in batches] == [
+        [str(index), str(index + 1)] for index in range(0, 12, 2)
+    ]
+    for batch, encodings in batches:
+        expected = tokenizer.encode_batch_fast([d["text"] for d in batch], add_special_tokens=False)
+        assert [encoding.ids for encoding in encodings] == [encoding.ids for encoding in expected]
+
+
+class _HandOverTokenizer:
+    """The real tokenizer, whose encode call of file a's last batch waits (up to a deadlock guard) for file b's
+    first encode call, noting whether a's group had committed by then."""
+
+    def __init__(self, tokenizer: Tokenizer, output: Path):
+        self._tokenizer = tokenizer
+        self._output = output
+        self._b_started = threading.Event()
+        self.b_waited_for = False
+        self.markers_when_b_started: set[str] | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self._tokenizer, name)
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        if texts[0].startswith("b ") and not self._b_started.is_set():
+            self.markers_when_b_started = set(read_shard_markers(str(self._output)))
+            self._b_started.set()
+        if texts[-1].startswith("a last"):
+            self.b_waited_for = self._b_started.wait(timeout=30)  # a deadlock guard, not a timing
+        return self._tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+
+def test_the_next_group_encodes_while_the_last_one_finishes_and_commits(tmp_path, tokenizer_path, monkeypatch):
+    """With groups in threads, one reading slot per worker: a group gives its slot back once its last batch is
+    submitted, so the next group's batches reach the tokenizer before this one's last batch is encoded and
+    long before it commits; the cache is the same as ever. Before, one worker ran a group from read to commit."""
+    a_docs = [{"id": f"a{i}", "text": f"a document {i} " * 5} for i in range(5)]
+    b_docs = [{"id": f"b{i}", "text": f"b document {i} " * 5} for i in range(6)]
+    inputs = jsonl_inputs(
+        tmp_path / "in", {"a.jsonl": [*a_docs, {"id": "a5", "text": "a last one"}], "b.jsonl": b_docs}
+    )
+    output = tmp_path / "out"
+    real = load_tokenizer(tokenizer_path)
+    hand_over = _HandOverTokenizer(real, output)
+    tokenize_module = importlib.import_module("steps.tokenize.tokenize")
+    special = tokenize_module._framing(tokenizer_path)[1]
+    monkeypatch.setattr(tokenize_module, "_framing", lambda path: (hand_over, special))
+    tokenize(TokenizeConfig(input_paths=[inputs], tokenizer_path=tokenizer_path, output_path=str(output),
+                            validation_fraction=0.0, batch_size=2, parallelism="thread", max_workers=1))  # fmt: skip
+    assert hand_over.b_waited_for and hand_over.markers_when_b_started == set()
+    texts = [d["text"] for d in [*a_docs, {"text": "a last one"}, *b_docs]]
+    bos = [] if special.bos is None else [special.bos]
+    expected = [[*bos, *encoding.ids, special.eos] for encoding in real.encode_batch_fast(texts, False)]
+    assert [row.tolist() for row in rows(str(output / "train"))] == expected
 
 
 def test_documents_without_text_and_empty_files_are_counted_and_reported(tmp_path, tokenizer_path):

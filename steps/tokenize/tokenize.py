@@ -18,8 +18,10 @@ encodes them in batches with HF `tokenizers` (`encode_batch_fast`, threads in Ru
 document as Levanter's `BatchTokenizer` does (BOS when the tokenizer has one, the text's ids, EOS),
 and streams them into two Levanter sub-caches, `train/part-<group>/` and `validation/part-<group>/`
 (`steps/tokenize/levanter_cache.py`). The group is committed with its marker; a restarted step redoes only
-groups without one. Once all are committed, each split gets a sharded `shard_ledger.json` over its
-parts, and that ledger is what makes it a cache: Levanter refuses a split without one.
+groups without one. In threads, a group hands its reading slot to the next once its last batch is submitted
+(`_READING_SLOTS`), so group boundaries do not idle the tokenizer. Once all are committed, each split gets
+a sharded `shard_ledger.json` over its parts, and that ledger is what makes it a cache: Levanter refuses a
+split without one.
 
 A document goes to validation when the xxh3 hash of its id falls in the first
 `validation_fraction` of the hash range: stable however the inputs are sharded.
@@ -35,11 +37,14 @@ A step that would leave no training document fails instead of writing an empty c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections import Counter
+import os
+import threading
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +64,13 @@ from steps.data.documents import (
     read_documents,
     write_stats,
 )
-from steps.tokenize.levanter_cache import PartFigures, PartWriter, check_cache_path, write_sharded_ledger
+from steps.tokenize.levanter_cache import (
+    PartFigures,
+    PartWriter,
+    check_cache_path,
+    close_parts,
+    write_sharded_ledger,
+)
 from steps.tokenize.train_tokenizer import SpecialTokenIds, load_tokenizer, special_token_ids
 
 logger = logging.getLogger(__name__)
@@ -71,6 +82,18 @@ _HASH_RANGE = float(1 << 64)
 BATCH_CHARS = 1 << 19
 """An encode call also ends at this many characters of text: the next batch can encode while the last is
 written even in a small file, and a batch of huge documents stays bounded."""
+ENCODE_AHEAD = 2
+"""Batches a shard group keeps encoding at once, each in a thread of its own, while it frames and writes one
+more: memory is one more than this many batches' texts and encodings, `BATCH_CHARS` each at most. A group
+running alone (the last one) thus still hands the tokenizer's pool two batches; on bench_tokenize's 2
+cores, with two groups at once, it measured even with one (see README, Tokenizing)."""
+_READING_SLOTS: dict[str, threading.BoundedSemaphore] = {}
+"""Output path -> slots of a step whose groups run in threads of this process: `max_workers` of them. A group
+holds one while it reads and submits batches and gives it back once its last batch is submitted, so that the
+next group reads and encodes while this one frames its last batches, closes its parts and commits (twice as
+many group threads run, at most `max_workers` of them reading). Without it, groups of equal files reach
+their ends together and the tokenizer's threads idle through every group boundary. Groups in processes or
+Ray tasks have no slot: each worker holds its own tokenizer, and a group runs in it from start to commit."""
 
 
 class EmptyTokenizeOutputError(ValueError):
@@ -95,7 +118,8 @@ class TokenizeConfig:
     parallelism: str = "auto"
     """How shard groups run: auto (Ray when initialized, else processes), ray, process or thread. Plain."""
     max_workers: int | None = None
-    """Shard groups at once (default: the CPUs). Plain."""
+    """Shard groups reading and encoding at once (default: the CPUs); with threads, as many more may be finishing
+    (framing their last batches, committing) meanwhile. Plain."""
     per_folder: bool = False
     """Each input file belongs to the component named by its parent folder (a cells step's `cells/<cell>/`):
     every component gets its own `<name>/train` and `<name>/validation` caches, listed in components.json.
@@ -109,14 +133,22 @@ def tokenize(config: TokenizeConfig) -> None:
         raise ValueError(f"{step}: validation_fraction must be in [0, 1), got {config.validation_fraction}")
     _framing(config.tokenizer_path)  # a tokenizer without an EOS fails here, before any shard runs
     files = list_input_files(config.input_paths)
-    report = run_sharded(
-        config.output_path,
-        file_shards(config, files),
-        _tokenize_shard,
-        parallelism=config.parallelism,
-        max_workers=config.max_workers,
-        description="tokenize",
-    )
+    max_workers = config.max_workers
+    if config.parallelism == "thread":
+        max_workers = max(1, config.max_workers or os.cpu_count() or 1)
+        _READING_SLOTS[config.output_path] = threading.BoundedSemaphore(max_workers)
+        max_workers *= 2  # the other half frame, close and commit the groups that gave their slots back
+    try:
+        report = run_sharded(
+            config.output_path,
+            file_shards(config, files),
+            _tokenize_shard,
+            parallelism=config.parallelism,
+            max_workers=max_workers,
+            description="tokenize",
+        )
+    finally:
+        _READING_SLOTS.pop(config.output_path, None)
     stats = _stats(report, config)
     if stats["splits"]["train"]["documents"] == 0:
         raise EmptyTokenizeOutputError(
@@ -235,7 +267,8 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
     report = ReadReport()
     by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
     documents = read_documents(payload.path, report, config.raw_input)
-    for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size, BATCH_CHARS):
+    slot = _READING_SLOTS.get(config.output_path)
+    for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size, BATCH_CHARS, slot):
         rows: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
         for document, encoding in zip(batch, encodings, strict=True):
             ids = encoding.ids
@@ -246,8 +279,7 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
             by_source["bytes"][source] += len(document["text"].encode("utf-8"))
         for split in SPLITS:
             parts[split].write(rows[split])
-    for part in parts.values():
-        part.close()
+    close_parts(parts.values())
     stats = flow_stats(report, report.docs, report.bytes)
     for split, part in parts.items():
         stats[f"{split}_docs"], stats[f"{split}_tokens"] = part.rows, part.tokens
@@ -259,21 +291,30 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
 
 
 def _encoded_batches(
-    tokenizer: Tokenizer, documents: Iterable[dict[str, Any]], batch_size: int, batch_chars: int
+    tokenizer: Tokenizer,
+    documents: Iterable[dict[str, Any]],
+    batch_size: int,
+    batch_chars: int,
+    slot: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Iterator[tuple[tuple[dict[str, Any], ...], list[Encoding]]]:
-    """Batches of documents with their encodings, in order. Each batch is encoded in a helper thread while
-    the caller handles the one before and the next is read: `encode_batch_fast` releases the GIL, so the
-    Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its cores."""
-    with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoder:
-        ahead = None
-        for batch in _batches(documents, batch_size, batch_chars):
-            texts = [document["text"] for document in batch]
-            encoding = encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
-            if ahead is not None:
-                yield ahead[0], ahead[1].result()
-            ahead = (batch, encoding)
-        if ahead is not None:
-            yield ahead[0], ahead[1].result()
+    """Batches of documents with their encodings, in order. Up to `ENCODE_AHEAD` batches encode in helper
+    threads while the caller handles the one before and the next is read: `encode_batch_fast` releases the
+    GIL, so the Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its
+    cores, and a group running alone (the last one, or its neighbour between groups) still gives the
+    tokenizer's thread pool more than one batch to spread over the cores. `slot` is held while reading and
+    submitting (see `_READING_SLOTS`) and given back before the last batches are waited for."""
+    with ThreadPoolExecutor(ENCODE_AHEAD, thread_name_prefix="encode") as encoder:
+        ahead: deque[tuple[tuple[dict[str, Any], ...], Future[list[Encoding]]]] = deque()
+        with slot or contextlib.nullcontext():
+            for batch in _batches(documents, batch_size, batch_chars):
+                texts = [document["text"] for document in batch]
+                ahead.append((batch, encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)))
+                if len(ahead) > ENCODE_AHEAD:
+                    done, encoding = ahead.popleft()
+                    yield done, encoding.result()
+        while ahead:
+            done, encoding = ahead.popleft()
+            yield done, encoding.result()
 
 
 def _batches(
