@@ -116,10 +116,7 @@ def trainer_mesh(mesh: Mapping[str, int] | None, shape: MoeShape, devices: int) 
     data, expert = mesh.get("data", 1), mesh.get("expert", 1)
     if data * expert != devices:
         raise ValueError(f"mesh {dict(mesh)} holds {data * expert} devices but the run has {devices}")
-    split = {"d_model over data": (shape.d_model, data), "experts over expert": (shape.n_experts, expert)}
-    if shape.latent_dim is not None:
-        split["expert_width over data"] = (shape.expert_width, data)
-    uneven = [f"{name} ({size} by {parts})" for name, (size, parts) in split.items() if size % parts]
+    uneven = uneven_splits(shape, mesh)
     if uneven:
         raise ValueError(f"mesh {dict(mesh)} splits {', '.join(uneven)} unevenly; choose sizes that divide them")
     routed_fsdp = {"mlp": "data"} if shape.latent_dim is not None else {}
@@ -129,6 +126,16 @@ def trainer_mesh(mesh: Mapping[str, int] | None, shape: MoeShape, devices: int) 
         shared_mapping={"experts": "expert"},
         param_mapping={"embed": "data", **routed_fsdp},
     )
+
+
+def uneven_splits(shape: MoeShape, mesh: Mapping[str, int]) -> list[str]:
+    """The dimensions `trainer_mesh`'s layout would split unevenly over `mesh` (JAX refuses those), as
+    "name (size by parts)"; empty when the mesh can be built for `shape`."""
+    data, expert = mesh.get("data", 1), mesh.get("expert", 1)
+    split = {"d_model over data": (shape.d_model, data), "experts over expert": (shape.n_experts, expert)}
+    if shape.latent_dim is not None:
+        split["expert_width over data"] = (shape.expert_width, data)
+    return [f"{name} ({size} by {parts})" for name, (size, parts) in split.items() if size % parts]
 
 
 def lm_data_config(

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import jmp
 
+from steps.model.levanter_config import uneven_splits
 from steps.model.model_size import MoeShape, total_params
 from steps.train.hardware import Hardware
 
@@ -93,6 +94,9 @@ class ParallelismPlan:
     fits: bool
     training: bool = True
     notes: list[str] = field(default_factory=list)
+    uneven: tuple[str, ...] = ()
+    """Dimensions the mesh would split unevenly (`levanter_config.uneven_splits`): such a plan cannot be laid
+    out, whatever its memory, and is refused like one that does not fit."""
 
     def as_json(self) -> dict:
         return {
@@ -103,6 +107,8 @@ class ParallelismPlan:
             "microbatch": self.microbatch,
             "memory_per_device_bytes": self.memory.as_json(),
             "fits": self.fits,
+            "buildable": not self.uneven,
+            **({"uneven": list(self.uneven)} if self.uneven else {}),
         }
 
 
@@ -189,11 +195,18 @@ def plan_parallelism(
         memory_limit_bytes=limit,
         fits=memory.total <= limit,
         training=training,
+        uneven=tuple(uneven_splits(shape, mesh)),
     )
 
 
 def refuse_unless_fits(step: str, plan: ParallelismPlan) -> None:
-    """Raise PlanDoesNotFitError naming `step`, the largest term and what to change, when `plan` does not fit."""
+    """Raise PlanDoesNotFitError naming `step`, the largest term and what to change, when `plan` does not fit
+    (or its mesh cannot be laid out: it splits a dimension unevenly)."""
+    if plan.uneven:
+        raise PlanDoesNotFitError(
+            f"{step}: the mesh {plan.mesh} on {plan.devices} {plan.hardware} devices splits {', '.join(plan.uneven)} "
+            "unevenly, which JAX cannot lay out; use a device count whose data axis (devices / expert) divides them"
+        )
     if plan.fits:
         return
     largest = plan.memory.largest()
