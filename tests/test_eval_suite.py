@@ -145,3 +145,62 @@ def test_the_suite_text_never_enters_training_in_the_tiny_dag() -> None:
     steps = _steps("tiny")
     corpus_domains = set(steps["raw/real_corpus"].config.domains.value)
     assert corpus_domains and not corpus_domains & set(SUBSETS)
+
+
+# --- a tiny model trained and evaluated on the suite (slow: Levanter compiles on CPU) ------------------------------
+
+EVAL_BATCH, EVAL_BATCHES, TRAIN_BATCH, SEQ_LEN = 4, 2, 8, 64
+
+
+@pytest.mark.slow
+@pytest.mark.training
+@pytest.mark.timeout(1500)
+def test_train_and_evaluate_score_the_suite_on_the_same_sequences_whatever_the_train_batch(tokenizer, tmp_path):
+    """The train step logs each subset's loss and the suite's macro loss (the unweighted mean) at every eval; the
+    evaluate step's `macro_loss` is that same figure at the end, and its cell's loss the train step's last one:
+    both read eval batch x eval batches sequences, not train batch x eval batches as Levanter would by default."""
+    from test_training_bad_input import run_through_executor
+
+    from executor import THIS_OUTPUT_PATH
+    from steps.evaluate.evaluate import EvaluateConfig, evaluate
+    from steps.model.model_size import MoeShape
+    from steps.tokenize.tokenize import TokenizeConfig, tokenize
+    from steps.train.train import TrainConfig, train
+    from steps.train.train_metrics import read_metrics
+
+    root = Path(tokenizer).parent
+    cell = str(tmp_path / "cell")
+    tokenize(TokenizeConfig(input_paths=[str(root / "corpus" / "shard-*")], tokenizer_path=tokenizer,
+                            validation_fraction=0.5, output_path=cell, parallelism="thread"))  # fmt: skip
+    prose = (Path(__file__).read_text() + "\n") * 2
+    subsets = {"alpha": _write_docs(tmp_path / "alpha", [(f"a{i}", prose[i * 500 : i * 500 + 500]) for i in range(30)]),
+               "beta": _write_docs(tmp_path / "beta", [("b", prose[::-1])])}  # fmt: skip
+    suite = str(tmp_path / "suite")
+    cap = EVAL_BATCH * EVAL_BATCHES * SEQ_LEN  # each subset read whole by every eval
+    build_eval_suite(EvalSuiteConfig(subsets=subsets, tokenizer_path=tokenizer, output_path=suite,
+                                     tokens_per_subset=cap, min_tokens=SEQ_LEN))  # fmt: skip
+    shape = MoeShape(d_model=32, n_layers=2, vocab_size=load_tokenizer(tokenizer).get_vocab_size(), n_heads=2,
+                     head_dim=16, kv_heads_local=1, kv_heads_global=1, global_every=1, sliding_window=None,
+                     n_experts=4, top_k=2, expert_width=64, latent_dim=None, n_shared_experts=0, shared_width=0,
+                     seq_len=SEQ_LEN)  # fmt: skip
+    config = TrainConfig(shape=shape, tokenizer_path=tokenizer, components={"cell": cell}, output_path=THIS_OUTPUT_PATH,
+                         num_train_steps=4, train_batch_size=TRAIN_BATCH, learning_rate=1e-2, steps_per_eval=2,
+                         max_eval_batches=EVAL_BATCHES, eval_batch_size=EVAL_BATCH, eval_suite_path=suite,
+                         checkpoint_every_steps=4, watch_interval=100, hf_export=False)  # fmt: skip
+    status, message, output = run_through_executor(tmp_path / "prefix", "train/suite", train, config)
+    assert status == "SUCCESS", message
+    evals = [record for record in read_metrics(str(output)) if SUITE_MACRO_LOSS in record]
+    assert len(evals) >= 2
+    for record in evals:
+        losses = [record[f"eval/suite/{name}/loss"] for name in subsets]
+        assert record[SUITE_MACRO_LOSS] == pytest.approx(float(np.mean(losses)), rel=1e-5)
+        assert all(f"eval/suite/{name}/bpb" in record for name in subsets) and "eval/cell/loss" in record
+    evaluated = EvaluateConfig(checkpoint_path=str(output / "checkpoints"), shape=shape, tokenizer_path=tokenizer,
+                               components={"cell": cell}, output_path=str(tmp_path / "evaluate"),
+                               batch_size=EVAL_BATCH, max_batches=EVAL_BATCHES, eval_suite_path=suite)  # fmt: skip
+    results = evaluate(evaluated)
+    assert results["metric"] == "eval_suite" and set(results["suite"]) == set(subsets)
+    assert results["macro_loss"] == pytest.approx(evals[-1][SUITE_MACRO_LOSS], rel=1e-3)
+    assert results["macro_loss"] == pytest.approx(float(np.mean([s["loss"] for s in results["suite"].values()])))
+    assert results["components_macro_loss"] == pytest.approx(evals[-1]["eval/cell/loss"], rel=1e-3)
+    assert results["components"]["cell"]["loss"] != pytest.approx(results["macro_loss"], rel=1e-3)
