@@ -204,3 +204,21 @@ def test_train_and_evaluate_score_the_suite_on_the_same_sequences_whatever_the_t
     assert results["macro_loss"] == pytest.approx(float(np.mean([s["loss"] for s in results["suite"].values()])))
     assert results["components_macro_loss"] == pytest.approx(evals[-1]["eval/cell/loss"], rel=1e-3)
     assert results["components"]["cell"]["loss"] != pytest.approx(results["macro_loss"], rel=1e-3)
+
+
+def test_the_run_view_and_the_band_alert_follow_the_suites_macro_loss() -> None:
+    """With an eval suite the prediction is of `eval/suite/macro_loss`: the run view's eval line and the
+    prediction-band alert read it (not Levanter's mean over cells and subsets together); the cells stay a panel of
+    their own, and "suite" (Levanter's micro average over the subsets) is no cell."""
+    from executor.alerts import below_band
+    from executor.dashboard.panels import eval_components, macro_eval
+
+    row = {"eval/macro_loss": 3.0, SUITE_MACRO_LOSS: 6.0, "eval/suite/loss": 5.9, "eval/suite/man_syscalls/loss": 6.1,
+           "eval/suite/email_messages/loss": 5.9, "eval/cell_0/loss": 2.5}  # fmt: skip
+    rows = {9: row, 19: {**row, SUITE_MACRO_LOSS: 5.5}}
+    assert eval_components(rows) == ["cell_0"]
+    assert eval_components(rows, "eval/suite/") == ["email_messages", "man_syscalls"]
+    assert macro_eval(row, ["cell_0"]) == 6.0
+    curve = [{"step": 0, "high": 5.0}, {"step": 30, "high": 5.0}]
+    alerts = below_band(rows, curve, margin=0.1, now=0.0)
+    assert alerts and all(SUITE_MACRO_LOSS in alert.message for alert in alerts)
