@@ -51,7 +51,7 @@ TINY_SUITE_SUBSETS = (
     "man_admin",
     "debian_changelogs",
     "package_readmes",
-    "email_messages",
+    "debian_readmes",
 )
 """Nine offline subsets no tiny training source reads (steps/corpora/eval_suite_text.py)."""
 

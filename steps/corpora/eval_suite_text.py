@@ -9,7 +9,7 @@ the tiny run stands in with subsets of a different character each, none of them 
   and 8 pages), their roff markup stripped to prose;
 - `debian_changelogs`: Debian packages' `changelog.Debian.gz` entries;
 - `package_readmes`: the long descriptions (READMEs) in installed Python packages' `METADATA`;
-- `email_messages`: the RFC 822 messages of the stdlib's email tests.
+- `debian_readmes`: Debian packages' README files (`/usr/share/doc/<package>/README*`).
 
 Each source file is cut into passages of at most `passage_words` words at paragraph breaks. Files are visited in
 the order of a hash of their name (with its folder), and at most `passages_per_file` passages are taken from each,
@@ -62,10 +62,6 @@ def _readme_files() -> list[Path]:
     return _files((Path(sysconfig.get_paths()["purelib"]), "*.dist-info/METADATA"))
 
 
-def _email_files() -> list[Path]:
-    return _files((Path(sysconfig.get_paths()["stdlib"]) / "test" / "test_email" / "data", "msg_*.txt"))
-
-
 SUBSETS: dict[str, Callable[[], list[Path]]] = {
     "man_commands": _man_files("1"),
     "man_syscalls": _man_files("2"),
@@ -75,7 +71,7 @@ SUBSETS: dict[str, Callable[[], list[Path]]] = {
     "man_admin": _man_files("8"),
     "debian_changelogs": lambda: _files((DOC, "*/changelog.Debian.gz")),
     "package_readmes": _readme_files,
-    "email_messages": _email_files,
+    "debian_readmes": lambda: _files((DOC, "*/README*")),
 }
 """Subset -> the files it is sampled from, on this machine."""
 INSTALL_HINT = {"man": "install Debian's manpages and manpages-dev (.ci/run does)"}
@@ -138,7 +134,7 @@ def _text_of(path: Path) -> str:
     """A file's prose: roff stripped from a man page, the README from METADATA, the file as it is otherwise."""
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     text = raw.decode("utf-8", errors="replace")
-    if path.parent.name.startswith("man"):
+    if MAN in path.parents:
         return roff_to_text(text)
     if path.name == "METADATA":
         _headers, _, body = text.partition("\n\n")  # the long description follows the headers
