@@ -91,3 +91,22 @@ def test_tiny_models_have_the_heros_architecture() -> None:
         assert (shape.global_every, shape.n_shared_experts) == (reference.global_every, reference.n_shared_experts)
         config = qwen3_moe_config(shape, tokenizer_path="unused", router_aux_loss_coef=None, step=small.name)
         assert config.total_trainable_params(shape.vocab_size) == total_params(shape)
+
+
+def test_a_rung_may_carry_its_own_learning_rate() -> None:
+    """`Rung.learning_rate` overrides the recipe's peak learning rate for that rung's train step (hashed); a rung
+    without one trains at the recipe's."""
+    import dataclasses
+
+    from executor import VersionedValue
+    from experiments.train_defaults import default_train
+
+    scale = hero_535b.tiny_scale()
+    dag = hero_535b.build_dag(scale)
+    _rung, trained = dag.trains[scale.rungs[0].name]
+    tokenizer, tokenized, weights = (trained.config.tokenizer_path.step, trained.config.components_path.step,
+                                     trained.config.mixture_weights_path.step)  # fmt: skip
+    own = default_train(dataclasses.replace(scale.rungs[0], learning_rate=3e-2), scale.recipe, tokenizer, tokenized,
+                        weights)  # fmt: skip
+    assert trained.config.learning_rate == VersionedValue(scale.recipe.learning_rate)
+    assert own.config.learning_rate == VersionedValue(3e-2)
