@@ -474,7 +474,7 @@ def print_run_summary(executor: Executor, dag: HeroDag) -> None:
         )
     if achieved is not None:
         print(f"  achieved macro held-out loss: {achieved['macro_loss']:.4f} on {achieved.get('metric', 'components')}"
-              f"  [{executor.output_paths[dag.hero_eval]}]")
+              f" ({achieved['macro_bpb']:.3f} bits per byte)  [{executor.output_paths[dag.hero_eval]}]")
     if prediction is not None and achieved is not None:
         p, loss = prediction["prediction"], achieved["macro_loss"]
         where = "inside" if p["low"] <= loss <= p["high"] else "OUTSIDE"
