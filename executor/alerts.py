@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import storage
-from executor.metrics_log import rows_by_step
+from executor.metrics_log import predicted_metric, rows_by_step
 
 logger = logging.getLogger(__name__)
 
@@ -201,19 +201,21 @@ def _over(series: Sequence[tuple[int, float]], limit: float) -> Iterable[Check]:
 def below_band(
     rows: Mapping[int, Mapping[str, Any]], curve: Sequence[Mapping[str, float]], margin: float, now: float
 ) -> list[Alert]:
-    """eval/macro_loss against the predicted band's high edge, linearly interpolated between curve points."""
+    """The predicted metric (eval/suite/macro_loss with an eval suite, else eval/macro_loss) against the predicted
+    band's high edge, linearly interpolated between curve points."""
     points = sorted((point["step"], point["high"]) for point in curve)
     if len(points) < 2:
         return []
     checks = []
-    for step, value in _raw_series(rows, "eval/macro_loss"):
+    metric = predicted_metric(rows)
+    for step, value in _raw_series(rows, metric):
         if not points[0][0] <= step <= points[-1][0] or not math.isfinite(value):
             continue
         upper = next(index for index, point in enumerate(points) if point[0] >= step)
         (x0, y0), (x1, y1) = points[max(upper - 1, 0)], points[upper]
         high = y1 if x1 == x0 else y0 + (y1 - y0) * (step - x0) / (x1 - x0)
         checks.append((step, value > high + margin, value, high + margin))
-    return _episodes(checks, "prediction_band", now, "eval/macro_loss above the prediction band")
+    return _episodes(checks, "prediction_band", now, f"{metric} above the prediction band")
 
 
 def evaluate(

@@ -7,6 +7,8 @@
          download/eval_sets)
     every source's clean docs -> tokenizer/hero (BPE) -> mix/cells (topic x quality) -> tokenized/cells
                                                           mix/cells -> mix/weights (two phases, exposure cap)
+    eval_suite/text (tiny) or download/paloma (full) -> the decontamination steps' eval sets, and with
+        tokenizer/hero -> eval_suite (each held-out subset capped to the same tokens; the ladder's metric)
     train/d768, d1024, d1536, d2048 -> evaluate/<rung> -> scaling/ladder -> train/d6144 -> evaluate/d6144
 
     python experiments/hero_535b.py --scale full --dry_run true --plan_json plan.json   # the real plan, in < 1 s
@@ -60,6 +62,7 @@ from experiments.defaults import (
     default_tokenizer,
     docs_of_source,
 )
+from experiments.eval_suite import default_eval_suite, suite_text
 from experiments.train_defaults import (
     Recipe,
     Rung,
@@ -70,6 +73,7 @@ from experiments.train_defaults import (
 )
 from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
+from steps.scaling.ladder import SUITE_MACRO_LOSS
 from steps.train.hardware import HARDWARE, Hardware
 from steps.train.parallelism import ParallelismPlan, refuse_unless_fits
 
@@ -114,6 +118,9 @@ class Scale:
     ones, deduplicated upstream, kept whole rather than losing pages to copies in sources read before them."""
     bootstrap_samples: int = 1000
     """Draws behind the prediction's band where the asymptote is free (the DAG fixes it)."""
+    suite_tokens_per_subset: int = 1 << 20
+    """Tokens of each eval suite subset (full: Paloma's subsets, up to 256 sequences of 4096 each; tiny: exactly
+    the eval batches' sequences, so every eval reads each subset whole)."""
 
 
 FULL_RUNGS = (
@@ -178,8 +185,8 @@ def full_scale(hardware: Hardware = HARDWARE[DEFAULT_HARDWARE]) -> Scale:
             compute_dtype="bfloat16",
             peak_flops_per_device=hardware.peak_flops_per_device,
             temporary_checkpoint_seconds=1800,
-            max_eval_batches=64,
-            eval_batches=512,
+            eval_batch_size=512,
+            eval_batches=8,
         ),
     )
 
@@ -217,6 +224,8 @@ local layer and a global one (the last). Steps grow with width so that compute s
 unigram loss; a step costs about 0.1 s here, so the steps add about a minute to the demo, which compiles for
 longer than it trains."""
 TINY_HERO = ("d6144", 128, 2, 320)
+TINY_EVAL_BATCHES = 4
+"""Eval batches of 8 sequences per cell and per suite subset, in every eval: each subset holds exactly that."""
 
 
 def tiny_scale() -> Scale:
@@ -246,18 +255,20 @@ def tiny_scale() -> Scale:
             warmup=0.1,
             mixture_block_size=8,
             evals_per_run=5,
-            max_eval_batches=2,
-            eval_batches=2,  # the batches of the train step's own evals: evaluate/<rung> must agree with them
+            eval_batch_size=8,
+            eval_batches=TINY_EVAL_BATCHES,
             checkpoints_per_run=2,
             temporary_checkpoint_seconds=20,
         ),
         corpus={"docs_per_domain": 120, "near_copies": 2, "eval_docs": 4, "domains": list(corpus_domains.values()),
                 "cross_copies": 2},
         fuzzy_bands=(16, 6),
-        # One bit per byte (about what large models reach on English text) at the tokenizer's 2.79 bytes per token
-        # (tokenizer/hero's stats.json): ln 2 x 2.79 nats. Set from the text, never from the runs.
-        irreducible_loss=1.93,
+        # One bit per byte (about what large models reach on English text) at the eval suite's 1.97 bytes per token
+        # (the mean over its subsets, eval_suite's suite.json): ln 2 x 1.97 nats. The ladder's metric is the suite's,
+        # so its text sets E (the training text's 2.79 bytes per token gave 1.93 for the cells). Never the runs.
+        irreducible_loss=1.36,
         bootstrap_samples=300,
+        suite_tokens_per_subset=8 * TINY_EVAL_BATCHES * 64,
     )
 
 
@@ -275,7 +286,7 @@ class HeroDag:
     hero_eval: ExecutorStep
 
 
-def _data_chain(scale: Scale, downloads: dict[str, ExecutorStep], classifier: ExecutorStep, evals: ExecutorStep,
+def _data_chain(scale: Scale, downloads: dict[str, ExecutorStep], classifier: ExecutorStep, eval_paths: list[Any],
                 steps: list[ExecutorStep]) -> list[ExecutorStep]:  # fmt: skip
     """Global exact dedup -> per-source heuristics and fastText -> global fuzzy dedup -> per-source decontamination;
     appends the steps to `steps` and returns each source's clean documents. The two dedup steps run over every
@@ -301,7 +312,7 @@ def _data_chain(scale: Scale, downloads: dict[str, ExecutorStep], classifier: Ex
     clean = [
         default_decontaminate(
             docs_of_source(fuzzy, source) if source in deduplicated else filtered[source],
-            [output_path_of(evals, "files")],
+            eval_paths,
             name=f"data/{source}/decontaminate",
         )
         for source in downloads
@@ -331,8 +342,11 @@ def build_dag(scale: Scale) -> HeroDag:
     classifier = default_quality_classifier(
         positive=output_path_of(downloads["reference"], "files"), negative=output_path_of(downloads["web"], "files")
     )
-    steps += [evals, *downloads.values(), classifier]
-    clean = _data_chain(scale, downloads, classifier, evals, steps)
+    suite_source, suite_subsets = suite_text(paloma=scale.name == "full")
+    steps += [evals, suite_source, *downloads.values(), classifier]
+    # Decontamination removes the benchmark's items and the eval suite's text from every source.
+    clean = _data_chain(scale, downloads, classifier, [output_path_of(evals, "files"), *suite_subsets.values()],
+                        steps)  # fmt: skip
 
     tokenizer = default_tokenizer(
         clean, vocab_size=scale.vocab_size, sample_bytes=scale.tokenizer_sample_bytes, name="tokenizer/hero"
@@ -354,19 +368,20 @@ def build_dag(scale: Scale) -> HeroDag:
         phase_fractions=PHASE_FRACTIONS,
         quality_multipliers=[[1.0] * scale.quality_buckets, cooldown],
     )
-    steps += [tokenizer, cells, tokenized, weights]
+    suite = default_eval_suite(suite_subsets, tokenizer, scale.suite_tokens_per_subset, scale.hero.shape.seq_len)
+    steps += [tokenizer, cells, tokenized, weights, suite]
 
     trains, evaluates, ladder = {}, {}, []
     for rung in scale.rungs:
-        trained = default_train(rung, scale.recipe, tokenizer, tokenized, weights)
-        evaluated = default_evaluate(rung, scale.recipe, trained, tokenizer, tokenized)
+        trained = default_train(rung, scale.recipe, tokenizer, tokenized, weights, eval_suite=suite)
+        evaluated = default_evaluate(rung, scale.recipe, trained, tokenizer, tokenized, eval_suite=suite)
         trains[rung.name] = (rung, trained)
         evaluates[rung.name] = (rung, evaluated)
         ladder.append((rung, trained, evaluated))
         steps += [trained, evaluated]
-    scaling = default_scaling(ladder, scale.hero, scale.irreducible_loss, scale.bootstrap_samples)
-    hero = default_train(scale.hero, scale.recipe, tokenizer, tokenized, weights, prediction=scaling)
-    hero_eval = default_evaluate(scale.hero, scale.recipe, hero, tokenizer, tokenized)
+    scaling = default_scaling(ladder, scale.hero, scale.irreducible_loss, scale.bootstrap_samples, SUITE_MACRO_LOSS)
+    hero = default_train(scale.hero, scale.recipe, tokenizer, tokenized, weights, prediction=scaling, eval_suite=suite)
+    hero_eval = default_evaluate(scale.hero, scale.recipe, hero, tokenizer, tokenized, eval_suite=suite)
     trains[scale.hero.name] = (scale.hero, hero)
     evaluates[scale.hero.name] = (scale.hero, hero_eval)
     steps += [scaling, hero, hero_eval]
@@ -459,7 +474,8 @@ def print_run_summary(executor: Executor, dag: HeroDag) -> None:
             f"  [{executor.output_paths[dag.scaling]}/prediction.json]"
         )
     if achieved is not None:
-        print(f"  achieved macro held-out loss: {achieved['macro_loss']:.4f}  [{executor.output_paths[dag.hero_eval]}]")
+        print(f"  achieved macro held-out loss: {achieved['macro_loss']:.4f} on {achieved.get('metric', 'components')}"
+              f" ({achieved['macro_bpb']:.3f} bits per byte)  [{executor.output_paths[dag.hero_eval]}]")
     if prediction is not None and achieved is not None:
         p, loss = prediction["prediction"], achieved["macro_loss"]
         where = "inside" if p["low"] <= loss <= p["high"] else "OUTSIDE"

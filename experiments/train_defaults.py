@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, ResourceConfig, output_path_of, versioned
-from steps.evaluate.evaluate import BATCH_UNIT, EvaluateConfig, evaluate
+from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.model.model_size import MoeShape, active_params, total_params, training_flops
-from steps.scaling.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
+from steps.scaling.ladder import MACRO_LOSS, LadderConfig, LadderRung, LadderTarget, predict_from_ladder
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.train.hardware import Hardware, mfu_denominator
 from steps.train.parallelism import ParallelismPlan, plan_parallelism
@@ -43,6 +43,8 @@ class Rung:
     """The accelerators it is planned on (None: whatever runs it, unplanned: the tiny demo on CPU)."""
     devices: int = 1
     """Devices the run is planned on (with `hardware`); layout only, never versioned."""
+    learning_rate: float | None = None
+    """Its own peak learning rate (None: the recipe's; versioned either way)."""
 
     def plan(self, training: bool = True) -> ParallelismPlan | None:
         """The parallelism and memory plan of its train (or evaluate: forward only, the largest per-device
@@ -81,6 +83,7 @@ class Recipe:
     """What every rung of a ladder shares."""
 
     learning_rate: float
+    """Peak learning rate of a rung that names none of its own (`Rung.learning_rate`)."""
     warmup: float = 0.01
     min_lr_ratio: float = 0.1
     lr_schedule: str = "cosine"
@@ -99,9 +102,11 @@ class Recipe:
     mixture_block_size: int = 2048
     evals_per_run: int = 10
     """Evaluations during each run (the predicted loss curve is read at these points)."""
-    max_eval_batches: int | None = None
+    eval_batch_size: int = 8
+    """Sequences per eval batch, in the train steps' periodic evals and the evaluate steps alike."""
     eval_batches: int | None = None
-    """Batches per component in the evaluate step (None: every validation sequence)."""
+    """Eval batches per component or suite subset, in both (None: every validation sequence): the train step's
+    curve and the evaluate step's final point read the same sequences, whatever the train batch."""
     checkpoints_per_run: int = 10
     temporary_checkpoint_seconds: float = 600.0
     peak_flops_per_device: float | None = None
@@ -116,11 +121,6 @@ def _microbatch(plan: ParallelismPlan | None) -> int:
 def _mesh(plan: ParallelismPlan | None) -> dict[str, int] | None:
     """The step's device mesh for a plan: its data x expert mesh, or None (Levanter's default) without one."""
     return None if plan is None else dict(plan.mesh)
-
-
-def _eval_batch(plan: ParallelismPlan | None) -> int:
-    """The evaluate step's batch for a plan (its microbatch on every device); the step's default without one."""
-    return BATCH_UNIT if plan is None else plan.microbatch * plan.devices
 
 
 def versioned_unless_default(config_type: type, **values: Any) -> dict[str, Any]:
@@ -154,8 +154,10 @@ def default_train(
     tokenized: ExecutorStep,
     weights: ExecutorStep,
     prediction: ExecutorStep | None = None,
+    eval_suite: ExecutorStep | None = None,
 ) -> ExecutorStep:
-    """Train `rung` on the mixture `weights` over the cells in `tokenized`; watched against `prediction`."""
+    """Train `rung` on the mixture `weights` over the cells in `tokenized`, evaluated on the cells' validation
+    splits and `eval_suite`'s subsets; watched against `prediction`."""
     every_eval = max(1, rung.steps // recipe.evals_per_run)
     return ExecutorStep(
         name=f"train/{rung.name}",
@@ -172,7 +174,7 @@ def default_train(
             output_path=THIS_OUTPUT_PATH,
             num_train_steps=versioned(rung.steps),
             train_batch_size=versioned(rung.batch_size),
-            learning_rate=versioned(recipe.learning_rate),
+            learning_rate=versioned(recipe.learning_rate if rung.learning_rate is None else rung.learning_rate),
             warmup=versioned(recipe.warmup),
             min_lr_ratio=versioned(recipe.min_lr_ratio),
             lr_schedule=versioned(recipe.lr_schedule),
@@ -189,7 +191,9 @@ def default_train(
             ),
             seed=versioned(0),
             steps_per_eval=every_eval,
-            max_eval_batches=recipe.max_eval_batches,
+            max_eval_batches=recipe.eval_batches,
+            eval_batch_size=recipe.eval_batch_size,
+            eval_suite_path=None if eval_suite is None else output_path_of(eval_suite),
             checkpoint_every_steps=max(1, rung.steps // recipe.checkpoints_per_run),
             temporary_checkpoint_seconds=recipe.temporary_checkpoint_seconds,
             peak_flops_per_device=recipe.peak_flops_per_device,
@@ -221,13 +225,19 @@ def fork_of(run: ExecutorStep, step: int, name: str, **changes: Any) -> Executor
 
 
 def default_evaluate(
-    rung: Rung, recipe: Recipe, trained: ExecutorStep, tokenizer: ExecutorStep, tokenized: ExecutorStep
+    rung: Rung,
+    recipe: Recipe,
+    trained: ExecutorStep,
+    tokenizer: ExecutorStep,
+    tokenized: ExecutorStep,
+    eval_suite: ExecutorStep | None = None,
 ) -> ExecutorStep:
-    """Macro held-out loss and bits per byte of `trained`'s final checkpoint over every cell's validation split."""
+    """Macro held-out loss and bits per byte of `trained`'s final checkpoint on `eval_suite` (the ladder's metric)
+    and every cell's validation split, over the sequences the train step's own evals read."""
     return ExecutorStep(
         name=f"evaluate/{rung.name}",
         fn=evaluate,
-        description=f"{rung.name}: held-out loss per cell and the macro average",
+        description=f"{rung.name}: held-out loss per suite subset and per cell, and their macro averages",
         config=EvaluateConfig(
             checkpoint_path=output_path_of(trained, "checkpoints"),
             shape=versioned(rung.shape),
@@ -235,9 +245,10 @@ def default_evaluate(
             components={},
             components_path=output_path_of(tokenized),
             output_path=THIS_OUTPUT_PATH,
+            batch_size=recipe.eval_batch_size,
             max_batches=versioned(recipe.eval_batches),
             mesh=_mesh(rung.plan(training=False)),
-            batch_size=_eval_batch(rung.plan(training=False)),
+            eval_suite_path=None if eval_suite is None else output_path_of(eval_suite),
             **versioned_unless_default(
                 EvaluateConfig, router_combine=recipe.router_combine, router_combine_sum=recipe.router_combine_sum
             ),
@@ -251,10 +262,12 @@ def default_scaling(
     target: Rung,
     asymptote: float,
     bootstrap_samples: int = 1000,
+    metric: str = MACRO_LOSS,
 ) -> ExecutorStep:
     """Fit loss vs FLOPs over `rungs` (each with its train and evaluate steps) and predict `target`, by the
     published method: the irreducible loss E fixed at `asymptote`, A and alpha a least-squares line in log-log,
-    the band least squares' prediction interval (steps/scaling/scaling.py)."""
+    the band least squares' prediction interval (steps/scaling/scaling.py). `metric`: the train steps' logged
+    loss the curve reads (`SUITE_MACRO_LOSS` where the rungs have an eval suite)."""
     return ExecutorStep(
         name="scaling/ladder",
         fn=predict_from_ladder,
@@ -283,5 +296,6 @@ def default_scaling(
             output_path=THIS_OUTPUT_PATH,
             asymptote=versioned(asymptote),
             bootstrap_samples=versioned(bootstrap_samples),
+            **versioned_unless_default(LadderConfig, metric=metric),
         ),
     )

@@ -17,6 +17,8 @@ from steps.train.hardware import HARDWARE
 
 RUNG_NAMES = ["d768", "d1024", "d1536", "d2048", "d6144"]
 STANDS_FOR_THE_INTERNET = "raw/real_corpus"
+SUITE_TEXT = {"full": "download/paloma", "tiny": "eval_suite/text"}
+"""Where the eval suite's text comes from: Paloma from the Hub, or offline stand-ins."""
 
 
 def structure(scale: hero_535b.Scale, prefix: Path) -> tuple[set[str], set[tuple[str, str]]]:
@@ -45,15 +47,17 @@ def test_full_plan_reproduces_the_published_table(tmp_path: Path, capsys: pytest
         assert figures["tokens"] == pytest.approx(tokens, rel=0.02), rung
         assert figures["flops"] == pytest.approx(flops, rel=0.10), rung
     printed = capsys.readouterr().out
-    assert "planned 39 steps in" in printed and "device-hours" in printed
+    assert "planned 41 steps in" in printed and "device-hours" in printed
     assert "d6144:  535.193B total,  22.650B active" in printed
 
 
 def test_tiny_dag_has_the_full_dags_steps_and_edges(tmp_path: Path) -> None:
     full_names, full_edges = structure(hero_535b.full_scale(), tmp_path / "full")
     tiny_names, tiny_edges = structure(hero_535b.tiny_scale(), tmp_path / "tiny")
-    assert tiny_names - full_names == {STANDS_FOR_THE_INTERNET} and full_names <= tiny_names
-    assert {edge for edge in tiny_edges if edge[0] != STANDS_FOR_THE_INTERNET} == full_edges
+    assert tiny_names - full_names == {STANDS_FOR_THE_INTERNET, SUITE_TEXT["tiny"]}
+    assert full_names - tiny_names == {SUITE_TEXT["full"]}
+    as_tiny = {(SUITE_TEXT["tiny"] if a == SUITE_TEXT["full"] else a, b) for a, b in full_edges}
+    assert {edge for edge in tiny_edges if edge[0] != STANDS_FOR_THE_INTERNET} == as_tiny
     # The prediction is registered before the hero starts; every rung is evaluated; the mixture has two phases.
     assert ("scaling/ladder", "train/d6144") in full_edges
     assert {(f"evaluate/{rung}", "scaling/ladder") for rung in RUNG_NAMES[:-1]} <= full_edges
@@ -87,3 +91,22 @@ def test_tiny_models_have_the_heros_architecture() -> None:
         assert (shape.global_every, shape.n_shared_experts) == (reference.global_every, reference.n_shared_experts)
         config = qwen3_moe_config(shape, tokenizer_path="unused", router_aux_loss_coef=None, step=small.name)
         assert config.total_trainable_params(shape.vocab_size) == total_params(shape)
+
+
+def test_a_rung_may_carry_its_own_learning_rate() -> None:
+    """`Rung.learning_rate` overrides the recipe's peak learning rate for that rung's train step (hashed); a rung
+    without one trains at the recipe's."""
+    import dataclasses
+
+    from executor import VersionedValue
+    from experiments.train_defaults import default_train
+
+    scale = hero_535b.tiny_scale()
+    dag = hero_535b.build_dag(scale)
+    _rung, trained = dag.trains[scale.rungs[0].name]
+    tokenizer, tokenized, weights = (trained.config.tokenizer_path.step, trained.config.components_path.step,
+                                     trained.config.mixture_weights_path.step)  # fmt: skip
+    own = default_train(dataclasses.replace(scale.rungs[0], learning_rate=3e-2), scale.recipe, tokenizer, tokenized,
+                        weights)  # fmt: skip
+    assert trained.config.learning_rate == VersionedValue(scale.recipe.learning_rate)
+    assert own.config.learning_rate == VersionedValue(3e-2)

@@ -32,8 +32,9 @@ def test_dedup_runs_once_over_every_source_but_the_exempt_ones(scale: str, tmp_p
     for source in hero_535b.SOURCES:
         exempt = source in chosen.dedup_exempt
         assert into(f"data/{source}/heuristics") == {f"download/{source}" if exempt else "data/exact_dedup"}
+        suite_text = "download/paloma" if scale == "full" else "eval_suite/text"  # the eval suite's text, too
         assert into(f"data/{source}/decontaminate") == {
-            f"data/{source}/fasttext_filter" if exempt else "data/fuzzy_dedup", "download/eval_sets"}
+            f"data/{source}/fasttext_filter" if exempt else "data/fuzzy_dedup", "download/eval_sets", suite_text}
     assert not any(name.endswith("_dedup") and name.count("/") > 1 for name in _names), "a per-source dedup is left"
 
 

@@ -20,7 +20,7 @@ from hero_run import HeroRun, checkpoint_steps, files_under
 from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 
 from executor import read_status
-from experiments.hero_535b import TINY_HERO, TINY_RUNGS, TINY_VOCAB
+from experiments.hero_535b import TINY_EVAL_BATCHES, TINY_HERO, TINY_RUNGS, TINY_VOCAB
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.train_tokenizer import load_tokenizer
 from steps.train.train_metrics import read_metrics
@@ -94,7 +94,8 @@ def test_every_train_step_logged_what_the_run_view_plots(hero_run: HeroRun) -> N
         keys = set().union(*(record.keys() for record in records))
         for key in ("train/loss", "optim/learning_rate", "grad/norm/total", "params/norm/total",
                     "throughput/tokens_per_second", "model_flops_per_second", "eval/macro_loss",
-                    "router/bias/norm", "router/load/max_over_mean", "router/dropped_fraction"):  # fmt: skip
+                    "eval/suite/macro_loss", "router/bias/norm", "router/load/max_over_mean",
+                    "router/dropped_fraction"):  # fmt: skip
             assert key in keys, (rung, sorted(keys))
         assert {f"eval/{cell}/loss" for cell in cells} <= keys, (rung, sorted(keys))
         losses = train_losses(records)
@@ -121,21 +122,26 @@ def tokens_per_byte(cache_dir: str, tokenizer_path: str, tokens: int) -> float:
 
 
 def test_each_evaluate_step_agrees_with_its_train_steps_last_eval(hero_run: HeroRun) -> None:
+    """On the eval suite (the ladder's metric) and on every cell: the same sequences, the same figures."""
     for rung, steps in RUNGS.items():
         results = json.loads((hero_run.outputs[f"evaluate/{rung}"] / "results.json").read_text())
-        assert results["step"] == steps - 1
+        assert results["step"] == steps - 1 and results["metric"] == "eval_suite" and len(results["suite"]) >= 8
         records = read_metrics(str(hero_run.outputs[f"train/{rung}"]))
-        last_eval = [record for record in records if "eval/macro_loss" in record][-1]
+        last_eval = [record for record in records if "eval/suite/macro_loss" in record][-1]
         for cell, figures in results["components"].items():
             assert figures["loss"] == pytest.approx(last_eval[f"eval/{cell}/loss"], rel=0.02), (rung, cell)
+        for subset, figures in results["suite"].items():
+            assert figures["loss"] == pytest.approx(last_eval[f"eval/suite/{subset}/loss"], rel=0.02), (rung, subset)
+        assert results["macro_loss"] == pytest.approx(last_eval["eval/suite/macro_loss"], rel=0.02)
+        assert results["macro_loss"] == pytest.approx(float(np.mean([f["loss"] for f in results["suite"].values()])))
         losses = [figures["loss"] for figures in results["components"].values()]
-        assert results["macro_loss"] == pytest.approx(float(np.mean(losses)))
+        assert results["components_macro_loss"] == pytest.approx(float(np.mean(losses)))
     # Bits per byte: the loss in bits over the bytes the evaluated tokens decode to (the biggest cell).
     results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())
     cells = json.loads((hero_run.outputs["tokenized/cells"] / "components.json").read_text())["components"]
     cell = max(cells, key=lambda name: cells[name]["validation_tokens"])
     figures = results["components"][cell]
-    evaluated = min(2 * 8 * 64, cells[cell]["validation_tokens"])
+    evaluated = min(TINY_EVAL_BATCHES * 8 * 64, cells[cell]["validation_tokens"])
     ratio = tokens_per_byte(str(hero_run.outputs["tokenized/cells"] / cell), str(hero_run.outputs["tokenizer/hero"]),
                             evaluated)  # fmt: skip
     assert figures["bpb"] == pytest.approx(figures["loss"] / math.log(2) * ratio, rel=0.05), figures

@@ -1,8 +1,10 @@
 """The scaling fit: recovers a known law, bands that hold the next run as often as they say, a predicted loss curve
 that never rises, eval lines read at the tokens they saw, and fits it cannot make refused."""
 
+import dataclasses
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,3 +260,34 @@ def test_the_hero_dags_ladder_fixes_the_asymptote_below_every_loss_it_fits(scale
     config = hero_535b.build_dag(chosen).scaling.config
     assert config.asymptote == VersionedValue(chosen.irreducible_loss)
     assert 0 < chosen.irreducible_loss < math.log(chosen.vocab_size) / 2
+
+
+def test_the_ladder_fits_the_eval_suites_macro_loss_not_the_cells(tmp_path) -> None:
+    """With an eval suite the curve reads `eval/suite/macro_loss` and the final point the evaluate step's suite
+    macro loss; the cells' `eval/macro_loss`, beside it in metrics.jsonl, is left alone. A ladder that reads one
+    metric during training and finds the other at the end is refused, naming the rung and its file."""
+    import json
+
+    from steps.scaling.ladder import SUITE_MACRO_LOSS, LadderConfig, LadderTarget, predict_from_ladder
+
+    rungs = [
+        write_rung(tmp_path, f"r{i}", c, tokens=1e6, tokens_per_step=1e4, steps_per_eval=25)
+        for i, c in enumerate(LADDER_COMPUTE)
+    ]
+    for rung in rungs:
+        metrics = Path(rung.train_path) / "metrics.jsonl"
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        lines = [{"step": line["step"], SUITE_MACRO_LOSS: line["eval/macro_loss"], "eval/macro_loss": 9.0}
+                 for line in lines]  # fmt: skip
+        metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        results = Path(rung.evaluate_path) / "results.json"
+        results.write_text(json.dumps({**json.loads(results.read_text()), "metric": "eval_suite"}))
+    target = LadderTarget(name="hero", flops=HERO_COMPUTE, tokens=5e8, tokens_per_step=2e4)
+    config = LadderConfig(rungs=rungs, target=target, output_path=str(tmp_path / "out"), asymptote=TRUE_E,
+                          metric=SUITE_MACRO_LOSS)  # fmt: skip
+    document = predict_from_ladder(config)
+    assert document["prediction"]["loss"] == pytest.approx(law(HERO_COMPUTE), rel=1e-6)
+    assert all(point["loss"] < 9.0 for rung in document["rungs"] for point in rung["curve"])
+    with pytest.raises(ValueError, match=r"rung r0's results.json \(.*eval-r0\) scores eval_suite but the ladder "
+                                         r"reads eval/macro_loss"):  # fmt: skip
+        predict_from_ladder(dataclasses.replace(config, metric="eval/macro_loss"))

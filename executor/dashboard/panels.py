@@ -29,7 +29,7 @@ from executor import storage
 from executor.alerts import read_alerts
 from executor.dashboard import files
 from executor.dashboard.safety import relative_to, resolve_under
-from executor.metrics_log import read_metrics_bytes, rows_by_step
+from executor.metrics_log import SUITE_MACRO_LOSS, read_metrics_bytes, rows_by_step
 from executor.status import INFO_FILE, LINEAGE_FILE, METRICS_FILE
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -140,16 +140,27 @@ def chart(chart_id: str, title: str, series: list[dict[str, Any]], **options: An
     }
 
 
-def eval_components(rows: Mapping[int, Mapping[str, Any]]) -> list[str]:
+def eval_components(rows: Mapping[int, Mapping[str, Any]], under: str = "eval/") -> list[str]:
+    """The components (or, `under="eval/suite/"`, the eval suite's subsets) with a loss of their own; "suite",
+    the suite's parent tag (Levanter's micro average over its subsets), is none."""
     keys = {key for row in rows.values() for key in row}
+    depth = under.count("/") + 1
     return sorted(
-        key[5:-5] for key in keys if key.startswith("eval/") and key.endswith("/loss") and key.count("/") == 2
+        name
+        for key in keys
+        if key.startswith(under)
+        and key.endswith("/loss")
+        and key.count("/") == depth
+        and (name := key[len(under) : -len("/loss")]) != "suite"
     )
 
 
 def macro_eval(row: Mapping[str, Any], components: list[str]) -> float | None:
-    """Levanter's eval/macro_loss (the mean over components: what the ladder predicts), else the mean of the
-    eval/<component>/loss of the row, else eval/loss when the run has no components."""
+    """What the ladder predicts: the eval suite's macro loss (eval/suite/macro_loss), else Levanter's
+    eval/macro_loss (the mean over components), else the mean of the eval/<component>/loss of the row, else
+    eval/loss when the run has no components."""
+    if (suite := files.number(row.get(SUITE_MACRO_LOSS))) is not None:
+        return suite
     if (macro := files.number(row.get("eval/macro_loss"))) is not None:
         return macro
     losses = [files.number(row.get(f"eval/{component}/loss")) for component in components]
@@ -265,6 +276,12 @@ def run_view(prefix: str, output_path: str) -> dict[str, Any]:
     ]
     if per_domain:
         charts.append(chart("eval_domains", "eval loss per domain", per_domain, x_label="step"))
+    per_subset: list[dict[str, Any]] = [
+        {"label": s, "kind": "points", "points": series_of(rows, f"eval/suite/{s}/loss")}
+        for s in eval_components(rows, "eval/suite/")
+    ]
+    if per_subset:
+        charts.append(chart("eval_suite", "eval loss per suite subset", per_subset, x_label="step"))
     return {
         "steps": len(rows),
         "last_step": max(train),

@@ -18,8 +18,11 @@ class NonFiniteResultError(ValueError):
 
 def check_finite_results(label: str, results: Mapping[str, Any]) -> None:
     """Refuse results whose macro or per-component figures are NaN or infinite."""
-    figures = {f"{name} {figure}": value for name, by_figure in results["components"].items()
-               for figure, value in by_figure.items()}  # fmt: skip
+    scored = {
+        **results["components"],
+        **{f"suite/{name}": by_figure for name, by_figure in results.get("suite", {}).items()},
+    }
+    figures = {f"{name} {figure}": value for name, by_figure in scored.items() for figure, value in by_figure.items()}
     figures |= {figure: results[figure] for figure in ("macro_loss", "macro_bpb")}
     bad = [f"{figure} = {value}" for figure, value in figures.items() if not math.isfinite(value)]
     if bad:

@@ -1,4 +1,4 @@
-"""Held-out loss and bits per byte per data component, and their macro average, from a train step's checkpoint.
+"""Held-out loss and bits per byte on the eval suite and per data component, from a train step's checkpoint.
 
     evaluation = ExecutorStep(
         name="evaluate/moe-tiny",
@@ -12,17 +12,20 @@
         ),
     )
 
-The ladder's metric is Paloma-style: per component, the token-weighted mean loss over its validation split
-(`validation/` of a tokenize step's output), then the plain mean over components, so that a large
-component does not drown a small one. Bits per byte divide each component's summed loss (in bits) by the
-UTF-8 bytes its target tokens decode to. Both come from Levanter's own `TaggedEvaluator` (the code the train
-step's periodic `eval/<component>/loss` and `/bpb` come from), so the numbers here and in metrics.jsonl
-agree; this step only loads the latest complete checkpoint and averages. At scale it loads the model on the
-plan's mesh (`mesh`, the train step's layout) and scores the plan's batch (`batch_size`), split over every
-device.
+The ladder's metric is Paloma's: per held-out subset of the eval suite (steps/tokenize/eval_suite.py, text that
+never entered training, each subset capped to the same tokens), the token-weighted mean loss, then the plain
+mean over subsets (`macro_loss`), so that a large subset does not drown a small one. The data components'
+validation splits (the training mixture's own cells) are scored the same way, as a second panel
+(`components_macro_loss`); without a suite, `macro_loss` is theirs, as before. Bits per byte divide each
+summed loss (in bits) by the UTF-8 bytes its target tokens decode to. Both come from Levanter's own
+`TaggedEvaluator` (the code the train step's periodic `eval/suite/<subset>/loss`, `eval/<component>/loss` and
+`/bpb` come from), reading the same sequences when `batch_size` x `max_batches` equals the train step's
+`eval_batch_size` x `max_eval_batches`; this step only loads the latest complete checkpoint and averages. At scale it loads the model on the plan's mesh (`mesh`, the train step's layout) and splits each batch over
+every device.
 
-Output: `results.json` = {"checkpoint": path, "step": s, "components": {name: {"loss", "bpb"}},
-"macro_loss", "macro_bpb"}.
+Output: `results.json` = {"checkpoint": path, "step": s, "metric": "eval_suite" or "components",
+"suite": {subset: {"loss", "bpb"}}, "components": {name: {"loss", "bpb"}}, "macro_loss", "macro_bpb",
+"components_macro_loss", "components_macro_bpb"}.
 """
 
 from __future__ import annotations
@@ -45,13 +48,12 @@ from steps.evaluate.checks import check_finite_results
 from steps.model.checkpoints import latest_checkpoint, load_model
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape
+from steps.tokenize.eval_suite import SUITE_PREFIX, load_suite
 from steps.tokenize.tokenize import load_components
 
 logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
-BATCH_UNIT = 8
-"""Sequences per batch that `max_batches` counts (the default `batch_size`)."""
 
 
 @dataclass(frozen=True)
@@ -70,17 +72,19 @@ class EvaluateConfig:
     """Where results.json goes (THIS_OUTPUT_PATH)."""
     components_path: str | None = None
     """A `per_folder` tokenize output whose components.json adds components (as the train step's). A dependency."""
-    batch_size: int = BATCH_UNIT
-    """Sequences per eval batch, split over every device (a multiple of their number); a planned run's is the
-    plan's microbatch x devices. Plain: the loss does not depend on it (Levanter's bits per byte move by up to
-    about 1% with it)."""
+    eval_suite_path: str | None = None
+    """An eval_suite output: its subsets' macro loss becomes `macro_loss` (the train step's
+    `eval/suite/macro_loss`). A dependency."""
+    batch_size: int = 8
+    """Sequences per eval batch, split over every device (a multiple of their number): the train step's
+    `eval_batch_size`, so that both read the same sequences. Plain: the loss does not depend on it (Levanter's
+    bits per byte move by up to about 1% with it)."""
     mesh: Mapping[str, int] | None = None
     """The plan's device mesh, `{"data": D, "expert": E}`, the train step's layout (`TrainConfig.mesh`): the
     model is loaded FSDP over `data` with its routed experts split over `expert`, and each device scores its
     share of every batch. None: Levanter's default, every device on `data`. Plain."""
     max_batches: int | None = None
-    """Cap per component, in batches of `BATCH_UNIT` sequences whatever `batch_size` is, so that a plan's batch
-    never changes which sequences are scored (None: the whole split). Versioned: it changes the figures."""
+    """Cap per component, in batches of `batch_size` (None: the whole split). Versioned: it changes the figures."""
     router_combine: str = "softmax"
     """The train step's gate of the chosen experts' outputs (TrainConfig.router_combine). Versioned."""
     router_combine_sum: float = 1.0
@@ -102,12 +106,14 @@ def evaluate(config: EvaluateConfig) -> dict:
     caches = dict(config.components)
     if config.components_path is not None:
         caches.update(load_components(config.components_path))
+    if config.eval_suite_path is not None:
+        caches.update(load_suite(config.eval_suite_path))
     if not caches:
         raise ValueError(f"{label}: no components to evaluate; give tokenize step outputs")
     data = lm_data_config(config.tokenizer_path, caches)
     trainer = _trainer(config, label)
     tagged_sets = [(data.validation_sets(model_config.max_Pos)[name], [name]) for name in caches]
-    max_examples = config.max_batches * BATCH_UNIT if config.max_batches is not None else None
+    max_examples = config.max_batches * config.batch_size if config.max_batches is not None else None
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.compute_axis_mapping):
         model = load_model(model_config, checkpoint, Axis("vocab", len(data.the_tokenizer)), trainer)
         evaluator = TaggedEvaluator(
@@ -120,17 +126,10 @@ def evaluate(config: EvaluateConfig) -> dict:
         )
         result = evaluator.evaluate(model)
     assert result.tag_micro_bpb is not None  # TaggedEvaluator computes it whenever it has a tokenizer
-    components = {
-        name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
-        for name in caches
-    }
-    results = {
-        "checkpoint": checkpoint,
-        "step": int(checkpoint.rstrip("/").rsplit("step-", 1)[-1]),
-        "components": components,
-        "macro_loss": sum(c["loss"] for c in components.values()) / len(components),
-        "macro_bpb": sum(c["bpb"] for c in components.values()) / len(components),
-    }
+    scored = {name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
+              for name in caches}  # fmt: skip
+    results = {"checkpoint": checkpoint, "step": int(checkpoint.rstrip("/").rsplit("step-", 1)[-1]),
+               **_macro_figures(scored)}  # fmt: skip
     check_finite_results(label, results)
     storage.write_json_atomic(storage.join(config.output_path, RESULTS_FILE), results)
     logger.info("%s: macro loss %.4f, macro bpb %.4f", label, results["macro_loss"], results["macro_bpb"])
@@ -148,6 +147,24 @@ def _trainer(config: EvaluateConfig, label: str) -> TrainerConfig:
     except ValueError as error:
         raise ValueError(f"{label}: {error}; fix the step's mesh") from error
     return TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size // devices, mesh=mesh)
+
+
+def _macro_figures(scored: dict[str, dict[str, float]]) -> dict:
+    """results.json's figures from every evaluated cache's: the suite's subsets and the components apart, each
+    with its unweighted means; `macro_loss` / `macro_bpb` are the suite's where there is one."""
+    suite = {name.removeprefix(SUITE_PREFIX): figures for name, figures in scored.items()
+             if name.startswith(SUITE_PREFIX)}  # fmt: skip
+    components = {name: figures for name, figures in scored.items() if not name.startswith(SUITE_PREFIX)}
+    figures: dict = {"metric": "eval_suite" if suite else "components", "suite": suite, "components": components}
+    if components:
+        figures["components_macro_loss"], figures["components_macro_bpb"] = _means(components)
+    figures["macro_loss"], figures["macro_bpb"] = _means(suite or components)
+    return figures
+
+
+def _means(group: dict[str, dict[str, float]]) -> tuple[float, float]:
+    """The unweighted means of a group's losses and bits per byte."""
+    return (sum(c["loss"] for c in group.values()) / len(group), sum(c["bpb"] for c in group.values()) / len(group))
 
 
 def _per_position_loss(model: LmHeadModel, batch: LmExample) -> LossFnOutput:

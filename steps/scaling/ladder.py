@@ -14,7 +14,9 @@
 
 Each rung contributes its final macro held-out loss (the evaluate step's `results.json`) at its training
 FLOPs (steps/model/model_size.py), and its eval losses during training (the train step's `metrics.jsonl`:
-`eval/macro_loss` at each eval) for the predicted loss curve. The fit
+`metric` at each eval) for the predicted loss curve. With an eval suite (the hero DAG's) both are the suite's
+macro loss over the same sequences (`eval/suite/macro_loss`, steps/tokenize/eval_suite.py): Paloma's metric,
+on text that never entered training, one measurement from the first eval to the final point. The fit
 and the prediction band are steps/scaling/scaling.py's. The target's train step takes this step's output as a
 dependency, so the prediction is on disk, hashed and dated, before the target starts.
 
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 PREDICTION_FILE = "prediction.json"
 MACRO_LOSS = "eval/macro_loss"
+SUITE_MACRO_LOSS = "eval/suite/macro_loss"
 
 
 @dataclass(frozen=True)
@@ -93,31 +96,38 @@ class LadderConfig:
     bootstrap_samples: int = 1000
     """Residual-bootstrap draws behind the band when the asymptote is free (a fixed one's band is closed-form;
     steps/scaling/scaling.py). Versioned."""
+    metric: str = MACRO_LOSS
+    """The train steps' logged loss the curve reads: `eval/macro_loss` (every component's) or, with an eval
+    suite, `SUITE_MACRO_LOSS`, whose final point is then the evaluate steps' suite `macro_loss`. Versioned."""
 
 
-def eval_curve(train_path: str, tokens_per_step: float) -> tuple[list[float], list[float]]:
-    """A rung's macro eval loss during training (Levanter's `eval/macro_loss`: the mean over components of
-    each component's token-weighted loss), as (tokens, loss) at each eval.
+def eval_curve(train_path: str, tokens_per_step: float, metric: str = MACRO_LOSS) -> tuple[list[float], list[float]]:
+    """A rung's macro eval loss during training (Levanter's `eval/macro_loss`, or `eval/suite/macro_loss`: the
+    mean over components, or suite subsets, of each one's token-weighted loss), as (tokens, loss) at each eval.
 
     Levanter logs the step just completed, counted from 0: a line at step s comes after s + 1 optimizer steps,
     so (s + 1) x tokens_per_step tokens. A resumed run logs some steps twice; the later line (the run that
     continued) wins."""
     by_step: dict[int, float] = {}
     for record in read_metrics(train_path):
-        if record.get("step") is not None and isinstance(record.get(MACRO_LOSS), float | int):
-            by_step[int(record["step"])] = float(record[MACRO_LOSS])
+        if record.get("step") is not None and isinstance(record.get(metric), float | int):
+            by_step[int(record["step"])] = float(record[metric])
     steps = sorted(by_step)
     return [(step + 1) * tokens_per_step for step in steps], [by_step[step] for step in steps]
 
 
-def _rung_curve(rung: LadderRung, where: str) -> RungCurve:
+def _rung_curve(rung: LadderRung, where: str, metric: str = MACRO_LOSS) -> RungCurve:
     results = storage.read_json(storage.join(rung.evaluate_path, "results.json"))
     if results is None or "macro_loss" not in results:
         raise FileNotFoundError(f"{where}: rung {rung.name} has no results.json with macro_loss under "
                                 f"{rung.evaluate_path}; run its evaluate step first")  # fmt: skip
+    if (metric == SUITE_MACRO_LOSS) != (results.get("metric") == "eval_suite"):
+        raise ValueError(f"{where}: rung {rung.name}'s results.json ({rung.evaluate_path}) scores "
+                         f"{results.get('metric', 'components')} but the ladder reads {metric} during training: "
+                         "give its evaluate step the train step's eval suite, or fit the metric it has")  # fmt: skip
     final_loss = float(results["macro_loss"])
     check_finite_losses(where, rung.name, storage.join(rung.evaluate_path, "results.json"), ["the end"], [final_loss])
-    tokens, losses = eval_curve(rung.train_path, rung.tokens_per_step)
+    tokens, losses = eval_curve(rung.train_path, rung.tokens_per_step, metric)
     kept = [(t, loss) for t, loss in zip(tokens, losses, strict=True) if t < rung.tokens]
     eval_steps = [f"step {round(t / rung.tokens_per_step) - 1}" for t, _ in kept]  # the step as logged
     metrics_file = storage.join(rung.train_path, "metrics.jsonl")
@@ -135,7 +145,7 @@ def predict_from_ladder(config: LadderConfig) -> dict:
         raise ValueError(
             f"{where}: {len(config.rungs)} rung(s) cannot fit a power law with a band; give at least {needed}"
         )
-    rungs = [_rung_curve(rung, where) for rung in config.rungs]
+    rungs = [_rung_curve(rung, where, config.metric) for rung in config.rungs]
     compute = [rung.compute for rung in rungs]
     final = [float(rung.loss[-1]) for rung in rungs]
     try:

@@ -64,6 +64,7 @@ from steps.model.hf_export import HF_FOLDER, export_checkpoint
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape, flops_per_token
 from steps.model.moe_model import MoeWatchConfig
+from steps.tokenize.eval_suite import load_suite
 from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
@@ -125,6 +126,10 @@ class TrainConfig:
     phase_steps: Sequence[int] | None = None
     """The steps the mixture_weights phases after the first start at, any steps (the hero: its new mixture from
     step 108,000); None: each at its share of the run, on a mixture block. Versioned."""
+    eval_suite_path: str | None = None
+    """An eval_suite output (steps/tokenize/eval_suite.py): its subsets are evaluated as validation-only
+    components `suite/<subset>`, logged as `eval/suite/<subset>/loss` and `eval/suite/macro_loss` (the ladder's
+    metric; the evaluate step reads the same sequences). A dependency."""
     prediction_path: str | None = None
     """A scaling step output whose predicted loss curve this run is watched against (the dashboard's run
     view overlays it). A dependency: the prediction is registered before the run starts."""
@@ -163,6 +168,10 @@ class TrainConfig:
     """Evaluate every component's validation split every this many steps. Plain."""
     max_eval_batches: int | None = None
     """Cap on eval batches per component (None: the whole split). Plain."""
+    eval_batch_size: int | None = None
+    """Sequences per eval batch, over all devices (None: the train batch, Levanter's default). Set it, with
+    `max_eval_batches`, to the evaluate step's batch and batches, so both read the same sequences whatever the
+    train batch. Plain."""
     checkpoint_every_steps: int = 1000
     """Permanent checkpoints every this many steps. Plain."""
     temporary_checkpoint_seconds: float = 600.0
@@ -235,6 +244,9 @@ def check_inputs(config: TrainConfig) -> None:
         )
     devices = jax.device_count()
     microbatch = config.per_device_parallelism * devices if config.per_device_parallelism > 0 else devices
+    if config.eval_batch_size is not None and (config.eval_batch_size <= 0 or config.eval_batch_size % devices):
+        raise TrainInputError(f"{label}: eval_batch_size={config.eval_batch_size} does not split over {devices} "
+                              "devices; use a multiple of the device count")  # fmt: skip
     if config.train_batch_size <= 0 or config.train_batch_size % microbatch:
         raise TrainInputError(
             f"{label}: train_batch_size={config.train_batch_size} does not split into microbatches of "
@@ -260,8 +272,9 @@ def check_inputs(config: TrainConfig) -> None:
             f"says vocab_size={config.shape.vocab_size}; make them equal"
         )
     train_only = train_only_components(config)
+    evaluated_only = suite_components(config)
     for name, path in components.items():
-        for split in SPLITS[:1] if name in train_only else SPLITS:
+        for split in SPLITS[:1] if name in train_only else SPLITS[1:] if name in evaluated_only else SPLITS:
             check_cache(label, name, storage.join(path, split), tokenizer_vocab)
 
 
@@ -272,11 +285,17 @@ def train_only_components(config: TrainConfig) -> set[str]:
     return set(load_components(config.components_path, train_only=True)) - set(config.components)
 
 
+def suite_components(config: TrainConfig) -> dict[str, str]:
+    """The eval suite's subsets as validation-only components (`suite/<subset>` -> cache folder)."""
+    return {} if config.eval_suite_path is None else load_suite(config.eval_suite_path)
+
+
 def data_mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule]:
-    """The components (given ones plus a per-folder tokenize output's) and the weight schedule
-    `[(start_step, {component: weight}), ...]` the run trains on; refused with TrainInputError if unusable."""
+    """The components (given ones, a per-folder tokenize output's, the eval suite's) and the weight schedule
+    `[(start_step, {component: weight}), ...]` the run trains on; refused with TrainInputError if unusable. The
+    suite's subsets get no weight: Levanter evaluates them and never trains on them."""
     components, schedule, _ = _mixture(config)
-    return components, schedule
+    return {**components, **suite_components(config)}, schedule
 
 
 def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, list[float]]]:
@@ -343,7 +362,8 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         watch=MoeWatchConfig(interval=config.watch_interval),
         train_batch_size=config.train_batch_size,
         per_device_parallelism=config.per_device_parallelism,
-        per_device_eval_parallelism=config.per_device_parallelism,
+        per_device_eval_parallelism=config.per_device_parallelism if config.eval_batch_size is None
+        else config.eval_batch_size // jax.device_count(),
         num_train_steps=config.num_train_steps,
         steps_per_eval=config.steps_per_eval,
         max_eval_batches=config.max_eval_batches,

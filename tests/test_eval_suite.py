@@ -1,0 +1,224 @@
+"""The external eval suite (issue 21): held-out subsets of text training never reads, each capped to the same
+tokens with the run's tokenizer, scored by the train step's periodic evals and by the evaluate step on the same
+sequences, whatever the train batch; the hero DAG decontaminates its training data against the suite's text and
+fits the ladder on the suite's macro loss. The last test trains a tiny model (minutes on 2 busy cores)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from executor import VersionedValue
+from executor.plan import build_plan
+from experiments import hero_535b
+from experiments.eval_suite import PALOMA_SUBSETS
+from steps.corpora.eval_suite_text import (
+    SUBSETS,
+    EvalSuiteTextConfig,
+    build_eval_suite_text,
+    roff_to_text,
+)
+from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
+from steps.filter.decontaminate import DecontaminateConfig
+from steps.scaling.ladder import SUITE_MACRO_LOSS
+from steps.tokenize.eval_suite import EvalSuiteConfig, EvalSuiteError, build_eval_suite, load_suite
+from steps.tokenize.levanter_cache import load_cache
+from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+
+
+def test_roff_markup_is_stripped_to_prose() -> None:
+    page = '.\\" a comment\n.TH read 2\n.SH NAME\nread \\- read from a file\n.PP\n.BR read ()\n'
+    page += 'attempts \\fIcount\\fP.\n'
+    assert roff_to_text(page).split() == ["NAME", "read", "-", "read", "from", "a", "file", "read", "()",
+                                          "attempts", "count."]  # fmt: skip
+    assert roff_to_text(".so man2/read.2\n") == ""  # an alias page has no text of its own
+
+
+def test_the_offline_suite_has_eight_or_more_subsets_of_the_same_size(tmp_path: Path) -> None:
+    stats = build_eval_suite_text(EvalSuiteTextConfig(str(tmp_path), list(SUBSETS), bytes_per_subset=4000))
+    assert len(stats) >= 8
+    for subset, figures in stats.items():
+        records = [json.loads(line) for line in (tmp_path / "subsets" / subset / "passages.jsonl").open()]
+        assert 4000 <= figures["bytes"] < 4000 + 150 * 30, (subset, figures["bytes"])  # stops at the cap
+        assert [record["id"] for record in records] == figures["ids"] and len(set(figures["ids"])) == len(records)
+        files = {record["id"].rsplit("#", 1)[0] for record in records}
+        assert len(files) >= 2, (subset, files)  # spread over files, at most two passages each
+        assert all(len(record["text"].split()) <= 150 or "\n" not in record["text"] for record in records)
+        if subset.startswith("man_"):
+            assert not any(marker in record["text"] for record in records for marker in ("\\fB", "\n.SH", ".\\\""))
+    with pytest.raises(ValueError, match=r"subsets \['nope'\] are not among"):
+        build_eval_suite_text(EvalSuiteTextConfig(str(tmp_path / "x"), ["nope"]))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("suite-tokenizer")
+    build_text_corpus(TextCorpusConfig(source="python_docstrings", max_docs=30, output_path=str(root / "corpus")))
+    train_tokenizer(TrainTokenizerConfig(input_paths=[str(root / "corpus")], vocab_size=512, sample_bytes=300_000,
+                                         output_path=str(root / "tokenizer")))  # fmt: skip
+    return str(root / "tokenizer")
+
+
+def _write_docs(folder: Path, documents: list[tuple[str, str]], files: int = 1) -> str:
+    """`documents` (id, text) spread round robin over `files` JSONL files in `folder`."""
+    folder.mkdir(parents=True)
+    for index in range(files):
+        chunk = documents[index::files]
+        (folder / f"part-{index}.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in chunk))
+    return str(folder)
+
+
+def _cache_tokens(split_path: Path) -> np.ndarray:
+    cache = load_cache(str(split_path))
+    return np.concatenate([row["input_ids"] for row in cache.get_batch_sync(list(range(len(cache))))])
+
+
+def test_every_subset_holds_exactly_the_cap_whatever_its_documents_and_their_files(tokenizer: str, tmp_path: Path):
+    """One long document and many short ones weigh the same: both subsets hold exactly `tokens_per_subset` tokens
+    (the last document cut short), taken in id-hash order, so the files' order changes nothing."""
+    prose = (Path(__file__).read_text() + "\n") * 3
+    many = [(f"doc-{index}", prose[index * 300 : index * 300 + 300]) for index in range(60)]
+    subsets = {"one_long": _write_docs(tmp_path / "long", [("only", prose)]),
+               "many_short": _write_docs(tmp_path / "short", many, files=3),
+               "same_reshuffled": _write_docs(tmp_path / "reshuffled", many[::-1], files=2)}  # fmt: skip
+    document = build_eval_suite(EvalSuiteConfig(subsets=subsets, tokenizer_path=tokenizer, tokens_per_subset=1024,
+                                                output_path=str(tmp_path / "suite"), min_tokens=64))  # fmt: skip
+    assert {name: figures["tokens"] for name, figures in document["subsets"].items()} == dict.fromkeys(subsets, 1024)
+    assert document["subsets"]["one_long"]["documents"] == 1 and document["subsets"]["many_short"]["documents"] > 5
+    streams = {name: _cache_tokens(tmp_path / "suite" / name / "validation") for name in subsets}
+    assert all(len(stream) == 1024 for stream in streams.values())
+    assert np.array_equal(streams["many_short"], streams["same_reshuffled"])
+    assert load_suite(str(tmp_path / "suite")) == {f"suite/{name}": str(tmp_path / "suite" / name) for name in subsets}
+    text = load_tokenizer(tokenizer).decode(streams["one_long"].tolist(), skip_special_tokens=True)
+    assert document["subsets"]["one_long"]["bytes"] == len(text.encode()) and prose.startswith(text)
+
+
+def test_a_subset_shorter_than_one_sequence_is_refused_by_name(tokenizer: str, tmp_path: Path) -> None:
+    subsets = {"tiny_one": _write_docs(tmp_path / "t", [("a", "just a few words")])}
+    with pytest.raises(EvalSuiteError, match=r"subset tiny_one \(.*/t\) holds \d+ tokens, fewer than one sequence"):
+        build_eval_suite(EvalSuiteConfig(subsets=subsets, tokenizer_path=tokenizer, tokens_per_subset=1024,
+                                         output_path=str(tmp_path / "suite"), min_tokens=64))  # fmt: skip
+
+
+def _steps(scale: str) -> dict:
+    chosen = hero_535b.tiny_scale() if scale == "tiny" else hero_535b.full_scale()
+    return {step.name: step for step in hero_535b.build_dag(chosen).steps}
+
+
+@pytest.mark.parametrize("scale", ["tiny", "full"])
+def test_the_hero_dag_decontaminates_against_the_suite_and_fits_its_macro_loss(scale: str) -> None:
+    """Every source is decontaminated against the suite's text; every train and evaluate step reads the one suite,
+    over the same number of sequences (eval batch x eval batches) whatever its train batch; the ladder fits the
+    suite's macro loss. Full scale: Paloma's 16 subsets."""
+    steps = _steps(scale)
+    suite = steps["eval_suite"]
+    subsets = suite.config.subsets
+    assert len(subsets) == 16 if scale == "full" else len(subsets) >= 8
+    if scale == "full":
+        assert set(subsets) == set(PALOMA_SUBSETS) and "download/paloma" in steps
+    plan = {planned.name: planned for planned in build_plan(list(steps.values()), "/prefix").steps}
+    suite_text = {str(path) for path in subsets.values()}
+    for name, step in steps.items():
+        if name.endswith("/decontaminate"):
+            assert isinstance(step.config, DecontaminateConfig)
+            assert suite_text <= {str(path) for path in step.config.eval_paths}, name
+    trains = [step for name, step in steps.items() if name.startswith("train/")]
+    evaluates = [step for name, step in steps.items() if name.startswith("evaluate/")]
+    assert len(trains) == len(evaluates) == 5
+    for train, evaluate in zip(trains, evaluates, strict=True):
+        assert str(train.config.eval_suite_path) == str(evaluate.config.eval_suite_path) != "None"
+        read_in_training = train.config.eval_batch_size * train.config.max_eval_batches
+        assert read_in_training == evaluate.config.batch_size * evaluate.config.max_batches.value, train.name
+        assert train.config.eval_batch_size != train.config.train_batch_size.value or scale == "tiny"
+        assert "eval_suite" in {dependency.name for dependency in plan[evaluate.name].dependencies}
+    assert steps["scaling/ladder"].config.metric == VersionedValue(SUITE_MACRO_LOSS)
+    if scale == "tiny":  # each subset is read whole by every eval: exactly the eval batches' sequences
+        seq_len = trains[0].config.shape.value.seq_len
+        assert suite.config.tokens_per_subset.value == read_in_training * seq_len
+
+
+def test_the_suite_text_never_enters_training_in_the_tiny_dag() -> None:
+    """Its subsets are not among the real corpus's domains the tiny sources download."""
+    steps = _steps("tiny")
+    corpus_domains = set(steps["raw/real_corpus"].config.domains.value)
+    assert corpus_domains and not corpus_domains & set(SUBSETS)
+
+
+# --- a tiny model trained and evaluated on the suite (slow: Levanter compiles on CPU) ------------------------------
+
+EVAL_BATCH, EVAL_BATCHES, TRAIN_BATCH, SEQ_LEN = 4, 2, 8, 64
+
+
+@pytest.mark.slow
+@pytest.mark.training
+@pytest.mark.timeout(1500)
+def test_train_and_evaluate_score_the_suite_on_the_same_sequences_whatever_the_train_batch(tokenizer, tmp_path):
+    """The train step logs each subset's loss and the suite's macro loss (the unweighted mean) at every eval; the
+    evaluate step's `macro_loss` is that same figure at the end, and its cell's loss the train step's last one:
+    both read eval batch x eval batches sequences, not train batch x eval batches as Levanter would by default."""
+    from test_training_bad_input import run_through_executor
+
+    from executor import THIS_OUTPUT_PATH
+    from steps.evaluate.evaluate import EvaluateConfig, evaluate
+    from steps.model.model_size import MoeShape
+    from steps.tokenize.tokenize import TokenizeConfig, tokenize
+    from steps.train.train import TrainConfig, train
+    from steps.train.train_metrics import read_metrics
+
+    root = Path(tokenizer).parent
+    cell = str(tmp_path / "cell")
+    tokenize(TokenizeConfig(input_paths=[str(root / "corpus" / "shard-*")], tokenizer_path=tokenizer,
+                            validation_fraction=0.5, output_path=cell, parallelism="thread"))  # fmt: skip
+    prose = (Path(__file__).read_text() + "\n") * 2
+    subsets = {"alpha": _write_docs(tmp_path / "alpha", [(f"a{i}", prose[i * 500 : i * 500 + 500]) for i in range(30)]),
+               "beta": _write_docs(tmp_path / "beta", [("b", prose[::-1])])}  # fmt: skip
+    suite = str(tmp_path / "suite")
+    cap = EVAL_BATCH * EVAL_BATCHES * SEQ_LEN  # each subset read whole by every eval
+    build_eval_suite(EvalSuiteConfig(subsets=subsets, tokenizer_path=tokenizer, output_path=suite,
+                                     tokens_per_subset=cap, min_tokens=SEQ_LEN))  # fmt: skip
+    shape = MoeShape(d_model=32, n_layers=2, vocab_size=load_tokenizer(tokenizer).get_vocab_size(), n_heads=2,
+                     head_dim=16, kv_heads_local=1, kv_heads_global=1, global_every=1, sliding_window=None,
+                     n_experts=4, top_k=2, expert_width=64, latent_dim=None, n_shared_experts=0, shared_width=0,
+                     seq_len=SEQ_LEN)  # fmt: skip
+    config = TrainConfig(shape=shape, tokenizer_path=tokenizer, components={"cell": cell}, output_path=THIS_OUTPUT_PATH,
+                         num_train_steps=4, train_batch_size=TRAIN_BATCH, learning_rate=1e-2, steps_per_eval=2,
+                         max_eval_batches=EVAL_BATCHES, eval_batch_size=EVAL_BATCH, eval_suite_path=suite,
+                         checkpoint_every_steps=4, watch_interval=100, hf_export=False)  # fmt: skip
+    status, message, output = run_through_executor(tmp_path / "prefix", "train/suite", train, config)
+    assert status == "SUCCESS", message
+    evals = [record for record in read_metrics(str(output)) if SUITE_MACRO_LOSS in record]
+    assert len(evals) >= 2
+    for record in evals:
+        losses = [record[f"eval/suite/{name}/loss"] for name in subsets]
+        assert record[SUITE_MACRO_LOSS] == pytest.approx(float(np.mean(losses)), rel=1e-5)
+        assert all(f"eval/suite/{name}/bpb" in record for name in subsets) and "eval/cell/loss" in record
+    evaluated = EvaluateConfig(checkpoint_path=str(output / "checkpoints"), shape=shape, tokenizer_path=tokenizer,
+                               components={"cell": cell}, output_path=str(tmp_path / "evaluate"),
+                               batch_size=EVAL_BATCH, max_batches=EVAL_BATCHES, eval_suite_path=suite)  # fmt: skip
+    results = evaluate(evaluated)
+    assert results["metric"] == "eval_suite" and set(results["suite"]) == set(subsets)
+    assert results["macro_loss"] == pytest.approx(evals[-1][SUITE_MACRO_LOSS], rel=1e-3)
+    assert results["macro_loss"] == pytest.approx(float(np.mean([s["loss"] for s in results["suite"].values()])))
+    assert results["components_macro_loss"] == pytest.approx(evals[-1]["eval/cell/loss"], rel=1e-3)
+    assert results["components"]["cell"]["loss"] != pytest.approx(results["macro_loss"], rel=1e-3)
+
+
+def test_the_run_view_and_the_band_alert_follow_the_suites_macro_loss() -> None:
+    """With an eval suite the prediction is of `eval/suite/macro_loss`: the run view's eval line and the
+    prediction-band alert read it (not Levanter's mean over cells and subsets together); the cells stay a panel of
+    their own, and "suite" (Levanter's micro average over the subsets) is no cell."""
+    from executor.alerts import below_band
+    from executor.dashboard.panels import eval_components, macro_eval
+
+    row = {"eval/macro_loss": 3.0, SUITE_MACRO_LOSS: 6.0, "eval/suite/loss": 5.9, "eval/suite/man_syscalls/loss": 6.1,
+           "eval/suite/email_messages/loss": 5.9, "eval/cell_0/loss": 2.5}  # fmt: skip
+    rows = {9: row, 19: {**row, SUITE_MACRO_LOSS: 5.5}}
+    assert eval_components(rows) == ["cell_0"]
+    assert eval_components(rows, "eval/suite/") == ["email_messages", "man_syscalls"]
+    assert macro_eval(row, ["cell_0"]) == 6.0
+    curve = [{"step": 0, "high": 5.0}, {"step": 30, "high": 5.0}]
+    alerts = below_band(rows, curve, margin=0.1, now=0.0)
+    assert alerts and all(SUITE_MACRO_LOSS in alert.message for alert in alerts)
