@@ -20,7 +20,8 @@ validation splits (the training mixture's own cells) are scored the same way, as
 summed loss (in bits) by the UTF-8 bytes its target tokens decode to. Both come from Levanter's own
 `TaggedEvaluator` (the code the train step's periodic `eval/suite/<subset>/loss`, `eval/<component>/loss` and
 `/bpb` come from), reading the same sequences when `batch_size` x `max_batches` equals the train step's
-`eval_batch_size` x `max_eval_batches`; this step only loads the latest complete checkpoint and averages. At scale it loads the model on the plan's mesh (`mesh`, the train step's layout) and splits each batch over
+`eval_batch_size` x `max_eval_batches`; this step only loads the latest complete checkpoint and averages.
+At scale it loads the model on the plan's mesh (`mesh`, the train step's layout) and splits each batch over
 every device.
 
 Output: `results.json` = {"checkpoint": path, "step": s, "metric": "eval_suite" or "components",
