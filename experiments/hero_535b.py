@@ -131,10 +131,13 @@ FULL_RUNGS = (
 )
 """(rung, d_model, layers, batch, steps): the published ladder."""
 FULL_HERO = ("d6144", 6144, 48, 11_264, 390_251)
-FULL_DEVICES = {"gb200": (64, 704), "h100": (8, 8), "tpu_v5p": (64, 1024)}
+FULL_DEVICES = {"gb200": (64, 1024), "h100": (8, 8), "tpu_v5p": (64, 1024)}
 """Hardware -> (devices of each ladder rung, devices of the hero). GB200: a rung on 64 GPUs of one NVL72 rack,
-the hero on 64 GPUs of each of its 11 racks (704: 11 x EP64, 16 sequences each; each rack's other 8 GPUs
-are spares); H100: one 8-GPU node each (the hero does not fit: refused); TPU v5p: 64 chips, the hero on 1,024."""
+the hero on 64 GPUs of each of 16 racks (1,024: data 16 x EP64, 11 sequences each; each rack's other 8 GPUs
+are spares). The published run used 11 racks, but a data axis of 11 divides neither d_model 6144 nor the
+experts' width 3072, and JAX lays out no uneven split (`levanter_config.uneven_splits`); the batch of
+11,264 = 2^10 x 11 sequences leaves data 8 (512 GPUs, 159 of 167 usable GB: too tight) or 16. H100: one
+8-GPU node each (the hero does not fit: refused); TPU v5p: 64 chips, the hero on 1,024."""
 
 
 def _full_rung(spec: tuple[str, int, int, int, int], hardware: Hardware, devices: int) -> Rung:
@@ -185,8 +188,8 @@ def full_scale(hardware: Hardware = HARDWARE[DEFAULT_HARDWARE]) -> Scale:
             compute_dtype="bfloat16",
             peak_flops_per_device=hardware.peak_flops_per_device,
             temporary_checkpoint_seconds=1800,
-            eval_batch_size=512,
-            eval_batches=8,
+            eval_batch_size=1024,  # 4,096 sequences per subset, in batches that split over the hero's 1,024
+            eval_batches=4,
         ),
     )
 

@@ -29,6 +29,7 @@ from steps.train.parallelism import (
     PlanDoesNotFitError,
     expert_parallel_size,
     memory_per_device,
+    plan_parallelism,
     precision_policy,
     refuse_unless_fits,
 )
@@ -66,8 +67,8 @@ def full_plan(tmp_path: Path, hardware: str) -> dict[str, dict]:
 def test_the_heros_plan_on_gb200_fits_with_ep64(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     entries = full_plan(tmp_path, "gb200")
     hero = entries["train/d6144"]
-    assert (hero["hardware"], hero["hosts"], hero["devices"]) == ("gb200", 176, 704)
-    assert hero["mesh"] == {"data": 11, "expert": 64} and hero["fits"]
+    assert (hero["hardware"], hero["hosts"], hero["devices"]) == ("gb200", 256, 1024)
+    assert hero["mesh"] == {"data": 16, "expert": 64} and hero["fits"]
     memory = hero["memory_per_device_bytes"]
     parts = ("parameters", "gradients", "optimizer_state", "activations")
     assert memory["total"] == sum(memory[part] for part in parts)
@@ -78,7 +79,7 @@ def test_the_heros_plan_on_gb200_fits_with_ep64(tmp_path: Path, capsys: pytest.C
     hero_step = hero_535b.build_dag(hero_535b.full_scale()).trains["d6144"][1]
     assert hero_step.config.per_device_parallelism == hero["microbatch"]  # microbatches, not the whole batch
     printed = capsys.readouterr().out
-    assert "176 hosts x 4 gb200 = 704 devices, mesh {'data': 11, 'expert': 64}, microbatch" in printed
+    assert "256 hosts x 4 gb200 = 1024 devices, mesh {'data': 16, 'expert': 64}, microbatch" in printed
 
 
 def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) -> None:
@@ -93,9 +94,18 @@ def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) ->
         refuse_unless_fits("train/d6144", hero)
 
 
+def test_a_plan_whose_mesh_splits_a_dimension_unevenly_is_refused_naming_the_step() -> None:
+    # The published 11 racks x EP64: a data axis of 11 divides neither d_model 6144 nor the experts' width.
+    plan = plan_parallelism(ladder_shape(6144, 48), 11_264, HARDWARE["gb200"], 704)
+    assert plan.mesh == {"data": 11, "expert": 64} and plan.fits and not plan.as_json()["buildable"]
+    uneven = r"train/d6144: the mesh .*'data': 11.*d_model over data \(6144 by 11\)"
+    with pytest.raises(PlanDoesNotFitError, match=uneven):
+        refuse_unless_fits("train/d6144", plan)
+
+
 def test_expert_parallelism_stays_inside_the_fast_domain() -> None:
     hero = ladder_shape(6144, 48)
-    assert expert_parallel_size(hero, 704, HARDWARE["gb200"]) == 64
+    assert expert_parallel_size(hero, 1024, HARDWARE["gb200"]) == 64
     assert expert_parallel_size(hero, 8, HARDWARE["h100"]) == 8
     assert expert_parallel_size(hero, 1024, HARDWARE["tpu_v5p"]) == 64
 
@@ -159,9 +169,13 @@ def test_full_train_and_evaluate_steps_carry_their_plans_mesh_and_the_tiny_ones_
     dag = hero_535b.build_dag(hero_535b.full_scale())
     for rung, step in dag.trains.values():
         assert step.config.mesh == rung.plan().mesh, step.name
-    for rung, step in dag.evaluates.values():
+    trains = {name: step for name, (_rung, step) in dag.trains.items()}
+    for name, (rung, step) in dag.evaluates.items():
         plan = rung.plan(training=False)
-        assert (step.config.mesh, step.config.batch_size) == (plan.mesh, plan.microbatch * plan.devices), step.name
+        assert step.config.mesh == plan.mesh, step.name
+        # The train step's eval batch (the same sequences), split evenly over the plan's devices.
+        assert step.config.batch_size == trains[name].config.eval_batch_size, step.name
+        assert step.config.batch_size % plan.devices == 0, step.name
     tiny = hero_535b.build_dag(hero_535b.tiny_scale())
     steps = [step for _rung, step in [*tiny.trains.values(), *tiny.evaluates.values()]]
     assert {step.config.mesh for step in steps} == {None}
