@@ -1,0 +1,210 @@
+"""Multi-host train steps as Ray gangs, on one machine: two stand-in hosts x 2 fake CPU devices, gloo collectives.
+
+One tiny train step (tests/test_steps_train.py's model and data) is trained four times: once as one process over
+4 devices (an executor subprocess), and as a 2-host gang uninterrupted, with its coordinator SIGKILLed once a
+checkpoint exists, and with its other member SIGSTOPped then. The gang must give the one process's losses; a
+killed or stopped member must tear the whole gang down (no process of it left), fail the attempt as transient,
+and the executor's retry must start a new gang that resumes from the checkpoint and ends at the uninterrupted
+loss. The pure parts (bundles, placement, resources from a hardware profile) are checked without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_steps_train import build_data, checkpoint_steps, start_train, train_config, train_losses
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
+from executor.errors import ConfigError
+from executor.gang import GANG_FILE, bundle_specs, member_options, placement_strategy
+from executor.gang_member import host_log_file, stand_in_environment
+from executor.status import StepStatus, read_events
+from steps.train.gang_resources import host_resources
+from steps.train.hardware import HARDWARE
+from steps.train.train import TrainConfig, train
+from steps.train.train_metrics import read_metrics
+
+STEPS = 24
+CHECKPOINT_AT = 8
+"""The permanent checkpoint a member is killed or stopped after: the retried gang resumes from it."""
+HANG_TIMEOUT_S = 45.0
+"""Generous against a 2-core machine's stalls (a member compiling answers pings; a stopped one cannot)."""
+STAND_IN = ResourceConfig(hosts=2, cpu_devices_per_host=2, cpus=0.5, hang_timeout_s=HANG_TIMEOUT_S)
+
+
+def test_gang_bundles_for_gpu_nodes_and_tpu_slices_come_from_the_hardware_profile():
+    gb200 = host_resources(HARDWARE["gb200"], hosts=11)
+    assert gb200.hosts == 11 and gb200.cpu_devices_per_host is None
+    assert bundle_specs(gb200) == [{"GPU": 4, "accelerator_type:GB200": 0.001}] * 11
+    tpu = host_resources(HARDWARE["tpu_v5p"], hosts=16)
+    assert bundle_specs(tpu) == [{"TPU": 4, "accelerator_type:TPU-V5P": 0.001}] * 16
+    assert placement_strategy(gb200) == placement_strategy(tpu) == "STRICT_SPREAD"  # one host per node
+
+
+def test_gang_stand_in_hosts_are_packed_onto_one_machine_with_fake_devices():
+    assert placement_strategy(STAND_IN) == "PACK"
+    assert bundle_specs(STAND_IN) == [{"CPU": 0.5}, {"CPU": 0.5}]
+    assert stand_in_environment(2) == {"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                                       "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    assert stand_in_environment(None) == {}
+    assert host_log_file(1) == "logs/host-1.log"
+
+
+def test_gang_member_options_take_their_own_bundle():
+    pytest.importorskip("ray")
+    tpu = host_resources(HARDWARE["tpu_v5p"], hosts=2)
+    options = member_options(tpu, group=None, rank=1)
+    assert options["num_cpus"] == 0 and options["resources"] == {"TPU": 4, "accelerator_type:TPU-V5P": 0.001}
+    assert options["scheduling_strategy"].placement_group_bundle_index == 1
+    assert options["max_restarts"] == 0
+
+
+@pytest.mark.parametrize("bad", [{"hosts": 0}, {"cpu_devices_per_host": 0}, {"hang_timeout_s": 0}])
+def test_gang_resources_refuse_nonsense(bad):
+    with pytest.raises(ConfigError):
+        ResourceConfig(**bad)
+
+
+# The runs below train a model 4 times (about 6 compilations on 2 busy cores).
+TRAINING_MARKS = (pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(2400))
+
+
+def training(test):
+    for mark in TRAINING_MARKS:
+        test = mark(test)
+    return test
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return build_data(tmp_path_factory.mktemp("gang-data"))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    from executor.backends import ensure_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ensure_ray()
+    yield ray
+    ray.shutdown()
+
+
+def gang_config(data: dict[str, str], output_path: str = "unused") -> TrainConfig:
+    return train_config(data, output_path, num_train_steps=STEPS, steps_per_eval=STEPS,
+                        checkpoint_every_steps=CHECKPOINT_AT, temporary_checkpoint_seconds=600.0,
+                        hf_export=False)  # fmt: skip
+
+
+def run_gang(prefix: Path, data: dict[str, str], interfere: Callable[[Path], dict] | None = None) -> dict:
+    """Train the tiny step as a 2-host gang under `prefix`; `interfere(prefix)` runs beside it in a thread."""
+    step = ExecutorStep(name="train/tiny-moe", fn=train, config=gang_config(data, THIS_OUTPUT_PATH), resources=STAND_IN)
+    executor = Executor(str(prefix), backend="local")
+    seen: dict = {}
+    watcher = threading.Thread(target=lambda: seen.update(interfere(prefix)), daemon=True) if interfere else None
+    if watcher is not None:
+        watcher.start()
+    executor.run([step])
+    if watcher is not None:
+        watcher.join(timeout=60)
+    output_path = Path(executor.output_paths[step])
+    return {"output_path": output_path, "records": read_metrics(str(output_path)), **seen}
+
+
+def signal_member_after_checkpoint(rank: int, signum: int) -> Callable[[Path], dict]:
+    """An `interfere` that sends `signum` to gang member `rank` once checkpoint step-CHECKPOINT_AT is complete."""
+
+    def interfere(prefix: Path) -> dict:
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            outputs = list(prefix.glob("train/tiny-moe-*"))
+            if outputs and CHECKPOINT_AT in checkpoint_steps(outputs[0]):
+                pids = [member["pid"] for member in json.loads((outputs[0] / GANG_FILE).read_text())["members"]]
+                os.kill(pids[rank], signum)
+                return {"first_gang": pids}
+            time.sleep(0.05)
+        return {}
+
+    return interfere
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def one_process(data, tmp_path_factory) -> list[tuple[int, float]]:
+    """The reference: the same step in one process over 4 fake devices (an executor subprocess)."""
+    prefix = tmp_path_factory.mktemp("one-process")
+    log = prefix / "run.log"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+        process = start_train(prefix, gang_config(data), log)
+    assert process.wait(timeout=1800) == 0, log.read_text()[-3000:]
+    return train_losses(read_metrics(str(next(prefix.glob("train/tiny-moe-*")))))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, local_ray, tmp_path_factory) -> dict:
+    return run_gang(tmp_path_factory.mktemp("gang"), data)
+
+
+def final_loss(records: list[dict]) -> float:
+    return train_losses(records)[-1][1]
+
+
+@training
+def test_multi_host_gang_trains_to_the_losses_of_one_process(one_process, uninterrupted):
+    gang_losses = train_losses(uninterrupted["records"])
+    assert [step for step, _ in gang_losses] == [step for step, _ in one_process]
+    for (step, gang_loss), (_, loss) in zip(gang_losses, one_process, strict=True):
+        assert abs(gang_loss - loss) < 1e-5, (step, gang_loss, loss)
+    # Metrics are written once, by process 0: a second writer would log every step twice.
+    assert [step for step, _ in gang_losses].count(0) == 1
+    output_path = uninterrupted["output_path"]
+    gang = json.loads((output_path / GANG_FILE).read_text())
+    assert gang["state"] == "finished" and [m["state"] for m in gang["members"]] == ["finished", "finished"]
+    for rank in (0, 1):
+        assert f"gang member {rank} of 2" in (output_path / host_log_file(rank)).read_text()
+
+
+def check_retried_as_a_new_gang(run: dict, uninterrupted: dict, lost: str) -> None:
+    """One attempt lost (`lost`: died or hung) and retried; no process of the first gang left; resumed and
+    ended at the uninterrupted run's loss."""
+    output_path = run["output_path"]
+    assert run.get("first_gang"), "no checkpoint appeared before the run ended"
+    events = read_events(str(output_path))
+    statuses = [event.status for event in events]
+    assert statuses == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING, StepStatus.SUCCESS], events
+    assert f") {lost}:" in (events[1].message or "") and "GangMemberLostError" in (events[1].message or "")
+    assert not [pid for pid in run["first_gang"] if process_alive(pid)], "a member of the torn-down gang survived"
+    gang = json.loads((output_path / GANG_FILE).read_text())
+    assert gang["state"] == "finished" and not set(run["first_gang"]) & {m["pid"] for m in gang["members"]}
+    assert "Resuming training from step" in (output_path / host_log_file(0)).read_text()
+    assert abs(final_loss(run["records"]) - final_loss(uninterrupted["records"])) < 1e-5
+
+
+@training
+def test_gang_member_killed_tears_the_gang_down_and_the_retry_resumes(data, uninterrupted, tmp_path):
+    run = run_gang(tmp_path, data, signal_member_after_checkpoint(0, signal.SIGKILL))  # the coordinator
+    check_retried_as_a_new_gang(run, uninterrupted, "died")
+
+
+@training
+def test_gang_member_stopped_is_found_hung_and_handled_the_same(data, uninterrupted, tmp_path):
+    run = run_gang(tmp_path, data, signal_member_after_checkpoint(1, signal.SIGSTOP))
+    check_retried_as_a_new_gang(run, uninterrupted, "hung")
