@@ -35,12 +35,12 @@ from executor import storage
 from executor.errors import ConfigError
 from executor.gang_member import GangMember, stand_in_environment
 from executor.retry import TransientError
+from executor.status import GANG_FILE
 from executor.step_runner import StepTask
 from executor.step_spec import ResourceConfig
 
 logger = logging.getLogger(__name__)
 
-GANG_FILE = "gang.json"
 POLL_S = 1.0
 """How often the driver looks at its members (results and heartbeats)."""
 DEATH_GRACE_S = 10.0

@@ -10,6 +10,7 @@ loss. The pure parts (bundles, placement, resources from a hardware profile) are
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,11 +22,12 @@ from pathlib import Path
 import pytest
 from test_steps_train import build_data, checkpoint_steps, start_train, train_config, train_losses
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, storage
+from executor.dashboard.step_view import live_state
 from executor.errors import ConfigError
-from executor.gang import GANG_FILE, bundle_specs, member_options, placement_strategy
+from executor.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
 from executor.gang_member import host_log_file, stand_in_environment
-from executor.status import StepStatus, read_events
+from executor.status import GANG_FILE, StatusEvent, StepStatus, append_event, read_events
 from steps.train.gang_resources import host_resources
 from steps.train.hardware import HARDWARE
 from steps.train.train import TrainConfig, train
@@ -70,6 +72,17 @@ def test_gang_member_options_take_their_own_bundle():
 def test_gang_resources_refuse_nonsense(bad):
     with pytest.raises(ConfigError):
         ResourceConfig(**bad)
+
+
+def test_gang_is_shown_live_on_the_step_page(tmp_path):
+    output_path = str(tmp_path / "train" / "run-abc")
+    append_event(output_path, StatusEvent(StepStatus.RUNNING, attempt=1, worker="w"))
+    record = GangRecord(hosts=2, placement="PACK", state="failed", coordinator="10.0.0.1:1234")
+    record.members = [MemberRecord(0, "running", pid=11, ip="10.0.0.1"), MemberRecord(1, "hung", pid=12)]
+    storage.write_json_atomic(f"{output_path}/{GANG_FILE}", dataclasses.asdict(record))
+    gang = live_state(output_path)["gang"]
+    assert gang["hosts"] == 2 and [member["state"] for member in gang["members"]] == ["running", "hung"]
+    assert live_state(str(tmp_path / "single-host"))["gang"] is None
 
 
 # The runs below train a model 4 times (about 6 compilations on 2 busy cores).
