@@ -166,8 +166,13 @@ class _Gang:
         self.group = placement_group(bundle_specs(resources), strategy=self.record.placement)
         self._write()
         while not self._ray.wait([self.group.ready()], timeout=60)[0]:
-            logger.info("%s: waiting for %d hosts (%s): %s", self.launch.label, resources.hosts,
-                        self.record.placement, bundle_specs(resources)[0])  # fmt: skip
+            logger.info(
+                "%s: waiting for %d hosts (%s): %s",
+                self.launch.label,
+                resources.hosts,
+                self.record.placement,
+                bundle_specs(resources)[0],
+            )
         member = self._ray.remote(GangMember)
         stand_in = resources.cpu_devices_per_host is not None
         for rank in range(resources.hosts):
@@ -182,14 +187,21 @@ class _Gang:
         self.record.coordinator = self._ray.get(self.actors[0].coordinator_address.remote())
         self.record.state = "running"
         self._write()
-        logger.info("%s: gang of %d hosts started (coordinator %s, pids %s)", self.launch.label, resources.hosts,
-                    self.record.coordinator, [m.pid for m in self.record.members])  # fmt: skip
+        logger.info(
+            "%s: gang of %d hosts started (coordinator %s, pids %s)",
+            self.launch.label,
+            resources.hosts,
+            self.record.coordinator,
+            [m.pid for m in self.record.members],
+        )
 
     def watch(self) -> None:
         """Wait for every member's run; raise on the first death, hang or failure (see the module doc)."""
         ray = self._ray
-        runs = {actor.run.remote(self.launch.fn, self.config, self.record.coordinator): rank
-                for rank, actor in enumerate(self.actors)}  # fmt: skip
+        runs = {
+            actor.run.remote(self.launch.fn, self.config, self.record.coordinator): rank
+            for rank, actor in enumerate(self.actors)
+        }
         pings: dict[Any, int] = {}
         heard = {rank: time.monotonic() for rank in range(len(self.actors))}
         failure: tuple[int, BaseException] | None = None

@@ -116,5 +116,8 @@ class GangMember:
         )
         logger.info(
             "gang member %d of %d: %d local of %d global devices",
-            self.rank, self.hosts, jax.local_device_count(), jax.device_count(),
-        )  # fmt: skip
+            self.rank,
+            self.hosts,
+            jax.local_device_count(),
+            jax.device_count(),
+        )

@@ -33,9 +33,9 @@ from steps.train.hardware import HARDWARE
 from steps.train.train import TrainConfig, train
 from steps.train.train_metrics import read_metrics
 
-STEPS = 24
-CHECKPOINT_AT = 8
-"""The permanent checkpoint a member is killed or stopped after: the retried gang resumes from it."""
+STEPS = 30
+CHECKPOINT_EVERY = 10
+"""Permanent checkpoints: a member is killed after the first, another stopped after the second."""
 HANG_TIMEOUT_S = 45.0
 """Generous against a 2-core machine's stalls (a member compiling answers pings; a stopped one cannot)."""
 STAND_IN = ResourceConfig(hosts=2, cpu_devices_per_host=2, cpus=0.5, hang_timeout_s=HANG_TIMEOUT_S)
@@ -115,7 +115,7 @@ def local_ray():
 
 def gang_config(data: dict[str, str], output_path: str = "unused") -> TrainConfig:
     return train_config(data, output_path, num_train_steps=STEPS, steps_per_eval=STEPS,
-                        checkpoint_every_steps=CHECKPOINT_AT, temporary_checkpoint_seconds=600.0,
+                        checkpoint_every_steps=CHECKPOINT_EVERY, temporary_checkpoint_seconds=600.0,
                         hf_export=False)  # fmt: skip
 
 
@@ -134,19 +134,26 @@ def run_gang(prefix: Path, data: dict[str, str], interfere: Callable[[Path], dic
     return {"output_path": output_path, "records": read_metrics(str(output_path)), **seen}
 
 
-def signal_member_after_checkpoint(rank: int, signum: int) -> Callable[[Path], dict]:
-    """An `interfere` that sends `signum` to gang member `rank` once checkpoint step-CHECKPOINT_AT is complete."""
+def faults_after_checkpoints(faults: list[tuple[int, int, int]]) -> Callable[[Path], dict]:
+    """An `interfere` that, for each (checkpoint step, member rank, signal) in turn, waits until that checkpoint
+    is complete and a gang is running, and sends the signal to that member of it. Returns the signalled gangs'
+    pids, in order."""
 
     def interfere(prefix: Path) -> dict:
+        gangs: list[list[int]] = []
         deadline = time.monotonic() + 1800
-        while time.monotonic() < deadline:
-            outputs = list(prefix.glob("train/tiny-moe-*"))
-            if outputs and CHECKPOINT_AT in checkpoint_steps(outputs[0]):
-                pids = [member["pid"] for member in json.loads((outputs[0] / GANG_FILE).read_text())["members"]]
-                os.kill(pids[rank], signum)
-                return {"first_gang": pids}
-            time.sleep(0.05)
-        return {}
+        for checkpoint, rank, signum in faults:
+            while time.monotonic() < deadline:
+                outputs = list(prefix.glob("train/tiny-moe-*"))
+                gang = json.loads((outputs[0] / GANG_FILE).read_text()) if outputs else {}
+                pids = [member["pid"] for member in gang.get("members", [])]
+                running = gang.get("state") == "running" and pids not in gangs
+                if running and checkpoint in checkpoint_steps(outputs[0]):
+                    os.kill(pids[rank], signum)
+                    gangs.append(pids)
+                    break
+                time.sleep(0.05)
+        return {"signalled_gangs": gangs}
 
     return interfere
 
@@ -195,29 +202,42 @@ def test_multi_host_gang_trains_to_the_losses_of_one_process(one_process, uninte
         assert f"gang member {rank} of 2" in (output_path / host_log_file(rank)).read_text()
 
 
-def check_retried_as_a_new_gang(run: dict, uninterrupted: dict, lost: str) -> None:
-    """One attempt lost (`lost`: died or hung) and retried; no process of the first gang left; resumed and
-    ended at the uninterrupted run's loss."""
-    output_path = run["output_path"]
-    assert run.get("first_gang"), "no checkpoint appeared before the run ended"
-    events = read_events(str(output_path))
-    statuses = [event.status for event in events]
-    assert statuses == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING, StepStatus.SUCCESS], events
-    assert f") {lost}:" in (events[1].message or "") and "GangMemberLostError" in (events[1].message or "")
-    assert not [pid for pid in run["first_gang"] if process_alive(pid)], "a member of the torn-down gang survived"
-    gang = json.loads((output_path / GANG_FILE).read_text())
-    assert gang["state"] == "finished" and not set(run["first_gang"]) & {m["pid"] for m in gang["members"]}
-    assert "Resuming training from step" in (output_path / host_log_file(0)).read_text()
-    assert abs(final_loss(run["records"]) - final_loss(uninterrupted["records"])) < 1e-5
+@pytest.fixture(scope="module")
+def faulted(data, local_ray, tmp_path_factory) -> dict:
+    """A gang run whose coordinator is SIGKILLed after the first checkpoint, and whose retried gang's other
+    member is SIGSTOPped after the second: three gangs, the last one finishes."""
+    faults = [(CHECKPOINT_EVERY, 0, signal.SIGKILL), (2 * CHECKPOINT_EVERY, 1, signal.SIGSTOP)]
+    run = run_gang(tmp_path_factory.mktemp("faulted"), data, faults_after_checkpoints(faults))
+    assert len(run["signalled_gangs"]) == 2, "a checkpoint did not appear while a gang was running"
+    run["events"] = read_events(str(run["output_path"]))
+    return run
+
+
+def check_torn_down_and_retried(run: dict, attempt: int, lost: str) -> None:
+    """Attempt `attempt` (1-based) of the faulted run failed as transient because a member `lost` (died or
+    hung), was retried, and no process of its gang is left."""
+    statuses = [event.status for event in run["events"]]
+    assert statuses == [StepStatus.RUNNING, StepStatus.WAITING] * 2 + [StepStatus.RUNNING, StepStatus.SUCCESS]
+    message = run["events"][2 * attempt - 1].message or ""
+    assert "GangMemberLostError" in message and f") {lost}:" in message, message
+    gang_pids = run["signalled_gangs"][attempt - 1]
+    assert not [pid for pid in gang_pids if process_alive(pid)], f"a member of gang {gang_pids} survived"
 
 
 @training
-def test_gang_member_killed_tears_the_gang_down_and_the_retry_resumes(data, uninterrupted, tmp_path):
-    run = run_gang(tmp_path, data, signal_member_after_checkpoint(0, signal.SIGKILL))  # the coordinator
-    check_retried_as_a_new_gang(run, uninterrupted, "died")
+def test_gang_member_killed_tears_the_gang_down_and_the_retry_resumes(faulted, uninterrupted):
+    check_torn_down_and_retried(faulted, attempt=1, lost="died")
+    host_log = (faulted["output_path"] / host_log_file(0)).read_text()
+    assert "Resuming training from step" in host_log  # the second gang restored the first checkpoint
+    gang = json.loads((faulted["output_path"] / GANG_FILE).read_text())
+    assert gang["state"] == "finished" and not {m["pid"] for m in gang["members"]} & {
+        pid for pids in faulted["signalled_gangs"] for pid in pids
+    }
+    assert abs(final_loss(faulted["records"]) - final_loss(uninterrupted["records"])) < 1e-5
 
 
 @training
-def test_gang_member_stopped_is_found_hung_and_handled_the_same(data, uninterrupted, tmp_path):
-    run = run_gang(tmp_path, data, signal_member_after_checkpoint(1, signal.SIGSTOP))
-    check_retried_as_a_new_gang(run, uninterrupted, "hung")
+def test_gang_member_stopped_is_found_hung_and_handled_the_same(faulted):
+    check_torn_down_and_retried(faulted, attempt=2, lost="hung")
+    host_log = (faulted["output_path"] / host_log_file(0)).read_text()
+    assert host_log.count("Resuming training from step") == 2  # each retried gang restored a checkpoint
