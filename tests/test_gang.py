@@ -28,6 +28,7 @@ from executor.errors import ConfigError
 from executor.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
 from executor.gang_member import host_log_file, stand_in_environment
 from executor.status import GANG_FILE, StatusEvent, StepStatus, append_event, read_events
+from steps.model.hf_export import HF_FOLDER, load_hf_export
 from steps.train.gang_resources import host_resources
 from steps.train.hardware import HARDWARE
 from steps.train.train import TrainConfig, train
@@ -115,8 +116,7 @@ def local_ray():
 
 def gang_config(data: dict[str, str], output_path: str = "unused") -> TrainConfig:
     return train_config(data, output_path, num_train_steps=STEPS, steps_per_eval=STEPS,
-                        checkpoint_every_steps=CHECKPOINT_EVERY, temporary_checkpoint_seconds=600.0,
-                        hf_export=False)  # fmt: skip
+                        checkpoint_every_steps=CHECKPOINT_EVERY, temporary_checkpoint_seconds=600.0)  # fmt: skip
 
 
 def run_gang(prefix: Path, data: dict[str, str], interfere: Callable[[Path], dict] | None = None) -> dict:
@@ -200,6 +200,8 @@ def test_multi_host_gang_trains_to_the_losses_of_one_process(one_process, uninte
     assert gang["state"] == "finished" and [m["state"] for m in gang["members"]] == ["finished", "finished"]
     for rank in (0, 1):
         assert f"gang member {rank} of 2" in (output_path / host_log_file(rank)).read_text()
+    # The HF export gathers the weights sharded over both processes; process 0 writes them.
+    assert load_hf_export(str(output_path / HF_FOLDER)).Vocab.size > 0
 
 
 @pytest.fixture(scope="module")
