@@ -139,12 +139,19 @@ def run_gang(prefix: Path, data: dict[str, str], interfere: Callable[[Path], dic
     step = ExecutorStep(name="train/tiny-moe", fn=train, config=gang_config(data, THIS_OUTPUT_PATH), resources=STAND_IN)
     executor = Executor(str(prefix), backend="local")
     seen: dict = {}
-    watcher = threading.Thread(target=lambda: seen.update(interfere(prefix)), daemon=True) if interfere else None
-    if watcher is not None:
-        watcher.start()
+
+    def watch() -> None:
+        try:
+            seen.update(interfere(prefix) if interfere else {})
+        except Exception as error:  # re-raised below, in the test's thread
+            seen["error"] = error
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     executor.run([step])
-    if watcher is not None:
-        watcher.join(timeout=60)
+    watcher.join(timeout=60)
+    if "error" in seen:
+        raise seen["error"]
     output_path = Path(executor.output_paths[step])
     return {"output_path": output_path, "records": read_metrics(str(output_path)), **seen}
 
@@ -159,11 +166,11 @@ def faults_after_checkpoints(faults: list[tuple[int, int, int]]) -> Callable[[Pa
         deadline = time.monotonic() + 1800
         for checkpoint, rank, signum in faults:
             while time.monotonic() < deadline:
-                outputs = list(prefix.glob("train/tiny-moe-*"))
-                gang = json.loads((outputs[0] / GANG_FILE).read_text()) if outputs else {}
+                gang_files = list(prefix.glob(f"train/tiny-moe-*/{GANG_FILE}"))
+                gang = json.loads(gang_files[0].read_text()) if gang_files else {}
                 pids = [member["pid"] for member in gang.get("members", [])]
                 running = gang.get("state") == "running" and pids not in gangs
-                if running and checkpoint in checkpoint_steps(outputs[0]):
+                if running and checkpoint in checkpoint_steps(gang_files[0].parent):
                     os.kill(pids[rank], signum)
                     gangs.append(pids)
                     break
