@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from gang_steps import GlobalSumConfig, global_sum
 from test_steps_train import build_data, checkpoint_steps, start_train, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, storage
@@ -95,6 +96,21 @@ def test_gang_is_shown_live_on_the_step_page(tmp_path):
     gang = live_state(output_path)["gang"]
     assert gang["hosts"] == 2 and [member["state"] for member in gang["members"]] == ["running", "hung"]
     assert live_state(str(tmp_path / "single-host"))["gang"] is None
+
+
+@pytest.mark.ray
+def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
+    """The Ray backend's path: the gang's driver runs in this process, its two members in Ray."""
+    step = ExecutorStep(name="gang/sum", fn=global_sum, config=GlobalSumConfig(THIS_OUTPUT_PATH), resources=STAND_IN)
+    executor = Executor(str(tmp_path), backend="ray")
+    executor.run([step])
+    output_path = Path(executor.output_paths[step])
+    # Process 0 holds 0 and 1, process 1 holds 10 and 11, on 4 global devices.
+    assert json.loads((output_path / "seen.json").read_text()) == {"sum": 22.0, "devices": 4, "processes": 2}
+    statuses = [event.status for event in read_events(str(output_path)) if event.attempt]
+    assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
+    gang = json.loads((output_path / GANG_FILE).read_text())
+    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
 
 
 # The runs below train a model 4 times (about 6 compilations on 2 busy cores).
@@ -233,7 +249,7 @@ def faulted(data, local_ray, tmp_path_factory) -> dict:
     faults = [(CHECKPOINT_EVERY, 0, signal.SIGKILL), (2 * CHECKPOINT_EVERY, 1, signal.SIGSTOP)]
     run = run_gang(tmp_path_factory.mktemp("faulted"), data, faults_after_checkpoints(faults))
     assert len(run["signalled_gangs"]) == 2, "a checkpoint did not appear while a gang was running"
-    run["events"] = read_events(str(run["output_path"]))
+    run["events"] = [event for event in read_events(str(run["output_path"])) if event.attempt]  # not the plan's
     return run
 
 
