@@ -3,8 +3,9 @@
 The driver (executor/gang.py) places one `GangMember` per host in a placement group. Member 0 picks the
 coordinator address (its node's IP and a free port on it) before any member starts; every member then calls
 `jax.distributed.initialize(coordinator, hosts, rank)` and the step function, so each sees the global device
-mesh. Its log records go to `<output>/logs/host-<rank>.log`, uploaded whenever the driver's heartbeat
-(`ping`) comes and the last upload is `LOG_UPLOAD_S` old, and at the end. The actor is threaded
+mesh. Its log records go to `<output>/logs/host-<rank>.log`, uploaded whenever the driver's heartbeat (`ping`)
+comes and the last upload is `LOG_UPLOAD_S` old, and at the end; each heartbeat also puts the handler back on
+the root logger (Levanter's trainer clears the root logger's handlers when it starts). The actor is threaded
 (`max_concurrency=2`): `ping` is answered while `run` works, so a member that answers no ping is stopped or
 wedged in native code, not merely busy.
 
@@ -80,6 +81,8 @@ class GangMember:
     def ping(self) -> float:
         """The driver's heartbeat; uploads the member's log now and then."""
         log = self._log
+        if log is not None:
+            log.reattach()  # within a heartbeat of the trainer's logging setup, which drops it
         if log is not None and time.monotonic() - self._uploaded_at > LOG_UPLOAD_S:
             self._uploaded_at = time.monotonic()
             try:

@@ -47,6 +47,13 @@ class StepLog:
         logging.getLogger().addHandler(self._handler)
         return self
 
+    def reattach(self) -> None:
+        """Put the handler back on the root logger if something removed it (Levanter's logging setup clears
+        the root logger's handlers when its trainer starts)."""
+        root = logging.getLogger()
+        if self._handler not in root.handlers:
+            root.addHandler(self._handler)
+
     def save_failure(self, error: BaseException) -> str | None:
         """Append `error`'s traceback and upload the log; None if both worked, else a note saying where the
         whole log is (the caller adds it to the FAILED message)."""

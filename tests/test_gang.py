@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import threading
@@ -27,9 +28,10 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, s
 from executor.dashboard.step_view import live_state
 from executor.errors import ConfigError
 from executor.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
-from executor.gang_member import host_log_file, stand_in_environment
+from executor.gang_member import GangMember, host_log_file, stand_in_environment
 from executor.plan import build_plan
 from executor.status import GANG_FILE, StatusEvent, StepStatus, append_event, read_events
+from executor.step_log import StepLog
 from experiments import hero_535b
 from steps.model.hf_export import HF_FOLDER, load_hf_export
 from steps.train.gang_resources import host_resources
@@ -96,6 +98,21 @@ def test_gang_is_shown_live_on_the_step_page(tmp_path):
     gang = live_state(output_path)["gang"]
     assert gang["hosts"] == 2 and [member["state"] for member in gang["members"]] == ["running", "hung"]
     assert live_state(str(tmp_path / "single-host"))["gang"] is None
+
+
+def test_gang_member_log_is_put_back_after_the_trainer_clears_the_root_logger(tmp_path):
+    member = GangMember(rank=1, hosts=2, output_path=str(tmp_path), stand_in=True)
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    with StepLog(str(tmp_path), host_log_file(1), all_threads=True) as log:
+        member._log = log
+        root.handlers.clear()  # what Levanter's logging setup does when its trainer starts
+        logging.getLogger("levanter.x").warning("lost: before the heartbeat")
+        member.ping()
+        logging.getLogger("levanter.x").warning("kept: after the heartbeat")
+    root.handlers[:] = saved
+    text = (tmp_path / host_log_file(1)).read_text()
+    assert "kept: after the heartbeat" in text and "lost" not in text
 
 
 @pytest.mark.ray
@@ -267,8 +284,8 @@ def check_torn_down_and_retried(run: dict, attempt: int, lost: str) -> None:
 @training
 def test_gang_member_killed_tears_the_gang_down_and_the_retry_resumes(faulted, uninterrupted):
     check_torn_down_and_retried(faulted, attempt=1, lost="died")
-    host_log = (faulted["output_path"] / host_log_file(0)).read_text()
-    assert "Resuming training from step" in host_log  # the second gang restored the first checkpoint
+    logs = "".join(path.read_text() for path in (faulted["output_path"] / "logs").glob("*.log"))
+    assert "Resuming training from step" in logs  # the second gang restored the first checkpoint
     gang = json.loads((faulted["output_path"] / GANG_FILE).read_text())
     assert gang["state"] == "finished" and not {m["pid"] for m in gang["members"]} & {
         pid for pids in faulted["signalled_gangs"] for pid in pids
