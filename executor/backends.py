@@ -9,7 +9,9 @@
   caps it): the cluster's resources, not the driver's CPU count, decide how many run at once. On a
   cluster the prefix must be storage every node sees (`check_backend`).
 
-Both call the same `run_step(task)`, so a DAG runs unchanged on either.
+Both call the same `run_step(task)`, so a DAG runs unchanged on either. A step that spans hosts
+(`ResourceConfig(hosts=N)`, N > 1) runs on either as a gang (executor/gang.py): `run_step` in a driver
+thread of this process, which holds the step's lease while the gang's N members run as Ray actors.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 
 from executor import storage
 from executor.errors import ConfigError
+from executor.gang import gang_task
 from executor.interrupts import StopSignal
 from executor.step_runner import StepResult, StepTask, run_step
 from executor.step_spec import ResourceConfig
@@ -59,6 +62,9 @@ class LocalBackend:
         self._stop = StopSignal()
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
+        if resources is not None and resources.hosts > 1:
+            ensure_ray()  # a gang's members are Ray actors, even under the local backend
+            task = gang_task(task, resources)
         return self._pool.submit(run_step, task, self._stop)
 
     def interrupt(self) -> None:
@@ -148,20 +154,28 @@ class RayBackend:
         self._ray = ray
         self._remote = ray.remote(_run_step_in_ray)
         self._refs: list[Any] = []
+        # A gang's driver runs here, holding the step's lease while its members run as Ray actors.
+        self._gang_drivers = ThreadPoolExecutor(thread_name_prefix="executor-gang")
+        self._stop = StopSignal()
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
+        if resources is not None and resources.hosts > 1:
+            return self._gang_drivers.submit(run_step, gang_task(task, resources), self._stop)
         options = ray_options(resources, task.retry.max_attempts)
         ref = self._remote.options(**options).remote(task)
         self._refs.append(ref)
         return ref.future()
 
     def interrupt(self) -> None:
-        """Cancel the step tasks: each gets a KeyboardInterrupt, records FAILED and frees its lease."""
+        """Cancel the step tasks: each gets a KeyboardInterrupt, records FAILED and frees its lease; gang drivers
+        stop (tearing their gangs down) the same way."""
+        self._stop.set()
         for ref in self._refs:
             self._ray.cancel(ref)
 
     def close(self) -> None:
         """Ray stays up for the rest of the process; it shuts itself down at exit."""
+        self._gang_drivers.shutdown(wait=not self._stop.is_set(), cancel_futures=True)
 
 
 def check_backend(name: str, prefix: str, shared_filesystem: bool = False) -> None:

@@ -25,11 +25,12 @@ TAIL_BYTES = 32 * 1024
 
 
 class StepLog:
-    """Captures log records from the step's thread into `<output>/logs/step.log`."""
+    """Captures log records from the step's thread into `<output>/logs/step.log` (or `<output>/<log_file>`;
+    with `all_threads`, every thread's records: a gang member's process runs one step only)."""
 
-    def __init__(self, output_path: str):
-        self.target = storage.join(output_path, LOG_FILE)
-        self._thread_id = threading.get_ident()
+    def __init__(self, output_path: str, log_file: str = LOG_FILE, all_threads: bool = False):
+        self.target = storage.join(output_path, log_file)
+        self._thread_id = None if all_threads else threading.get_ident()
         handle, self._local = tempfile.mkstemp(prefix="executor-step-", suffix=".log")
         os.close(handle)
         existing = storage.read_bytes(self.target)  # keep earlier attempts' logs
@@ -38,12 +39,20 @@ class StepLog:
                 out.write(existing)
         self._handler = logging.FileHandler(self._local, encoding="utf-8")
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        self._handler.addFilter(lambda record: record.thread == self._thread_id)
+        if self._thread_id is not None:
+            self._handler.addFilter(lambda record: record.thread == self._thread_id)
         self._upload_lock = threading.Lock()
 
     def __enter__(self) -> StepLog:
         logging.getLogger().addHandler(self._handler)
         return self
+
+    def reattach(self) -> None:
+        """Put the handler back on the root logger if something removed it (Levanter's logging setup clears
+        the root logger's handlers when its trainer starts)."""
+        root = logging.getLogger()
+        if self._handler not in root.handlers:
+            root.addHandler(self._handler)
 
     def save_failure(self, error: BaseException) -> str | None:
         """Append `error`'s traceback and upload the log; None if both worked, else a note saying where the

@@ -38,7 +38,26 @@ class ResourceConfig:
     accelerator_type: str | None = None
     """E.g. "H100" or "v5p-8"; backends that know accelerator types schedule on it."""
     custom: dict[str, float] = field(default_factory=dict)
-    """Extra named resources (Ray custom resources)."""
+    """Extra named resources (Ray custom resources), e.g. {"TPU": 4} for the chips of one TPU host."""
+    hosts: int = 1
+    """Hosts (one JAX process each) the step spans. Above 1 the step runs as a gang (executor/gang.py): one
+    Ray task per host, each asking for the resources above, joined by `jax.distributed`."""
+    cpu_devices_per_host: int | None = None
+    """Stand-in hosts on one machine: each gang member gets this many fake CPU JAX devices and gloo
+    collectives, and the members are packed onto one node. None on real accelerators."""
+    hang_timeout_s: float = 600.0
+    """A gang member that answers no heartbeat for this long is hung: the gang is torn down and the attempt
+    fails as transient (the executor's retry starts a new gang)."""
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1:
+            raise ConfigError(f"ResourceConfig.hosts must be at least 1, got {self.hosts}")
+        if self.cpu_devices_per_host is not None and self.cpu_devices_per_host < 1:
+            raise ConfigError(
+                f"ResourceConfig.cpu_devices_per_host must be at least 1, got {self.cpu_devices_per_host}"
+            )
+        if self.hang_timeout_s <= 0:
+            raise ConfigError(f"ResourceConfig.hang_timeout_s must be positive, got {self.hang_timeout_s}")
 
 
 @dataclass(frozen=True, eq=False)

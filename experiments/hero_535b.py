@@ -34,6 +34,7 @@ steps/train/parallelism.py), and a plan that does not fit is refused before any 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -74,7 +75,7 @@ from experiments.train_defaults import (
 from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
 from steps.scaling.ladder import SUITE_MACRO_LOSS
-from steps.train.hardware import HARDWARE, Hardware
+from steps.train.hardware import HARDWARE, Hardware, host_resources
 from steps.train.parallelism import ParallelismPlan, refuse_unless_fits
 
 logger = logging.getLogger(__name__)
@@ -141,11 +142,19 @@ experts' width 3072, and JAX lays out no uneven split (`levanter_config.uneven_s
 
 
 def _full_rung(spec: tuple[str, int, int, int, int], hardware: Hardware, devices: int) -> Rung:
-    """A published rung on `devices` of `hardware`. Its steps ask Ray for one host's devices: a step that spans
-    hosts needs a multi-host launch (one JAX process per host), which the executor does not do yet."""
+    """A published rung on `devices` of `hardware`: its steps run as gangs of one JAX process per host
+    (executor/gang.py), each host asking Ray for its devices (steps/train/hardware.py)."""
     name, d_model, layers, batch, steps = spec
-    resources = ResourceConfig(gpus=hardware.devices_per_host, accelerator_type=hardware.accelerator_type)
+    resources = host_resources(hardware, hosts=devices // hardware.devices_per_host)
     return Rung(name, ladder_shape(d_model, layers), batch, steps, resources, hardware, devices)
+
+
+def with_stand_in_hosts(scale: Scale, hosts: int) -> Scale:
+    """`scale` with every rung's (and the hero's) train and evaluate steps run as gangs of `hosts` stand-in
+    hosts on this machine, one fake CPU device each. Resources are not hashed: the steps keep their paths."""
+    resources = ResourceConfig(hosts=hosts, cpu_devices_per_host=1, cpus=1 / hosts)
+    gang = lambda rung: dataclasses.replace(rung, resources=resources)  # noqa: E731
+    return dataclasses.replace(scale, rungs=tuple(gang(rung) for rung in scale.rungs), hero=gang(scale.hero))
 
 
 def full_scale(hardware: Hardware = HARDWARE[DEFAULT_HARDWARE]) -> Scale:
@@ -502,8 +511,14 @@ def main(argv: Sequence[str] | None = None) -> Executor:
                         help="read each URL source's Parquet schema first (auto: on dry runs)")  # fmt: skip
     parser.add_argument("--hardware", choices=sorted(HARDWARE), default=DEFAULT_HARDWARE,
                         help="accelerators of the full-scale plan (steps/train/hardware.py)")  # fmt: skip
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="tiny scale: run each train and evaluate step as a gang of N stand-in hosts")  # fmt: skip
     known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
     scale = full_scale(HARDWARE[known.hardware]) if known.scale == "full" else SCALES[known.scale]()
+    if known.hosts > 1:
+        if known.scale != "tiny":
+            raise ConfigError("--hosts stands hosts in on this machine (tiny scale); full scale plans its hosts")
+        scale = with_stand_in_hosts(scale, known.hosts)
     if known.check_sources == "true" or (known.check_sources == "auto" and _is_dry_run(rest)):
         for line in check_sources(scale):
             print(line)

@@ -6,17 +6,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_gcp_cluster_config_passes_the_offline_check():
+@pytest.mark.parametrize("config", ["gcp.yaml", "gcp_gpu_hero.yaml", "gcp_tpu_hero.yaml"])
+def test_gcp_cluster_config_passes_the_offline_check(config):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "infra" / "cluster" / "check_config.py")],
+        [sys.executable, str(ROOT / "infra" / "cluster" / "check_config.py"), str(ROOT / "infra" / "cluster" / config)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "valid for Ray's cluster launcher" in result.stdout
     assert "FAIL" not in result.stdout
+    if config != "gcp.yaml":  # the full hero's multi-host train steps (gangs) each get one host per member
+        assert "ok   hero train step" in result.stdout and "ok   rung train step" in result.stdout
 
 
 def test_find_python312_finds_a_python_312():

@@ -23,7 +23,15 @@ from executor.dashboard.experiments import Experiment
 from executor.errors import StorageError
 from executor.explain import explain, flatten_version
 from executor.identity import join_key
-from executor.status import INFO_FILE, MANIFEST_FILE, PROGRESS_FILE, STATS_FILE, STATUS_FILE, parse_events
+from executor.status import (
+    GANG_FILE,
+    INFO_FILE,
+    MANIFEST_FILE,
+    PROGRESS_FILE,
+    STATS_FILE,
+    STATUS_FILE,
+    parse_events,
+)
 
 _DEPENDENCY = re.compile(r"^DEP\[(\d+)\](.*)$")
 
@@ -105,14 +113,15 @@ def _explain_json(output_path: str, info: dict[str, Any], fingerprint: str | Non
 
 
 def live_state(output_path: str) -> dict[str, Any]:
-    """What changes while a step runs: its status history and shard progress (one batched read)."""
-    status_blob, progress_blob = storage.read_many(
-        [storage.join(output_path, STATUS_FILE), storage.join(output_path, PROGRESS_FILE)]
+    """What changes while a step runs: its status history, shard progress and, for a multi-host step, its
+    gang's hosts and their states (one batched read)."""
+    status_blob, progress_blob, gang_blob = storage.read_many(
+        [storage.join(output_path, name) for name in (STATUS_FILE, PROGRESS_FILE, GANG_FILE)]
     )
     try:
         events = parse_events(status_blob, output_path)
     except StorageError as error:
-        return {"status": "CORRUPT", "message": str(error), "events": [], "progress": None}
+        return {"status": "CORRUPT", "message": str(error), "events": [], "progress": None, "gang": None}
     state = state_from_status_file(status_blob, output_path)
     return {
         "status": state.status or "NEVER_RAN",
@@ -123,6 +132,7 @@ def live_state(output_path: str) -> dict[str, Any]:
         "recorded_fingerprint": state.recorded_fingerprint,
         "events": [json.loads(event.to_json()) for event in events],
         "progress": json_or_none(progress_blob),
+        "gang": json_or_none(gang_blob),
     }
 
 

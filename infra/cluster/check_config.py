@@ -11,6 +11,11 @@
    autoscaler's bin-packing (`get_nodes_for`), so the check covers the contract between the config
    and the code that uses it. Exits 1 when a step would land on the wrong node type.
 
+4. For the hero's configs (`gcp_gpu_hero.yaml`, `gcp_tpu_hero.yaml`), the multi-host train steps of the full
+   plan (`experiments/hero_535b.py`'s FULL_DEVICES): a gang's bundles (`executor.gang.bundle_specs`, one per
+   host) must make the autoscaler start exactly one GPU node per host; on TPU, whose slices are fixed, they
+   must fit one slice's hosts, one bundle per host (STRICT_SPREAD).
+
 Nothing here contacts a cloud. Steps 1 and 3 use Ray internals (`ray.autoscaler._private`), which
 may move between Ray versions; the project pins Ray.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,10 @@ from ray.autoscaler._private.resource_demand_scheduler import _default_utilizati
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from executor.backends import ray_options
+from executor.gang import bundle_specs
 from executor.step_spec import ResourceConfig
+from experiments.hero_535b import FULL_DEVICES
+from steps.train.hardware import HARDWARE, host_resources
 
 CPU_TYPES = {"cpu_spot", "cpu_highmem_spot"}
 
@@ -45,6 +54,26 @@ EXPECTED: list[tuple[str, int, ResourceConfig, set[str]]] = [
     ("H100 step, cpus left at the default (0)", 1, ResourceConfig(gpus=8, accelerator_type="H100"), {"gpu_h100"}),
     ("H100 step asking cpus=1 (finds no node)", 1, ResourceConfig(cpus=1, gpus=8, accelerator_type="H100"), set()),
 ]
+
+
+DATA_STEPS = EXPECTED[:3]
+
+
+def gang_steps(hardware: str) -> list[tuple[str, ResourceConfig]]:
+    """The full plan's multi-host train steps on `hardware`: a ladder rung's and the hero's."""
+    profile = HARDWARE[hardware]
+    rung, hero = (devices // profile.devices_per_host for devices in FULL_DEVICES[hardware])
+    return [(f"rung train step, {rung} hosts", host_resources(profile, rung)),
+            (f"hero train step, {hero} hosts", host_resources(profile, hero))]  # fmt: skip
+
+
+# Per config file: the single-task steps above that apply, the gangs the autoscaler must grow nodes for,
+# and the gangs that must fit a fixed multi-host slice.
+CHECKS: dict[str, tuple[list, list, list]] = {
+    "gcp.yaml": (EXPECTED, [], []),
+    "gcp_gpu_hero.yaml": (DATA_STEPS, gang_steps("gb200"), []),
+    "gcp_tpu_hero.yaml": (DATA_STEPS, [], gang_steps("tpu_v5p")),
+}
 
 
 def task_demand(resources: ResourceConfig) -> dict[str, float]:
@@ -81,15 +110,50 @@ def scale_up(config: dict[str, Any], demands: list[dict[str, Any]]) -> tuple[dic
     return dict(to_add), len(unplaced)
 
 
+def slice_hosts(node_config: dict[str, Any]) -> int:
+    """Hosts of a TPU v5p slice (`v5p-N` counts TensorCores: N / 2 chips, 4 chips a host); 0 if not one."""
+    accelerator = str(node_config.get("acceleratorType", ""))
+    return int(accelerator.removeprefix("v5p-")) // 2 // 4 if accelerator.startswith("v5p-") else 0
+
+
+def fits_a_slice(config: dict[str, Any], bundles: list[dict[str, float]]) -> str | None:
+    """The TPU node type one of whose slices takes every bundle on a host of its own; None if none does."""
+    for name, node in config["available_node_types"].items():
+        host = node.get("resources", {})
+        if slice_hosts(node["node_config"]) >= len(bundles) and all(
+            all(host.get(resource, 0) >= amount for resource, amount in bundle.items()) for bundle in bundles
+        ):
+            return str(name)
+    return None
+
+
+def check_gangs(config: dict[str, Any], grown: list, fixed: list) -> int:
+    """Print and count the gangs that would not get one host per member (see the module doc)."""
+    wrong = 0
+    for label, resources in grown:
+        launched, unplaced = scale_up(config, bundle_specs(resources))
+        ok = len(launched) == 1 and sum(launched.values()) == resources.hosts and not unplaced
+        wrong += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {label:42s} -> {launched or 'no node type fits'}")
+    for label, resources in fixed:
+        node_type = fits_a_slice(config, bundle_specs(resources))
+        wrong += node_type is None
+        print(f"{'ok  ' if node_type else 'FAIL'} {label:42s} -> one {node_type or 'slice: none fits'}")
+    return wrong
+
+
 def main(path: str) -> int:
+    # The autoscaler logs every demand it cannot place (thousands of shards waiting for capacity): noise here.
+    logging.getLogger("ray.autoscaler._private.resource_demand_scheduler").setLevel(logging.ERROR)
     config = prepare_config(copy.deepcopy(yaml.safe_load(Path(path).read_text())))
     validate_config(config)
     print(f"{path}: valid for Ray's cluster launcher (schema and defaults)")
     kinds = node_kinds(config)
     print(f"node kinds: {kinds}")
 
-    wrong = 0
-    for label, count, resources, allowed in EXPECTED:
+    single, grown, fixed = CHECKS.get(Path(path).name, (EXPECTED, [], []))
+    wrong = check_gangs(config, grown, fixed)
+    for label, count, resources, allowed in single:
         launched, unplaced = scale_up(config, [task_demand(resources)] * count)
         ok = set(launched) <= allowed and (bool(launched) or not allowed)
         wrong += not ok

@@ -74,6 +74,7 @@ from haliax import Axis
 from haliax.nn.scan import Stacked
 from haliax.partitioning import round_axis_for_partitioning
 from haliax.state_dict import from_torch_compatible_state_dict, to_torch_compatible_state_dict
+from jax.experimental import multihost_utils
 from levanter.layers.rotary import RotaryEmbeddingsConfig
 from levanter.models.llama import ActivationFunctionEnum
 from levanter.trainer import TrainerConfig
@@ -137,7 +138,10 @@ def export_model(
     The tensors are copied to host memory a part (the embeddings, a layer...) at a time to size them, and
     kept while they fit in one file. A model that does not is copied again file by file, so the host holds
     one file and one part at most."""
-    storage.delete(storage.join(folder, CONFIG_FILE))
+    # In a multi-host run every process joins the gathers of sharded weights (`_on_host`); process 0 writes.
+    writer = jax.process_index() == 0
+    if writer:
+        storage.delete(storage.join(folder, CONFIG_FILE))
     parts = _parts(model)
     sizes: dict[str, int] = {}
     owner: dict[str, int] = {}
@@ -159,15 +163,18 @@ def export_model(
             held = {}
             for index in sorted({owner[member] for member in members}):
                 held |= _on_host(parts[index])
-        payload = safetensors.numpy.save({member: held[member] for member in members}, metadata={"format": "pt"})
-        storage.write_atomic(storage.join(folder, name), payload)
+        if writer:
+            payload = safetensors.numpy.save({member: held[member] for member in members}, metadata={"format": "pt"})
+            storage.write_atomic(storage.join(folder, name), payload)
+    hf_config = config_json(model.config, model.Vocab.size, model.embeddings.token_embeddings.weight.dtype)
+    if not writer:
+        return hf_config
     if len(shards) > 1:
         weight_map = {member: name for name, members in zip(names, shards, strict=True) for member in members}
         index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
         storage.write_json_atomic(storage.join(folder, INDEX_FILE), index_json)
     _remove_stale_weights(folder, keep=set(names) | ({INDEX_FILE} if len(shards) > 1 else set()))
     _copy_tokenizer(tokenizer_path, folder)
-    hf_config = config_json(model.config, model.Vocab.size, model.embeddings.token_embeddings.weight.dtype)
     storage.write_json_atomic(storage.join(folder, CONFIG_FILE), hf_config)
     logger.info("HF export: %d tensors, %.1f MB in %d file(s), under %s",
                 len(sizes), total / 1e6, len(names), folder)  # fmt: skip
@@ -287,7 +294,14 @@ def _parts(model: MoeLMHeadModel) -> list[tuple[str | None, Any]]:
 
 def _on_host(part: tuple[str | None, Any]) -> dict[str, np.ndarray]:
     prefix, module = part
-    return {name: np.asarray(array) for name, array in to_torch_compatible_state_dict(module, prefix=prefix).items()}
+    return {name: _to_numpy(array) for name, array in to_torch_compatible_state_dict(module, prefix=prefix).items()}
+
+
+def _to_numpy(array: Any) -> np.ndarray:
+    """The whole tensor on this host; an array sharded over several processes (a gang) is gathered from all."""
+    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    return np.asarray(array)
 
 
 def config_json(config: MoeConfig, vocab_size: int, dtype: Any) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from executor import ResourceConfig
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -60,3 +62,13 @@ def mfu_denominator(peak_flops_per_device: float, devices: int) -> float:
     if peak_flops_per_device <= 0 or devices <= 0:
         raise ValueError(f"MFU needs a positive peak and device count, got {peak_flops_per_device} x {devices}")
     return peak_flops_per_device * devices
+
+
+def host_resources(hardware: Hardware, hosts: int) -> ResourceConfig:
+    """What a step over `hosts` hosts of `hardware` asks the cluster for: a gang (executor/gang.py) reserves one
+    placement-group bundle per host; on GPU nodes a host is a node's GPUs (Ray's `GPU`) of the profile's
+    accelerator type, on a TPU slice one TPU VM, whose chips Ray counts as `TPU`."""
+    per_host = hardware.devices_per_host
+    if hardware.is_gpu:
+        return ResourceConfig(hosts=hosts, gpus=per_host, accelerator_type=hardware.accelerator_type)
+    return ResourceConfig(hosts=hosts, custom={"TPU": per_host}, accelerator_type=hardware.accelerator_type)

@@ -54,6 +54,7 @@ from pathlib import Path
 
 import jax
 from levanter.checkpoint import CheckpointerConfig
+from levanter.distributed import DistributedConfig
 from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
 from levanter.trainer import TrainerConfig
@@ -374,6 +375,8 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             keep=[{"every": config.checkpoint_every_steps}],
         ),
         initialize_from=config.initialize_from,
+        # A gang member (executor/gang.py) has joined its peers already; Levanter would try again on a TPU VM.
+        distributed=DistributedConfig(initialize_jax_distributed=not jax.distributed.is_initialized()),
         require_accelerator=False,
         log_jaxprs=False,
         log_xla_hlo=False,

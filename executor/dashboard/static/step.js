@@ -94,6 +94,16 @@ function rowsTable(rows, data) {
       h("tbody", {}, rows.map((row) => h("tr", {}, keys.map((key) => h("td", { class: "mono" }, cell(row[key]))))))));
 }
 
+function gangTable(gang) {
+  // A multi-host step (executor/gang.py): the current (or last) attempt's gang, one row per host.
+  return section(`Gang: ${gang.hosts} hosts (${gang.placement}), ${gang.state}`,
+    h("div", { class: "muted" }, `coordinator ${gang.coordinator || "?"}`, gang.message ? ` · ${gang.message}` : ""),
+    h("table", {}, h("tr", {}, ["host", "state", "node", "pid", "last heartbeat"].map((name) => h("th", {}, name))),
+      gang.members.map((member) => h("tr", { "data-state": member.state }, h("td", {}, member.rank), h("td", {}, member.state),
+        h("td", { class: "mono" }, member.ip || "?"), h("td", {}, member.pid ?? "?"),
+        h("td", {}, member.last_heartbeat ? fmtTime(new Date(member.last_heartbeat * 1000).toISOString()) : "")))));
+}
+
 async function stepPage(main, path) {
   const experiment = new URLSearchParams(route().search).get("experiment");
   const logBox = h("pre", { class: "log", "data-testid": "log" }, "");
@@ -101,6 +111,7 @@ async function stepPage(main, path) {
   const metricsView = new MetricsView(metricsBox);
   const panels = new StepPanels(path, experiment);
   const statusBox = h("span", { "data-testid": "step-status" }), historyBox = h("div", {}), progressBox = h("div", {});
+  const gangBox = h("div", { "data-testid": "gang" });
   let lastStatus = null, lastEvents = -1;
 
   const refreshLog = async () => {
@@ -122,6 +133,7 @@ async function stepPage(main, path) {
       h("span", { class: "muted" }, `${fmtNum(live.progress.shards_done || 0)} / ${fmtNum(live.progress.shards_total)} shards · `
         + `${fmtNum(live.progress.rows || 0)} rows · ${fmtBytes(live.progress.bytes || 0)}`
         + (live.progress.updated ? ` · updated ${fmtTime(live.progress.updated)}` : ""))) : "");
+    gangBox.replaceChildren(live.gang ? gangTable(live.gang) : "");
     const busy = live.status === "RUNNING" || live.status === "WAITING";
     setLive(busy, busy ? "live" : "idle");
   };
@@ -145,6 +157,7 @@ async function stepPage(main, path) {
       failed && step.live.status !== "SUCCESS" ? h("div", { class: "error", "data-testid": "failure" }, failed.message || "failed",
         failed.details?.traceback ? h("details", {}, h("summary", {}, "traceback"), h("pre", {}, failed.details.traceback)) : "") : "",
       progressBox,
+      gangBox,
       panels.element,
       h("div", { class: "grid2" },
         h("div", {}, section("Status history", historyBox), section("Rerun just this step", copyBox(step.rerun),

@@ -1,0 +1,304 @@
+"""A step that spans hosts runs as a gang: one Ray actor per host, one JAX process each, watched as one.
+
+`ResourceConfig(hosts=N)` with N > 1 makes the backend run the step through `gang_task`: the step's lease,
+heartbeat, status and retries stay with the executor's own thread (the driver), whose "step function" is
+`GangLaunch`, which
+
+    reserves a placement group of N bundles (one per host: its CPUs, accelerators and custom resources;
+        STRICT_SPREAD on a cluster, PACK when one machine stands in for the hosts)
+    -> starts N `GangMember` actors (executor/gang_member.py), asks member 0 for a coordinator address
+    -> runs the step function in every member, each joined by `jax.distributed.initialize`
+    -> watches them: each run's result, and a heartbeat (`ping`) answered within `hang_timeout_s`
+    -> tears the whole gang down (every actor killed, the placement group removed, and, for members on
+       this node, their processes checked gone), whatever happened.
+
+A member that dies or hangs fails the attempt with `GangMemberLostError`, a `TransientError`: the executor's
+retry starts a new gang, and the step (the train step) resumes from its latest complete checkpoint. A member
+whose step function raises fails the attempt with that error (a bad input stays a deterministic failure),
+unless another member died within `DEATH_GRACE_S` (a lost peer makes the others' collectives fail too).
+The driver records the gang in `<output>/gang.json` (hosts, placement, coordinator, each member's node, pid
+and state) for the dashboard's step page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from executor import storage
+from executor.errors import ConfigError
+from executor.gang_member import GangMember, stand_in_environment
+from executor.retry import TransientError
+from executor.status import GANG_FILE
+from executor.step_runner import StepTask
+from executor.step_spec import ResourceConfig
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0
+"""How often the driver looks at its members (results and heartbeats)."""
+DEATH_GRACE_S = 10.0
+"""After a member's step function raises, how long the driver waits for news of a dead peer."""
+TEARDOWN_TIMEOUT_S = 30.0
+"""How long the teardown waits for the killed members to be gone before it kills what is left itself."""
+
+
+class GangMemberLostError(TransientError):
+    """A gang member died or hung: the gang was torn down and the attempt is retried as a new gang."""
+
+
+def placement_strategy(resources: ResourceConfig) -> str:
+    """STRICT_SPREAD (one host per node) on a cluster; PACK when stand-in hosts share one machine."""
+    return "PACK" if resources.cpu_devices_per_host is not None else "STRICT_SPREAD"
+
+
+def bundle_specs(resources: ResourceConfig) -> list[dict[str, float]]:
+    """One placement-group bundle per host: what one host's process asks of its node."""
+    accelerated = bool(resources.gpus or resources.accelerator_type or resources.custom)
+    cpus = resources.cpus if resources.cpus is not None else (0 if accelerated else 1)
+    bundle: dict[str, float] = {"CPU": cpus}
+    if resources.gpus:
+        bundle["GPU"] = resources.gpus
+    if resources.memory_gb:
+        bundle["memory"] = int(resources.memory_gb * 2**30)
+    if resources.accelerator_type:
+        bundle[f"accelerator_type:{resources.accelerator_type}"] = 0.001  # how Ray labels a node's accelerators
+    bundle.update(resources.custom)
+    bundle = {name: amount for name, amount in bundle.items() if amount}
+    return [dict(bundle) for _ in range(resources.hosts)]
+
+
+def member_options(resources: ResourceConfig, group: Any, rank: int) -> dict[str, Any]:
+    """Ray actor options of member `rank`: all of its bundle, its stand-in environment, no restarts."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle = bundle_specs(resources)[rank]
+    custom = {name: amount for name, amount in bundle.items() if name not in ("CPU", "GPU", "memory")}
+    options: dict[str, Any] = {
+        "num_cpus": bundle.get("CPU", 0),
+        "num_gpus": bundle.get("GPU", 0),
+        "max_restarts": 0,
+        "max_concurrency": 2,  # `run` and the driver's `ping`
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+        "runtime_env": {"env_vars": stand_in_environment(resources.cpu_devices_per_host)},
+    }
+    if "memory" in bundle:
+        options["memory"] = bundle["memory"]
+    if custom:
+        options["resources"] = custom
+    return options
+
+
+@dataclass
+class MemberRecord:
+    """What the driver knows of one member; `gang.json` holds these."""
+
+    rank: int
+    state: str = "starting"
+    """starting, running, finished, failed, died, hung, torn down."""
+    pid: int | None = None
+    node_id: str | None = None
+    ip: str | None = None
+    last_heartbeat: float | None = None
+
+
+@dataclass
+class GangRecord:
+    hosts: int
+    placement: str
+    started: float = field(default_factory=time.time)
+    state: str = "starting"
+    coordinator: str | None = None
+    message: str | None = None
+    members: list[MemberRecord] = field(default_factory=list)
+
+
+class GangLaunch:
+    """The driver side of a gang step: run by `run_step` in place of the step function (see the module doc)."""
+
+    def __init__(self, fn: Callable[[Any], Any], resources: ResourceConfig, output_path: str, label: str):
+        self.fn = fn
+        self.resources = resources
+        self.output_path = output_path
+        self.label = label
+
+    def __call__(self, config: Any) -> None:
+        gang = _Gang(self, config)
+        try:
+            gang.start()
+            gang.watch()
+        finally:
+            gang.tear_down()
+
+
+def gang_task(task: StepTask, resources: ResourceConfig) -> StepTask:
+    """`task` with its step function run as a gang of `resources.hosts` members."""
+    if resources.hosts < 2:
+        raise ConfigError(f"{task.label}: a gang needs at least 2 hosts, the step asks for {resources.hosts}")
+    return dataclasses.replace(task, fn=GangLaunch(task.fn, resources, task.output_path, task.label))
+
+
+class _Gang:
+    """One attempt's gang: its placement group, actors and records."""
+
+    def __init__(self, launch: GangLaunch, config: Any):
+        import ray
+
+        self._ray = ray
+        self.launch = launch
+        self.config = config
+        resources = launch.resources
+        self.record = GangRecord(hosts=resources.hosts, placement=placement_strategy(resources))
+        self.record.members = [MemberRecord(rank) for rank in range(resources.hosts)]
+        self.group: Any = None
+        self.actors: list[Any] = []
+
+    def start(self) -> None:
+        from ray.util.placement_group import placement_group
+
+        resources = self.launch.resources
+        self.group = placement_group(bundle_specs(resources), strategy=self.record.placement)
+        self._write()
+        while not self._ray.wait([self.group.ready()], timeout=60)[0]:
+            logger.info(
+                "%s: waiting for %d hosts (%s): %s",
+                self.launch.label,
+                resources.hosts,
+                self.record.placement,
+                bundle_specs(resources)[0],
+            )
+        member = self._ray.remote(GangMember)
+        stand_in = resources.cpu_devices_per_host is not None
+        for rank in range(resources.hosts):
+            options = member_options(resources, self.group, rank)
+            self.actors.append(
+                member.options(**options).remote(rank, resources.hosts, self.launch.output_path, stand_in)
+            )
+        identities = self._ray.get([actor.identity.remote() for actor in self.actors])
+        for record, identity in zip(self.record.members, identities, strict=True):
+            record.pid, record.node_id, record.ip = identity["pid"], identity["node_id"], identity["ip"]
+            record.state, record.last_heartbeat = "running", time.time()
+        self.record.coordinator = self._ray.get(self.actors[0].coordinator_address.remote())
+        self.record.state = "running"
+        self._write()
+        logger.info(
+            "%s: gang of %d hosts started (coordinator %s, pids %s)",
+            self.launch.label,
+            resources.hosts,
+            self.record.coordinator,
+            [m.pid for m in self.record.members],
+        )
+
+    def watch(self) -> None:
+        """Wait for every member's run; raise on the first death, hang or failure (see the module doc)."""
+        ray = self._ray
+        runs = {
+            actor.run.remote(self.launch.fn, self.config, self.record.coordinator): rank
+            for rank, actor in enumerate(self.actors)
+        }
+        pings: dict[Any, int] = {}
+        heard = {rank: time.monotonic() for rank in range(len(self.actors))}
+        failure: tuple[int, BaseException] | None = None
+        failed_at = 0.0
+        while runs:
+            waiting_on = set(pings.values())
+            for rank in runs.values():
+                if rank not in waiting_on:
+                    pings[self.actors[rank].ping.remote()] = rank
+            ready, _ = ray.wait([*runs, *pings], num_returns=1, timeout=POLL_S)
+            for ref in ready:
+                rank = pings.pop(ref) if ref in pings else runs.pop(ref)
+                error = _error_of(ray, ref)
+                if isinstance(error, ray.exceptions.RayActorError):
+                    self._lost(rank, "died", f"its process died ({error})")
+                elif error is not None and failure is None:
+                    failure, failed_at = (rank, error), time.monotonic()
+                    self.record.members[rank].state = "failed"
+                elif error is None:
+                    heard[rank] = time.monotonic()
+                    self.record.members[rank].last_heartbeat = time.time()
+                    if rank not in runs.values():
+                        self.record.members[rank].state = "finished"
+            now = time.monotonic()
+            for rank in runs.values():
+                if now - heard[rank] > self.launch.resources.hang_timeout_s:
+                    self._lost(rank, "hung", f"it answered no heartbeat for {now - heard[rank]:.0f} s")
+            if failure is not None and (now - failed_at > DEATH_GRACE_S or not runs):
+                self._raise_failure(*failure)
+        self.record.state = "finished"
+
+    def _lost(self, rank: int, state: str, why: str) -> None:
+        member = self.record.members[rank]
+        member.state = state
+        message = (
+            f"{self.launch.label}: gang member {rank} of {len(self.actors)} (pid {member.pid} on {member.ip}) {state}: "
+            f"{why}; the gang is torn down and the attempt retried as a new gang from the latest checkpoint"
+        )
+        self.record.state, self.record.message = "failed", message
+        raise GangMemberLostError(message)
+
+    def _raise_failure(self, rank: int, error: BaseException) -> None:
+        cause = getattr(error, "cause", None)
+        original = cause if isinstance(cause, Exception) else error
+        note = f"raised in gang member {rank} of {len(self.actors)} of {self.launch.label}"
+        self.record.state, self.record.message = "failed", f"{note}: {type(original).__name__}: {original}"
+        original.add_note(note)
+        raise original
+
+    def tear_down(self) -> None:
+        """Kill every member, remove the placement group, and make sure no member's process survives."""
+        ray = self._ray
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            ray.util.remove_placement_group(self.group)
+        self._wait_gone()
+        for member in self.record.members:
+            if member.state in ("starting", "running"):
+                member.state = "torn down"
+        if self.record.state == "running":
+            self.record.state = "failed"
+        self._write()
+
+    def _wait_gone(self) -> None:
+        """Wait until the members' processes on this node are gone; SIGKILL what outlives the timeout."""
+        here = self._ray.get_runtime_context().get_node_id()
+        local = [m.pid for m in self.record.members if m.pid is not None and m.node_id == here]
+        deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
+        while (alive := [pid for pid in local if _process_alive(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in alive:
+            logger.warning("%s: gang member process %d outlived ray.kill; killing it", self.launch.label, pid)
+            os.kill(pid, signal.SIGKILL)
+
+    def _write(self) -> None:
+        storage.write_json_atomic(storage.join(self.launch.output_path, GANG_FILE), dataclasses.asdict(self.record))
+
+
+def _error_of(ray: Any, ref: Any) -> BaseException | None:
+    try:
+        ray.get(ref)
+    except Exception as error:  # a member's failure, of any kind, is classified by the caller
+        return error
+    return None
+
+
+def _process_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (a killed member's process may linger unreaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True

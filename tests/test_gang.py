@@ -1,0 +1,299 @@
+"""Multi-host train steps as Ray gangs, on one machine: two stand-in hosts x 2 fake CPU devices, gloo collectives.
+
+One tiny train step (tests/test_steps_train.py's model and data) is trained four times: once as one process over
+4 devices (an executor subprocess), and as a 2-host gang uninterrupted, with its coordinator SIGKILLed once a
+checkpoint exists, and with its other member SIGSTOPped then. The gang must give the one process's losses; a
+killed or stopped member must tear the whole gang down (no process of it left), fail the attempt as transient,
+and the executor's retry must start a new gang that resumes from the checkpoint and ends at the uninterrupted
+loss. The pure parts (bundles, placement, resources from a hardware profile) are checked without Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from gang_steps import GlobalSumConfig, global_sum
+from test_steps_train import build_data, checkpoint_steps, start_train, train_config, train_losses
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, storage
+from executor.dashboard.step_view import live_state
+from executor.errors import ConfigError
+from executor.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
+from executor.gang_member import GangMember, host_log_file, stand_in_environment
+from executor.plan import build_plan
+from executor.status import GANG_FILE, StatusEvent, StepStatus, append_event, read_events
+from executor.step_log import StepLog
+from experiments import hero_535b
+from steps.model.hf_export import HF_FOLDER, load_hf_export
+from steps.train.hardware import HARDWARE, host_resources
+from steps.train.train import TrainConfig, train
+from steps.train.train_metrics import read_metrics
+
+STEPS = 30
+CHECKPOINT_EVERY = 10
+"""Permanent checkpoints: a member is killed after the first, another stopped after the second."""
+HANG_TIMEOUT_S = 45.0
+"""Generous against a 2-core machine's stalls (a member compiling answers pings; a stopped one cannot)."""
+STAND_IN = ResourceConfig(hosts=2, cpu_devices_per_host=2, cpus=0.5, hang_timeout_s=HANG_TIMEOUT_S)
+
+
+def test_gang_bundles_for_gpu_nodes_and_tpu_slices_come_from_the_hardware_profile():
+    gb200 = host_resources(HARDWARE["gb200"], hosts=11)
+    assert gb200.hosts == 11 and gb200.cpu_devices_per_host is None
+    assert bundle_specs(gb200) == [{"GPU": 4, "accelerator_type:GB200": 0.001}] * 11
+    tpu = host_resources(HARDWARE["tpu_v5p"], hosts=16)
+    assert bundle_specs(tpu) == [{"TPU": 4, "accelerator_type:TPU-V5P": 0.001}] * 16
+    assert placement_strategy(gb200) == placement_strategy(tpu) == "STRICT_SPREAD"  # one host per node
+
+
+def test_gang_stand_in_hosts_are_packed_onto_one_machine_with_fake_devices():
+    assert placement_strategy(STAND_IN) == "PACK"
+    assert bundle_specs(STAND_IN) == [{"CPU": 0.5}, {"CPU": 0.5}]
+    assert stand_in_environment(2) == {"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                                       "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    assert stand_in_environment(None) == {}
+    assert host_log_file(1) == "logs/host-1.log"
+
+
+def test_gang_member_options_take_their_own_bundle():
+    pytest.importorskip("ray")
+    tpu = host_resources(HARDWARE["tpu_v5p"], hosts=2)
+    options = member_options(tpu, group=None, rank=1)
+    assert options["num_cpus"] == 0 and options["resources"] == {"TPU": 4, "accelerator_type:TPU-V5P": 0.001}
+    assert options["scheduling_strategy"].placement_group_bundle_index == 1
+    assert options["max_restarts"] == 0
+
+
+def test_gang_stand_in_hosts_keep_the_tiny_hero_dags_hashes():
+    tiny = hero_535b.tiny_scale()
+    gangs = hero_535b.with_stand_in_hosts(tiny, hosts=2)
+    plain, ganged = (hero_535b.build_dag(scale) for scale in (tiny, gangs))
+    assert {step.resources.hosts for _rung, step in (*ganged.trains.values(), *ganged.evaluates.values())} == {2}
+    hashes = [{step.name: step.hash for step in build_plan(dag.steps, "/prefix").steps} for dag in (plain, ganged)]
+    assert hashes[0] == hashes[1]  # resources are never hashed
+
+
+@pytest.mark.parametrize("bad", [{"hosts": 0}, {"cpu_devices_per_host": 0}, {"hang_timeout_s": 0}])
+def test_gang_resources_refuse_nonsense(bad):
+    with pytest.raises(ConfigError):
+        ResourceConfig(**bad)
+
+
+def test_gang_is_shown_live_on_the_step_page(tmp_path):
+    output_path = str(tmp_path / "train" / "run-abc")
+    append_event(output_path, StatusEvent(StepStatus.RUNNING, attempt=1, worker="w"))
+    record = GangRecord(hosts=2, placement="PACK", state="failed", coordinator="10.0.0.1:1234")
+    record.members = [MemberRecord(0, "running", pid=11, ip="10.0.0.1"), MemberRecord(1, "hung", pid=12)]
+    storage.write_json_atomic(f"{output_path}/{GANG_FILE}", dataclasses.asdict(record))
+    gang = live_state(output_path)["gang"]
+    assert gang["hosts"] == 2 and [member["state"] for member in gang["members"]] == ["running", "hung"]
+    assert live_state(str(tmp_path / "single-host"))["gang"] is None
+
+
+def test_gang_member_log_is_put_back_after_the_trainer_clears_the_root_logger(tmp_path):
+    member = GangMember(rank=1, hosts=2, output_path=str(tmp_path), stand_in=True)
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    with StepLog(str(tmp_path), host_log_file(1), all_threads=True) as log:
+        member._log = log
+        root.handlers.clear()  # what Levanter's logging setup does when its trainer starts
+        logging.getLogger("levanter.x").warning("lost: before the heartbeat")
+        member.ping()
+        logging.getLogger("levanter.x").warning("kept: after the heartbeat")
+    root.handlers[:] = saved
+    text = (tmp_path / host_log_file(1)).read_text()
+    assert "kept: after the heartbeat" in text and "lost" not in text
+
+
+@pytest.mark.ray
+def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
+    """The Ray backend's path: the gang's driver runs in this process, its two members in Ray."""
+    step = ExecutorStep(name="gang/sum", fn=global_sum, config=GlobalSumConfig(THIS_OUTPUT_PATH), resources=STAND_IN)
+    executor = Executor(str(tmp_path), backend="ray")
+    executor.run([step])
+    output_path = Path(executor.output_paths[step])
+    # Process 0 holds 0 and 1, process 1 holds 10 and 11, on 4 global devices.
+    assert json.loads((output_path / "seen.json").read_text()) == {"sum": 22.0, "devices": 4, "processes": 2}
+    statuses = [event.status for event in read_events(str(output_path)) if event.attempt]
+    assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
+    gang = json.loads((output_path / GANG_FILE).read_text())
+    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
+
+
+# The runs below train a model 4 times (about 6 compilations on 2 busy cores).
+TRAINING_MARKS = (pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(2400))
+
+
+def training(test):
+    for mark in TRAINING_MARKS:
+        test = mark(test)
+    return test
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return build_data(tmp_path_factory.mktemp("gang-data"))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    from executor.backends import ensure_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ensure_ray()
+    yield ray
+    ray.shutdown()
+
+
+def gang_config(data: dict[str, str], output_path: str = "unused") -> TrainConfig:
+    """The tiny run, without router-bias balancing and at a lower learning rate than test_steps_train's: the
+    gang sums its gradients in another order than one process (across gloo), and a sign-driven bias update or
+    a top-k choice flipped by a last-bit difference would grow into a loss gap that says nothing of the gang."""
+    return train_config(data, output_path, num_train_steps=STEPS, steps_per_eval=STEPS, learning_rate=3e-3,
+                        router_bias_balancing=False, checkpoint_every_steps=CHECKPOINT_EVERY,
+                        temporary_checkpoint_seconds=600.0)  # fmt: skip
+
+
+def run_gang(prefix: Path, data: dict[str, str], interfere: Callable[[Path], dict] | None = None) -> dict:
+    """Train the tiny step as a 2-host gang under `prefix`; `interfere(prefix)` runs beside it in a thread."""
+    step = ExecutorStep(name="train/tiny-moe", fn=train, config=gang_config(data, THIS_OUTPUT_PATH), resources=STAND_IN)
+    executor = Executor(str(prefix), backend="local")
+    seen: dict = {}
+
+    def watch() -> None:
+        try:
+            seen.update(interfere(prefix) if interfere else {})
+        except Exception as error:  # re-raised below, in the test's thread
+            seen["error"] = error
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    executor.run([step])
+    watcher.join(timeout=60)
+    if "error" in seen:
+        raise seen["error"]
+    output_path = Path(executor.output_paths[step])
+    return {"output_path": output_path, "records": read_metrics(str(output_path)), **seen}
+
+
+def faults_after_checkpoints(faults: list[tuple[int, int, int]]) -> Callable[[Path], dict]:
+    """An `interfere` that, for each (checkpoint step, member rank, signal) in turn, waits until that checkpoint
+    is complete and a gang is running, and sends the signal to that member of it. Returns the signalled gangs'
+    pids, in order."""
+
+    def interfere(prefix: Path) -> dict:
+        gangs: list[list[int]] = []
+        deadline = time.monotonic() + 1800
+        for checkpoint, rank, signum in faults:
+            while time.monotonic() < deadline:
+                gang_files = list(prefix.glob(f"train/tiny-moe-*/{GANG_FILE}"))
+                gang = json.loads(gang_files[0].read_text()) if gang_files else {}
+                pids = [member["pid"] for member in gang.get("members", [])]
+                running = gang.get("state") == "running" and pids not in gangs
+                if running and checkpoint in checkpoint_steps(gang_files[0].parent):
+                    os.kill(pids[rank], signum)
+                    gangs.append(pids)
+                    break
+                time.sleep(0.05)
+        return {"signalled_gangs": gangs}
+
+    return interfere
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def one_process(data, tmp_path_factory) -> list[tuple[int, float]]:
+    """The reference: the same step in one process over 4 fake devices (an executor subprocess)."""
+    prefix = tmp_path_factory.mktemp("one-process")
+    log = prefix / "run.log"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+        process = start_train(prefix, gang_config(data), log)
+    assert process.wait(timeout=1800) == 0, log.read_text()[-3000:]
+    return train_losses(read_metrics(str(next(prefix.glob("train/tiny-moe-*")))))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, local_ray, tmp_path_factory) -> dict:
+    return run_gang(tmp_path_factory.mktemp("gang"), data)
+
+
+def final_loss(records: list[dict]) -> float:
+    return train_losses(records)[-1][1]
+
+
+@training
+def test_multi_host_gang_trains_to_the_losses_of_one_process(one_process, uninterrupted):
+    gang_losses = train_losses(uninterrupted["records"])
+    assert [step for step, _ in gang_losses] == [step for step, _ in one_process]
+    for (step, gang_loss), (_, loss) in zip(gang_losses, one_process, strict=True):
+        assert abs(gang_loss - loss) < 1e-5, (step, gang_loss, loss)
+    # Metrics are written once, by process 0: a second writer would log every step twice.
+    assert [step for step, _ in gang_losses].count(0) == 1
+    output_path = uninterrupted["output_path"]
+    gang = json.loads((output_path / GANG_FILE).read_text())
+    assert gang["state"] == "finished" and [m["state"] for m in gang["members"]] == ["finished", "finished"]
+    for rank in (0, 1):
+        assert f"gang member {rank} of 2" in (output_path / host_log_file(rank)).read_text()
+    # The HF export gathers the weights sharded over both processes; process 0 writes them.
+    assert load_hf_export(str(output_path / HF_FOLDER)).Vocab.size > 0
+
+
+@pytest.fixture(scope="module")
+def faulted(data, local_ray, tmp_path_factory) -> dict:
+    """A gang run whose coordinator is SIGKILLed after the first checkpoint, and whose retried gang's other
+    member is SIGSTOPped after the second: three gangs, the last one finishes."""
+    faults = [(CHECKPOINT_EVERY, 0, signal.SIGKILL), (2 * CHECKPOINT_EVERY, 1, signal.SIGSTOP)]
+    run = run_gang(tmp_path_factory.mktemp("faulted"), data, faults_after_checkpoints(faults))
+    assert len(run["signalled_gangs"]) == 2, "a checkpoint did not appear while a gang was running"
+    run["events"] = [event for event in read_events(str(run["output_path"])) if event.attempt]  # not the plan's
+    return run
+
+
+def check_torn_down_and_retried(run: dict, attempt: int, lost: str) -> None:
+    """Attempt `attempt` (1-based) of the faulted run failed as transient because a member `lost` (died or
+    hung), was retried, and no process of its gang is left."""
+    statuses = [event.status for event in run["events"]]
+    assert statuses == [StepStatus.RUNNING, StepStatus.WAITING] * 2 + [StepStatus.RUNNING, StepStatus.SUCCESS]
+    message = run["events"][2 * attempt - 1].message or ""
+    assert "GangMemberLostError" in message and f") {lost}:" in message, message
+    gang_pids = run["signalled_gangs"][attempt - 1]
+    assert not [pid for pid in gang_pids if process_alive(pid)], f"a member of gang {gang_pids} survived"
+
+
+@training
+def test_gang_member_killed_tears_the_gang_down_and_the_retry_resumes(faulted, uninterrupted):
+    check_torn_down_and_retried(faulted, attempt=1, lost="died")
+    logs = "".join(path.read_text() for path in (faulted["output_path"] / "logs").glob("*.log"))
+    assert "Resuming training from step" in logs  # the second gang restored the first checkpoint
+    gang = json.loads((faulted["output_path"] / GANG_FILE).read_text())
+    assert gang["state"] == "finished" and not {m["pid"] for m in gang["members"]} & {
+        pid for pids in faulted["signalled_gangs"] for pid in pids
+    }
+    assert abs(final_loss(faulted["records"]) - final_loss(uninterrupted["records"])) < 1e-5
+
+
+@training
+def test_gang_member_stopped_is_found_hung_and_handled_the_same(faulted):
+    check_torn_down_and_retried(faulted, attempt=2, lost="hung")
+    host_log = (faulted["output_path"] / host_log_file(0)).read_text()
+    assert host_log.count("Resuming training from step") == 2  # each retried gang restored a checkpoint
