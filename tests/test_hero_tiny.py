@@ -194,7 +194,7 @@ def test_the_dashboard_views_read_the_run(hero_run: HeroRun) -> None:
         assert response.status == 200, (route, step, response.body[:500])
         return json.loads(response.body)
 
-    assert view("/api/step/views", "train/d6144")["views"] == ["run"]
+    assert view("/api/step/views", "train/d6144")["views"] == ["run", "composition"]
     run = view("/api/step/run", "train/d6144")
     assert run["prediction"]["source"].startswith("scaling/ladder-") and run["prediction"]["points"] > 0
     ladder = view("/api/step/ladder", "scaling/ladder")
