@@ -69,7 +69,8 @@ def series(chart: dict[str, Any], label: str) -> dict[float, float]:
 def test_each_step_gets_the_views_its_outputs_call_for(built, app) -> None:
     views = {key: get(app, "/api/step/views", path=path)["views"] for key, path in built["paths"].items()}
     assert views == {"quality": [], "cells": ["composition"], "weights": ["composition"], "scaling": ["ladder"],
-                     "train": ["run", "composition"], "evaluate": [], "rung1": [], "rung2": [], "rung3": [], "rung4": []}  # fmt: skip
+                     "train": ["run", "composition"], "evaluate": [],
+                     "rung1": [], "rung2": [], "rung3": [], "rung4": []}  # fmt: skip
 
 
 def test_run_view_plots_the_runs_figures_with_the_prediction_overlaid(built, app) -> None:
