@@ -11,7 +11,8 @@
 
 Both call the same `run_step(task)`, so a DAG runs unchanged on either. A step that spans hosts
 (`ResourceConfig(hosts=N)`, N > 1) runs on either as a gang (executor/gang.py): `run_step` in a driver
-thread of this process, which holds the step's lease while the gang's N members run as Ray actors.
+thread of this process, which holds the step's lease while the gang's N members run as Ray actors. A
+one-host step that asks for fake CPU devices (`cpu_devices_per_host`) gets them on either (executor/cpu_devices.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from executor import storage
+from executor.cpu_devices import claim_for_steps, on_cpu_devices, single_host_devices, stand_in_environment
 from executor.errors import ConfigError
 from executor.gang import gang_task
 from executor.interrupts import StopSignal
@@ -56,8 +59,9 @@ def default_local_concurrency() -> int:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, max_concurrent: int | None):
+    def __init__(self, max_concurrent: int | None, step_resources: Iterable[ResourceConfig | None] = ()):
         self.max_in_flight: int | None = max_concurrent or default_local_concurrency()
+        claim_for_steps(step_resources)  # this process's JAX, before any step runs in it
         self._pool = ThreadPoolExecutor(max_workers=self.max_in_flight, thread_name_prefix="executor-step")
         self._stop = StopSignal()
 
@@ -65,7 +69,7 @@ class LocalBackend:
         if resources is not None and resources.hosts > 1:
             ensure_ray()  # a gang's members are Ray actors, even under the local backend
             task = gang_task(task, resources)
-        return self._pool.submit(run_step, task, self._stop)
+        return self._pool.submit(run_step, on_cpu_devices(task, resources), self._stop)
 
     def interrupt(self) -> None:
         self._stop.set()
@@ -131,6 +135,9 @@ def ray_options(resources: ResourceConfig | None, max_attempts: int) -> dict[str
         options["accelerator_type"] = resources.accelerator_type
     if resources.custom:
         options["resources"] = dict(resources.custom)
+    if (devices := single_host_devices(resources)) is not None:
+        # A worker process of its own, whose JAX loads with these devices (executor/cpu_devices.py).
+        options["runtime_env"] = {"env_vars": stand_in_environment(devices)}
     return options
 
 
@@ -162,7 +169,7 @@ class RayBackend:
         if resources is not None and resources.hosts > 1:
             return self._gang_drivers.submit(run_step, gang_task(task, resources), self._stop)
         options = ray_options(resources, task.retry.max_attempts)
-        ref = self._remote.options(**options).remote(task)
+        ref = self._remote.options(**options).remote(on_cpu_devices(task, resources))
         self._refs.append(ref)
         return ref.future()
 
@@ -198,7 +205,11 @@ def check_backend(name: str, prefix: str, shared_filesystem: bool = False) -> No
         )
 
 
-def make_backend(name: str, max_concurrent: int | None) -> Backend:
+def make_backend(
+    name: str, max_concurrent: int | None, step_resources: Iterable[ResourceConfig | None] = ()
+) -> Backend:
+    """The backend `name`; `step_resources` (those of the steps it will run) let the local one set up this
+    process's JAX devices before any step runs."""
     if name == "ray":
         return RayBackend(max_concurrent)
-    return LocalBackend(max_concurrent)
+    return LocalBackend(max_concurrent, step_resources)

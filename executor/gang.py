@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor import storage
+from executor.cpu_devices import stand_in_environment
 from executor.errors import ConfigError
-from executor.gang_member import GangMember, stand_in_environment
+from executor.gang_member import GangMember
 from executor.retry import TransientError
 from executor.status import GANG_FILE
 from executor.step_runner import StepTask

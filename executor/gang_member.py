@@ -10,8 +10,8 @@ the root logger (Levanter's trainer clears the root logger's handlers when it st
 wedged in native code, not merely busy.
 
 Stand-in hosts (`cpu_devices_per_host`): the member's process gets that many fake CPU devices
-(`XLA_FLAGS`, set by the driver in the actor's environment before JAX loads) and gloo collectives, which
-is how two hosts are tested on one machine.
+(`XLA_FLAGS`, set by the driver in the actor's environment before JAX loads: executor/cpu_devices.py) and
+gloo collectives, which is how two hosts are tested on one machine.
 """
 
 from __future__ import annotations
@@ -36,13 +36,6 @@ JAX_INIT_TIMEOUT_S = 300
 def host_log_file(rank: int) -> str:
     """Where member `rank` keeps its log, relative to the step's output path."""
     return f"logs/host-{rank}.log"
-
-
-def stand_in_environment(cpu_devices_per_host: int | None) -> dict[str, str]:
-    """Environment variables a member's process needs before JAX loads: fake CPU devices for stand-in hosts."""
-    if cpu_devices_per_host is None:
-        return {}
-    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={cpu_devices_per_host}", "JAX_PLATFORMS": "cpu"}
 
 
 def free_port() -> int:

@@ -15,6 +15,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +27,11 @@ from gang_steps import GlobalSumConfig, global_sum
 from test_steps_train import build_data, checkpoint_steps, start_train, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, storage
+from executor.cpu_devices import stand_in_environment
 from executor.dashboard.step_view import live_state
 from executor.errors import ConfigError
 from executor.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
-from executor.gang_member import GangMember, host_log_file, stand_in_environment
+from executor.gang_member import GangMember, host_log_file
 from executor.plan import build_plan
 from executor.status import GANG_FILE, StatusEvent, StepStatus, append_event, read_events
 from executor.step_log import StepLog
@@ -127,6 +130,53 @@ def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
     assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
+
+
+def sum_step(name: str, resources: ResourceConfig) -> ExecutorStep:
+    return ExecutorStep(name=name, fn=global_sum, config=GlobalSumConfig(THIS_OUTPUT_PATH), resources=resources)
+
+
+@pytest.mark.ray
+def test_multi_host_reference_one_host_steps_get_their_fake_devices_on_the_ray_backend(tmp_path, local_ray):
+    """A gang's one-host reference: the same global devices in one process, each count in a worker of its own."""
+    steps = [sum_step(f"one-host/sum-{count}", ResourceConfig(cpu_devices_per_host=count)) for count in (2, 3)]
+    executor = Executor(str(tmp_path), backend="ray")
+    executor.run(steps)
+    seen = [json.loads((Path(executor.output_paths[step]) / "seen.json").read_text()) for step in steps]
+    assert seen == [{"sum": 1.0, "devices": 2, "processes": 1}, {"sum": 3.0, "devices": 3, "processes": 1}]
+
+
+LOCAL_BACKEND_RUN = """
+import sys
+from gang_steps import GlobalSumConfig, global_sum
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
+executor = Executor(sys.argv[1], backend="local")
+for name, count in (("two", 2), ("three", 3)):
+    step = ExecutorStep(name=f"one-host/sum-{name}", fn=global_sum, config=GlobalSumConfig(THIS_OUTPUT_PATH),
+                        resources=ResourceConfig(cpu_devices_per_host=count))
+    try:
+        executor.run([step])
+    except Exception as error:
+        print("FAILED", executor.output_paths[step], type(error).__name__)
+"""
+
+
+def test_multi_host_reference_one_host_step_gets_its_fake_devices_on_the_local_backend(tmp_path):
+    """The local backend runs steps in its own process, whose JAX takes the first step's devices; a later step
+    asking for another count is refused, naming itself and the way out, never run on the wrong devices."""
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", LOCAL_BACKEND_RUN, str(tmp_path)], capture_output=True, text=True,
+                          env=env, cwd=tests, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(next(tmp_path.glob("one-host/sum-two-*/seen.json")).read_text())
+    assert seen == {"sum": 1.0, "devices": 2, "processes": 1}
+    refused = next(tmp_path.glob("one-host/sum-three-*"))
+    assert f"FAILED {refused} " in done.stdout, done.stdout
+    failure = [event for event in read_events(str(refused)) if event.status == StepStatus.FAILED][-1]
+    assert "asks for 3 fake CPU devices" in (failure.message or "") and "--backend ray" in (failure.message or "")
+    assert not (refused / "seen.json").exists()
 
 
 # The runs below train a model 4 times (about 6 compilations on 2 busy cores).
