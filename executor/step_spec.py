@@ -44,7 +44,8 @@ class ResourceConfig:
     Ray task per host, each asking for the resources above, joined by `jax.distributed`."""
     cpu_devices_per_host: int | None = None
     """Stand-in hosts on one machine: each gang member gets this many fake CPU JAX devices and gloo
-    collectives, and the members are packed onto one node. None on real accelerators."""
+    collectives, and the members are packed onto one node. A one-host step gets them too (a gang's reference
+    on the same global devices: executor/cpu_devices.py). None on real accelerators."""
     hang_timeout_s: float = 600.0
     """A gang member that answers no heartbeat for this long is hung: the gang is torn down and the attempt
     fails as transient (the executor's retry starts a new gang)."""

@@ -1,6 +1,6 @@
 """Multi-host train steps as Ray gangs, on one machine: two stand-in hosts x 2 fake CPU devices, gloo collectives.
 
-One tiny train step (tests/test_steps_train.py's model and data) is trained twice: once uninterrupted as one
+One tiny train step (tests/test_steps_train.py's model and data) is trained twice, at once: uninterrupted as one
 process over the same 4 global devices (a one-host step asking for them), and once as a 2-host gang whose
 coordinator is SIGKILLed once a checkpoint exists and whose retried gang's other member is SIGSTOPped once the
 next one does. Every loss the gangs log must be the one process's at that step; a killed or stopped member must
@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -122,10 +123,13 @@ def test_gang_member_log_is_put_back_after_the_trainer_clears_the_root_logger(tm
 
 @pytest.mark.ray
 def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
-    """The Ray backend's path: the gang's driver runs in this process, its two members in Ray."""
+    """The Ray backend's path: the gang's driver runs in this process, its two members in Ray. Beside it, in the
+    same run, one-host steps (a gang's reference) get their own fake devices, each count in a worker of its own."""
     step = ExecutorStep(name="gang/sum", fn=global_sum, config=GlobalSumConfig(THIS_OUTPUT_PATH), resources=STAND_IN)
+    one_host = [ExecutorStep(name=f"one-host/sum-{count}", fn=global_sum, config=GlobalSumConfig(THIS_OUTPUT_PATH),
+                             resources=ResourceConfig(cpu_devices_per_host=count)) for count in (2, 3)]  # fmt: skip
     executor = Executor(str(tmp_path), backend="ray")
-    executor.run([step])
+    executor.run([step, *one_host])
     output_path = Path(executor.output_paths[step])
     # Process 0 holds 0 and 1, process 1 holds 10 and 11, on 4 global devices.
     assert json.loads((output_path / "seen.json").read_text()) == {"sum": 22.0, "devices": 4, "processes": 2}
@@ -133,19 +137,7 @@ def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
     assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
-
-
-def sum_step(name: str, resources: ResourceConfig) -> ExecutorStep:
-    return ExecutorStep(name=name, fn=global_sum, config=GlobalSumConfig(THIS_OUTPUT_PATH), resources=resources)
-
-
-@pytest.mark.ray
-def test_multi_host_reference_one_host_steps_get_their_fake_devices_on_the_ray_backend(tmp_path, local_ray):
-    """A gang's one-host reference: the same global devices in one process, each count in a worker of its own."""
-    steps = [sum_step(f"one-host/sum-{count}", ResourceConfig(cpu_devices_per_host=count)) for count in (2, 3)]
-    executor = Executor(str(tmp_path), backend="ray")
-    executor.run(steps)
-    seen = [json.loads((Path(executor.output_paths[step]) / "seen.json").read_text()) for step in steps]
+    seen = [json.loads((Path(executor.output_paths[step]) / "seen.json").read_text()) for step in one_host]
     assert seen == [{"sum": 1.0, "devices": 2, "processes": 1}, {"sum": 3.0, "devices": 3, "processes": 1}]
 
 
@@ -182,7 +174,7 @@ def test_multi_host_reference_one_host_step_gets_its_fake_devices_on_the_local_b
     assert not (refused / "seen.json").exists()
 
 
-# The runs below train a model twice: one process, and three gangs of two (about 7 compilations on 2 busy cores).
+# The runs below train a model twice, at once: one process, and three gangs of two (7 compiles on 2 busy cores).
 TRAINING_MARKS = (pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(2400))
 
 
@@ -273,13 +265,12 @@ def process_alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.fixture(scope="module")
-def one_process(data, local_ray, tmp_path_factory) -> dict[int, float]:
+def train_one_process(data: dict[str, str], prefix: Path) -> dict[int, float]:
     """The uninterrupted reference: the same step as one host over the gang's 4 global devices (a Ray task whose
     process gets them: executor/cpu_devices.py), so only the process layout differs. Step -> loss."""
     step = ExecutorStep(name="train/tiny-moe", fn=train, config=gang_config(data, THIS_OUTPUT_PATH),
                         resources=ResourceConfig(cpu_devices_per_host=4))  # fmt: skip
-    executor = Executor(str(tmp_path_factory.mktemp("one-process")), backend="ray")
+    executor = Executor(str(prefix), backend="ray")
     executor.run([step])
     records = read_metrics(executor.output_paths[step])
     assert [len(record["summary/hardware_topology/devices"]) for record in records
@@ -288,14 +279,28 @@ def one_process(data, local_ray, tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def faulted(data, local_ray, tmp_path_factory) -> dict:
-    """A gang run whose coordinator is SIGKILLed after the first checkpoint, and whose retried gang's other
-    member is SIGSTOPped after the second: three gangs, the last one finishes."""
+def trained(data, local_ray, tmp_path_factory) -> dict:
+    """The reference and a gang run whose coordinator is SIGKILLed after the first checkpoint and whose retried
+    gang's other member is SIGSTOPped after the second (three gangs, the last one finishes), trained at once:
+    compiles take the time, and the local Ray's 2 CPUs hold both (1 for the reference, 0.5 per member)."""
     faults = [(CHECKPOINT_EVERY, 0, signal.SIGKILL), (2 * CHECKPOINT_EVERY, 1, signal.SIGSTOP)]
-    run = run_gang(tmp_path_factory.mktemp("faulted"), data, faults_after_checkpoints(faults))
+    with ThreadPoolExecutor(max_workers=1) as background:
+        reference = background.submit(train_one_process, data, tmp_path_factory.mktemp("one-process"))
+        run = run_gang(tmp_path_factory.mktemp("faulted"), data, faults_after_checkpoints(faults))
+        one_process = reference.result()
     assert len(run["signalled_gangs"]) == 2, "a checkpoint did not appear while a gang was running"
     run["events"] = [event for event in read_events(str(run["output_path"])) if event.attempt]  # not the plan's
-    return run
+    return {"one_process": one_process, "faulted": run}
+
+
+@pytest.fixture(scope="module")
+def one_process(trained) -> dict[int, float]:
+    return trained["one_process"]
+
+
+@pytest.fixture(scope="module")
+def faulted(trained) -> dict:
+    return trained["faulted"]
 
 
 def check_torn_down_and_retried(run: dict, attempt: int, lost: str) -> None:
