@@ -19,27 +19,43 @@ pytestmark = pytest.mark.training
 
 HERE = Path(__file__).resolve().parent
 
-KERNEL = textwrap.dedent("""
-    import json, os, re
+KERNEL = textwrap.dedent(r"""
+    import json, os, re, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, numpy as np
-    from steps.model.expert_parallel import routed_experts
+    from steps.model.expert_parallel import capacity_groups, routed_experts
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "expert"))
-    tokens, feature, width, experts, top_k = 256, 32, 16, 8, 2
+    tokens, feature, width, experts, top_k, seq = 256, 32, 16, 8, 2, 32
+    factor = None if sys.argv[1] == "none" else float(sys.argv[1])
+    capacity = None if factor is None else capacity_groups(factor, seq, top_k, experts)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(tokens, feature)).astype(np.float32)
-    chosen = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int32)
+    # Skewed routing: experts 0 and 1 are chosen far more than a fair share, so a capacity drops copies.
+    chosen = np.stack([rng.choice(experts, top_k, replace=False, p=np.r_[[0.3, 0.3], [0.4 / 6] * 6])
+                       for _ in range(tokens)]).astype(np.int32)
     weights = rng.random((tokens, top_k)).astype(np.float32)
     gate, up = (rng.normal(size=(experts, feature, width)).astype(np.float32) * 0.1 for _ in range(2))
     down = rng.normal(size=(experts, width, feature)).astype(np.float32) * 0.1
-    run = jax.jit(lambda *a: routed_experts(mesh, a[0], a[1], a[2], (a[3], a[4]), a[5], jax.nn.silu))
+    run = jax.jit(lambda *a: routed_experts(mesh, a[0], a[1], a[2], (a[3], a[4]), a[5], jax.nn.silu, capacity))
     args = (x, chosen, weights, gate, up, down)
+    # Reference: an expert serves the first `slots` copies of each sequence (token order), the rest get nothing.
+    kept = np.ones((tokens, top_k), bool)
+    if capacity is not None:
+        served = np.zeros((tokens // seq, experts), int)
+        for token in range(tokens):
+            for slot in range(top_k):
+                served[token // seq, chosen[token, slot]] += 1
+                kept[token, slot] = served[token // seq, chosen[token, slot]] <= capacity.slots
     hidden = np.einsum("tf,tkfw->tkw", x, gate[chosen]), np.einsum("tf,tkfw->tkw", x, up[chosen])
     swiglu = hidden[0] / (1 + np.exp(-hidden[0])) * hidden[1]
-    expected = np.einsum("tkw,tkwf,tk->tf", swiglu, down[chosen], weights)
+    expected = np.einsum("tkw,tkwf,tk->tf", swiglu, down[chosen], weights * kept)
     hlo = run.lower(*args).compile().as_text()
-    ops = re.findall(r" (all-gather|all-to-all|all-reduce|reduce-scatter|collective-permute)(?:-start)?\\(", hlo)
-    print("RESULT " + json.dumps({"error": float(np.abs(np.asarray(run(*args)) - expected).max()), "ops": ops}))
+    ops = re.findall(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|reduce-scatter|"
+                     r"collective-permute)(?:-start)?\(", hlo)
+    shapes = [shape for values, _ in ops for shape in re.findall(r"[a-z0-9]+\[[0-9,]*\]", values)]
+    error = float(np.abs(np.asarray(run(*args)) - expected).max())
+    print("RESULT " + json.dumps({"error": error, "ops": [op for _, op in ops], "shapes": shapes,
+                                  "dropped": int((~kept).sum())}))
 """)
 
 
@@ -51,9 +67,22 @@ def result(*command: str) -> dict:
 
 
 def test_routed_experts_split_over_the_expert_axis_equal_numpy_and_move_tokens_by_all_to_all_only() -> None:
-    kernel = result("-c", KERNEL)
+    kernel = result("-c", KERNEL, "none")
     assert kernel["error"] < 1e-5
     assert set(kernel["ops"]) == {"all-to-all"}  # dispatch (rows and their experts) and return
+
+
+def test_with_capacity_the_all_to_alls_carry_the_slot_grid_and_drop_as_one_device_does() -> None:
+    """Each device's send buffer is its slot grid (8 experts x 2 sequences x 6 slots of 32 features: capacity
+    factor 0.75 of a fair share), not every copy per destination (2 x 128 rows); the output equals the
+    reference that drops, per sequence, each expert's copies past its slots (the one-device layer's rule,
+    tests/test_moe_model.py), here dropping a good share of them."""
+    kernel = result("-c", KERNEL, "0.75")
+    assert kernel["dropped"] > 50
+    assert kernel["error"] < 1e-5
+    assert set(kernel["ops"]) == {"all-to-all"}
+    moved = [math.prod(dims(shape)) for shape in kernel["shapes"]]
+    assert sum(moved) == 2 * 8 * 2 * 6 * 32, kernel["shapes"]  # to the experts and back: the grid, nothing else
 
 
 @pytest.mark.slow
