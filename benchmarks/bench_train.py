@@ -21,15 +21,19 @@ train step runs it: Levanter's own `Trainer` and jitted step on the layout `trai
 (dense weights FSDP over `data`, routed experts split over `expert` and FSDP over `data`), with the capacity
 factor given (tests/expert_parallel_run.py). It reports `comm_bytes_ratio`: the bytes of every collective of
 the compiled step (each op's result on one device, every array of a tuple-valued one; an op is counted once,
-which is exact here: the model has one layer period, so no collective sits in a loop run more than once) over
-the least an expert-parallel step with FSDP moves, in the same units:
+which is exact here: the model has one layer period, so no collective sits in a loop run more than once; an op
+whose groups hold one device, which XLA keeps for a `psum` over a mesh axis of size 1, moves nothing) over the
+least an expert-parallel step with FSDP moves, in the same units:
 
 - the routed copies' all-to-alls: to the experts and back, forward and backward (4 per MoE layer), each
   exactly the device's tokens x top-k rows of the experts' input width (no capacity slack);
 - each weight split over devices gathered once to what a device computes with (a routed expert's local
   experts whole, any other weight whole; the tiny model does not rematerialise, so once) and its gradient
   reduce-scattered back to its shard;
-- the gradient of each weight held whole on every device, all-reduced.
+- the gradient of a weight, or of a weight's shard, that is the same on several devices holding different
+  tokens, all-reduced over them: a dense weight's shard is the same on both `expert` devices of its `data`
+  index (`all-reduce of shards`), a weight held whole is the same everywhere (`all-reduce`). A routed
+  expert's gradient sums over `data` only (its tokens reach it by the all-to-all).
 
 `moved_by_kind` and `minimum_by_kind` give the bytes and op counts per collective kind next to the ratio.
 """
@@ -69,10 +73,11 @@ def comm_bytes_ratio(capacity_factor: float | None) -> dict:
     result = json.loads(done.stdout.splitlines()[-1].removeprefix("RESULT "))
     moved: dict[str, dict[str, int]] = {}
     for op in result["collectives"]:
-        kind = moved.setdefault(op["op"], {"bytes": 0, "count": 0})
+        # A collective over a group of one device (a mesh axis of size 1) moves nothing; listed on its own.
+        kind = moved.setdefault(op["op"] if op["group"] > 1 else "one-device groups", {"bytes": 0, "count": 0})
         kind["bytes"] += array_bytes(op["shape"])
         kind["count"] += 1
-    total = sum(kind["bytes"] for kind in moved.values())
+    total = sum(kind["bytes"] for name, kind in moved.items() if name != "one-device groups")
     needed = result["minimum_collective_bytes"]
     return {"leg": "expert_parallel_comm", "devices": 4, "mesh": {"data": 2, "expert": 2},
             "capacity_factor": capacity_factor, "collective_bytes": total, "minimum_bytes": needed,

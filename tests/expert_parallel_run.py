@@ -12,11 +12,13 @@ state laid out by the parameter mapping), so its collectives are those the train
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 DEVICES = int(sys.argv[1])
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
@@ -72,36 +74,64 @@ def trainer_config(scratch: str) -> TrainerConfig:
     )
 
 
-def collectives(hlo: str) -> list[dict[str, str]]:
-    """One entry per array a collective of `hlo` moves: XLA combines several into one op with a tuple result."""
-    ops = re.finditer(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|reduce-scatter|"
-                      r"collective-permute)(?:-start)?\(", hlo)  # fmt: skip
-    arrays = r"[a-z0-9]+\[[0-9,]*\]"
-    return [{"op": op.group(2), "shape": shape} for op in ops for shape in re.findall(arrays, op.group(1))]
+def collectives(hlo: str) -> list[dict[str, Any]]:
+    """One entry per array a collective of `hlo` moves (XLA combines several into one op with a tuple result),
+    with the number of devices in its groups: XLA keeps collectives over mesh axes of size 1 (`model`,
+    `replica`: a psum inside `shard_map`), which move nothing."""
+    op = re.compile(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|reduce-scatter|"
+                    r"collective-permute)(?:-start)?\(")  # fmt: skip
+    found = []
+    for line in hlo.splitlines():
+        match = op.search(line)
+        if match:
+            shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", match.group(1))
+            found += [{"op": match.group(2), "shape": shape, "group": group_size(line)} for shape in shapes]
+    return found
+
+
+def group_size(line: str) -> int:
+    """Devices per replica group of the collective on HLO `line`, in any of XLA's three notations."""
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", line)
+    if named:
+        sizes = {name: int(size) for name, size in re.findall(r"'([^']+)'=(\d+)", named.group(1))}
+        return math.prod(sizes[name.strip("'")] for name in named.group(2).split(","))
+    iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+    if iota:
+        return int(iota.group(1))
+    listed = re.search(r"replica_groups=\{\{([^}]*)\}", line)
+    return len(listed.group(1).split(",")) if listed else DEVICES
 
 
 def minimum_collective_bytes(model: object) -> dict[str, int]:
     """The least an expert-parallel step moves, by kind, in the units `collectives` counts (each op's result on
-    one device): the routed copies' all-to-alls (to the experts and back, forward and backward); each weight
-    split over devices gathered once to what a device computes with (a routed expert's local experts whole,
-    any other weight whole; no rematerialisation here) and its gradient reduce-scattered back to its shard;
-    and the gradient of each weight held whole on every device all-reduced."""
+    one device):
+
+    - the routed copies' all-to-alls (to the experts and back, forward and backward), exactly tokens x K rows;
+    - each weight split over devices gathered once to what a device computes with (a routed expert's local
+      experts whole, any other weight whole; no rematerialisation here), and its gradient reduce-scattered
+      back to its shard over the token axes it is split over;
+    - the gradient of a weight (or of its shard) that is the same on several devices holding different tokens,
+      all-reduced over them: a dense weight is split over `data` but the same on both `expert` devices
+      (`all-reduce of shards`), a weight held whole is the same everywhere (`all-reduce`). A routed expert's
+      gradient sums only over `data`: its tokens reach it by the all-to-all."""
     copies = BATCH * SHAPE.seq_len // DEVICES * SHAPE.top_k
     feature = SHAPE.latent_dim or SHAPE.d_model
     minimum = {"all-to-all": 4 * SHAPE.n_layers * copies * feature * 4, "all-gather": 0, "reduce-scatter": 0,
-               "all-reduce": 0}  # fmt: skip
-    experts_split = dict(MESH)["expert"]
+               "all-reduce of shards": 0, "all-reduce": 0}  # fmt: skip
     for path, leaf in jax.tree_util.tree_leaves_with_path(model):
         if not isinstance(leaf, jax.Array):
             continue
         held = leaf.addressable_shards[0].data.nbytes
         routed = ".experts." in jax.tree_util.keystr(path)
-        needed = leaf.nbytes // experts_split if routed else leaf.nbytes
+        needed = leaf.nbytes // MESH["expert"] if routed else leaf.nbytes
+        split = set(jax.tree.leaves(tuple(leaf.sharding.spec)))  # type: ignore[attr-defined]
+        summed = {"data"} if routed else set(MESH)
         if held < needed:
             minimum["all-gather"] += needed
+        if split & summed:
             minimum["reduce-scatter"] += held
-        elif held == leaf.nbytes:
-            minimum["all-reduce"] += held
+        if summed - split:
+            minimum["all-reduce" if held == leaf.nbytes else "all-reduce of shards"] += held
     return minimum
 
 
