@@ -149,9 +149,11 @@ def run(capacity_factor: float | None) -> dict:
                 jax.random.PRNGKey(1), model_init=lambda: model_config.build(Vocab, key=jax.random.PRNGKey(0))
             )
             examples = [hax.shard(example, trainer.compute_axis_mapping) for example in batches()]
-            # The trainer's jitted step without hooks: what `train_step` runs when no hook is due.
-            hlo = trainer._jit_train_step_fn_no_hook.lower(state, (examples[0],), {}).compile().as_text()
-            minimum = minimum_collective_bytes(state.model) if DEVICES > 1 else {}
+            hlo, minimum = "", {}
+            if DEVICES > 1:  # one device has no collectives: its step is compiled once, by training
+                # The trainer's jitted step without hooks: what `train_step` runs when no hook is due.
+                hlo = trainer._jit_train_step_fn_no_hook.lower(state, (examples[0],), {}).compile().as_text()
+                minimum = minimum_collective_bytes(state.model)
             losses = []
             for example in examples:
                 info = trainer.train_step(state, example)

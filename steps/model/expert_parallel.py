@@ -158,8 +158,7 @@ def routed_experts(
     width), `down` (E, width, feature)."""
     tokens = P(token_axes(mesh))
     experts = P(EXPERT_AXIS)
-    local = _local if capacity is None else partial(_local_with_capacity, capacity=capacity)
-    run = partial(local, activation=activation, shards=expert_parallel_size(mesh), experts=down.shape[0])
+    run = partial(_local, activation=activation, shards=expert_parallel_size(mesh), capacity=capacity)
     sharded = shard_map(
         run,
         mesh=mesh,
@@ -180,10 +179,12 @@ def _local(
     *,
     activation: Callable[[jax.Array], jax.Array],
     shards: int,
-    experts: int,
+    capacity: CapacityGroups | None,
 ) -> jax.Array:
     """One device's part: dispatch its copies, run its experts on what arrives, send the outputs back."""
-    local_experts = experts // shards
+    if capacity is not None:
+        return _local_with_capacity(x, chosen, weights, (gate, up, down), activation, shards, capacity)
+    local_experts = gate.shape[0]
     copies, feature = chosen.size, x.shape[-1]
     flat = chosen.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # by expert, hence by destination device
@@ -215,24 +216,21 @@ def _local_with_capacity(
     x: jax.Array,
     chosen: jax.Array,
     weights: jax.Array,
-    gate: jax.Array,
-    up: jax.Array,
-    down: jax.Array,
-    *,
+    mlp: tuple[jax.Array, jax.Array, jax.Array],
     activation: Callable[[jax.Array], jax.Array],
     shards: int,
-    experts: int,
     capacity: CapacityGroups,
 ) -> jax.Array:
     """One device's part with capacity: its slot grid is the send buffer, expert-major, so device s's block is
     rows [s, s + 1) x (E / S) x groups x slots and a row's place names its local expert (nothing else is sent)."""
-    local_experts, feature = experts // shards, x.shape[-1]
+    local_experts, feature = mlp[0].shape[0], x.shape[-1]
+    experts = local_experts * shards
     slots = capacity_slots(chosen, capacity, experts)
     grid_rows = experts * (x.shape[0] // capacity.tokens) * capacity.slots
     send = dispatch(x, slots, grid_rows).reshape(shards, local_experts, -1, feature)
     received = jax.lax.all_to_all(send, EXPERT_AXIS, 0, 0, tiled=True)  # (source, local expert, row, feature)
     by_expert = received.transpose(1, 0, 2, 3).reshape(local_experts, -1, feature)
-    out = swiglu_experts(by_expert, gate, up, down, activation)
+    out = swiglu_experts(by_expert, *mlp, activation)
     out = out.reshape(local_experts, shards, -1, feature).transpose(1, 0, 2, 3)
     returned = jax.lax.all_to_all(out, EXPERT_AXIS, 0, 0, tiled=True)
     return combine(returned.reshape(grid_rows, feature), slots, weights)
