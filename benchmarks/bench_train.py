@@ -9,17 +9,33 @@ is one JSON object with both and `ratio_vs_peak`.
     python benchmarks/bench_train.py                               # d=1024 (67M active), capacity 1.25
     python benchmarks/bench_train.py --capacity-factor none        # dropless grouped matmuls
     python benchmarks/bench_train.py --comm                        # expert parallelism's collectives, 4 CPU devices
+    python benchmarks/bench_train.py --comm --capacity-factor none # the same, dropless
 
 On this 2-core machine (idle), ratio_vs_peak was 0.49 with the defaults (about 2.5 minutes), 0.38 at d=512 and
 0.33 at d=256 with capacity 1.25, and 0.14 dropless at d=256: XLA's CPU grouped matmul (`ragged_dot`) runs at
 about a seventh of a dense matmul, so capacity (one batched matmul over expert slots) is what makes CPU
 training efficient.
 
-`--comm` compiles the tiny hero-shaped MoE's training step on 4 fake CPU devices (data=2 x expert=2;
-tests/expert_parallel_run.py) and reports `comm_bytes_ratio`: the bytes of every collective of the step
-(each op's per-device result, every array of a tuple-valued one) over the least an expert-parallel step
-moves: the routed copies' all-to-alls, to the experts and back, forward and backward, and the gathers of the
-weights split over devices (here the router's, which shares the experts' axis).
+`--comm` compiles the tiny hero-shaped MoE's training step on 4 fake CPU devices (data=2 x expert=2) as the
+train step runs it: Levanter's own `Trainer` and jitted step on the layout `trainer_mesh` gives the train step
+(dense weights FSDP over `data`, routed experts split over `expert` and FSDP over `data`), with the capacity
+factor given (tests/expert_parallel_run.py). It reports `comm_bytes_ratio`: the bytes of every collective of
+the compiled step (each op's result on one device, every array of a tuple-valued one; an op is counted once,
+which is exact here: the model has one layer period, so no collective sits in a loop run more than once; an op
+whose groups hold one device, which XLA keeps for a `psum` over a mesh axis of size 1, moves nothing) over the
+least an expert-parallel step with FSDP moves, in the same units:
+
+- the routed copies' all-to-alls: to the experts and back, forward and backward (4 per MoE layer), each
+  exactly the device's tokens x top-k rows of the experts' input width (no capacity slack);
+- each weight split over devices gathered once to what a device computes with (a routed expert's local
+  experts whole, any other weight whole; the tiny model does not rematerialise, so once) and its gradient
+  reduce-scattered back to its shard;
+- the gradient of a weight, or of a weight's shard, that is the same on several devices holding different
+  tokens, all-reduced over them: a dense weight's shard is the same on both `expert` devices of its `data`
+  index (`all-reduce of shards`), a weight held whole is the same everywhere (`all-reduce`). A routed
+  expert's gradient sums over `data` only (its tokens reach it by the all-to-all).
+
+`moved_by_kind` and `minimum_by_kind` give the bytes and op counts per collective kind next to the ratio.
 """
 
 from __future__ import annotations
@@ -49,20 +65,30 @@ WARMUP_STEPS = 3
 DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "pred": 1}
 
 
-def comm_bytes_ratio() -> dict:
+def comm_bytes_ratio(capacity_factor: float | None) -> dict:
     """The `--comm` leg (module docstring)."""
     runner = Path(__file__).resolve().parent.parent / "tests" / "expert_parallel_run.py"
-    done = subprocess.run([sys.executable, str(runner), "4"], capture_output=True, text=True, check=True)
+    command = [sys.executable, str(runner), "4", *([] if capacity_factor is None else [str(capacity_factor)])]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.splitlines()[-1].removeprefix("RESULT "))
-
-    def size(shape: str) -> int:
-        dtype, dims = re.fullmatch(r"([a-z0-9]+)\[([0-9,]*)\]", shape).groups()  # type: ignore[union-attr]
-        return DTYPE_BYTES[dtype] * math.prod(int(dim) for dim in dims.split(",") if dim)
-
-    moved = sum(size(op["shape"]) for op in result["collectives"])
+    moved: dict[str, dict[str, int]] = {}
+    for op in result["collectives"]:
+        # A collective over a group of one device (a mesh axis of size 1) moves nothing; listed on its own.
+        kind = moved.setdefault(op["op"] if op["group"] > 1 else "one-device groups", {"bytes": 0, "count": 0})
+        kind["bytes"] += array_bytes(op["shape"])
+        kind["count"] += 1
+    total = sum(kind["bytes"] for name, kind in moved.items() if name != "one-device groups")
     needed = result["minimum_collective_bytes"]
     return {"leg": "expert_parallel_comm", "devices": 4, "mesh": {"data": 2, "expert": 2},
-            "collective_bytes": moved, "minimum_bytes": needed, "comm_bytes_ratio": moved / needed}  # fmt: skip
+            "capacity_factor": capacity_factor, "collective_bytes": total, "minimum_bytes": needed,
+            "comm_bytes_ratio": total / needed, "moved_by_kind": moved,
+            "minimum_by_kind": result["minimum_by_kind"]}  # fmt: skip
+
+
+def array_bytes(shape: str) -> int:
+    """`f32[4,16]` -> 256."""
+    dtype, dims = re.fullmatch(r"([a-z0-9]+)\[([0-9,]*)\]", shape).groups()  # type: ignore[union-attr]
+    return DTYPE_BYTES[dtype] * math.prod(int(dim) for dim in dims.split(",") if dim)
 
 
 def matmul_peak_flops(size: int, repeats: int) -> float:
@@ -111,7 +137,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.comm:
-        print(json.dumps(comm_bytes_ratio()))
+        print(json.dumps(comm_bytes_ratio(args.capacity_factor)))
         return
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:

@@ -1,87 +1,175 @@
-"""Run by tests/test_expert_parallel.py in a subprocess with four fake CPU devices: five AdamW steps of a tiny
-hero-shaped MoE on one device and on a data=2 x expert=2 mesh; prints the losses, the bytes of routed expert
-weights each device holds, and the compiled 4-device step's collectives, as JSON."""
+"""Run by tests/test_expert_parallel.py and benchmarks/bench_train.py in a subprocess with N fake CPU devices:
+five AdamW steps of a tiny hero-shaped MoE through Levanter's own `Trainer` on the layout the train step gives it
+(`trainer_mesh`: one device, or data=2 x expert=2 with dense weights FSDP over `data`); prints the losses, the
+bytes of routed expert weights each device holds, the compiled step's collectives and the least an
+expert-parallel step moves (`minimum_collective_bytes`), as JSON.
+
+    python tests/expert_parallel_run.py 4 [capacity_factor]     # default: dropless
+
+The step compiled is the trainer's own jitted train step (gradient under the compute mapping, optimizer update,
+state laid out by the parameter mapping), so its collectives are those the train step runs."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+DEVICES = int(sys.argv[1])
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 
-import equinox as eqx
-import haliax as hax
-import jax
-import numpy as np
-from levanter.models.lm_model import LmExample
-from levanter.optim.config import AdamConfig
-from levanter.trainer_state import TrainerState
+import haliax as hax  # noqa: E402
+import jax  # noqa: E402
+from levanter.checkpoint import CheckpointerConfig  # noqa: E402
+from levanter.models.lm_model import LmExample  # noqa: E402
+from levanter.optim.config import AdamConfig  # noqa: E402
+from levanter.tracker import NoopConfig  # noqa: E402
+from levanter.trainer import Trainer, TrainerConfig  # noqa: E402
 
-from steps.model.moe_model import MoeConfig
+from steps.model.levanter_config import qwen3_moe_config, trainer_mesh  # noqa: E402
+from steps.model.model_size import MoeShape  # noqa: E402
+from steps.model.moe_model import MoeConfig  # noqa: E402
+from steps.train.parallelism import precision_policy  # noqa: E402
 
-STEPS, BATCH, SEQ, VOCAB = 5, 8, 32, 128
+STEPS, BATCH, VOCAB = 5, 8, 128
+SHAPE = MoeShape(d_model=32, n_layers=2, vocab_size=VOCAB, n_heads=4, head_dim=8, kv_heads_local=2,
+                 kv_heads_global=1, global_every=2, sliding_window=8, n_experts=8, top_k=2, expert_width=16,
+                 latent_dim=16, n_shared_experts=2, shared_width=16, seq_len=32)  # fmt: skip
+MESH = {"data": 2, "expert": 2}
 Batch, Vocab = hax.Axis("batch", BATCH), hax.Axis("vocab", VOCAB)
-MAPPING = {"batch": ("data", "expert"), "experts": "expert"}
 
 
-def config() -> MoeConfig:
-    return MoeConfig(max_seq_len=SEQ, hidden_dim=32, intermediate_dim=16, moe_intermediate_dim=16, num_layers=2,
-                     num_heads=4, head_dim=8, num_kv_heads=1, num_kv_heads_local=2, sliding_window=8, global_every=2,
-                     num_experts=8, num_experts_per_tok=2, expert_latent_dim=16, num_shared_experts=2,
-                     shared_expert_intermediate_dim=16, router_aux_loss_coef=None, router_bias_balancing=True,
-                     router_z_loss_weight=1e-3, router_combine="sigmoid", router_combine_sum=2.5,
-                     gradient_checkpointing=False, tokenizer="unused", reference_checkpoint="unused")  # fmt: skip
+def config(capacity_factor: float | None) -> MoeConfig:
+    """The MoE as the train step builds it for SHAPE (`qwen3_moe_config`), hero-style routing."""
+    return qwen3_moe_config(SHAPE, tokenizer_path="unused", router_aux_loss_coef=None, step="expert_parallel_run",
+                            router_bias_balancing=True, router_z_loss_weight=1e-3, capacity_factor=capacity_factor,
+                            router_combine="sigmoid", router_combine_sum=2.5)  # fmt: skip
 
 
 def batches() -> list[LmExample]:
     keys = jax.random.split(jax.random.PRNGKey(7), STEPS)
-    return [hax.vmap(LmExample.causal, Batch)(hax.random.randint(key, (Batch, hax.Axis("position", SEQ)), 0, VOCAB))
-            for key in keys]  # fmt: skip
+    position = hax.Axis("position", SHAPE.seq_len)
+    return [hax.vmap(LmExample.causal, Batch)(hax.random.randint(key, (Batch, position), 0, VOCAB)) for key in keys]
 
 
-def run(devices: int) -> dict:
-    shape = (1, 1) if devices == 1 else (2, 2)
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]).reshape(shape), ("data", "expert"))
+def trainer_config(scratch: str) -> TrainerConfig:
+    """Levanter's trainer as steps/train/train.py configures it, for this run's devices."""
+    return TrainerConfig(
+        mesh=trainer_mesh(MESH if DEVICES > 1 else None, SHAPE, DEVICES),
+        mp=precision_policy("float32"),
+        train_batch_size=BATCH,
+        num_train_steps=STEPS,
+        tracker=NoopConfig(),
+        id="expert-parallel-run",
+        log_dir=Path(scratch),
+        checkpointer=CheckpointerConfig(base_path=scratch),
+        require_accelerator=False,
+        log_jaxprs=False,
+        log_xla_hlo=False,
+    )
+
+
+def collectives(hlo: str) -> list[dict[str, Any]]:
+    """One entry per array a collective of `hlo` moves (XLA combines several into one op with a tuple result),
+    with the number of devices in its groups: XLA keeps collectives over mesh axes of size 1 (`model`,
+    `replica`: a psum inside `shard_map`), which move nothing."""
+    op = re.compile(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|reduce-scatter|"
+                    r"collective-permute)(?:-start)?\(")  # fmt: skip
+    found = []
+    for line in hlo.splitlines():
+        match = op.search(line)
+        if match:
+            shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", match.group(1))
+            found += [{"op": match.group(2), "shape": shape, "group": group_size(line)} for shape in shapes]
+    return found
+
+
+def group_size(line: str) -> int:
+    """Devices per replica group of the collective on HLO `line`, in any of XLA's three notations."""
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", line)
+    if named:
+        sizes = {name: int(size) for name, size in re.findall(r"'([^']+)'=(\d+)", named.group(1))}
+        return math.prod(sizes[name.strip("'")] for name in named.group(2).split(","))
+    iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+    if iota:
+        return int(iota.group(1))
+    listed = re.search(r"replica_groups=\{\{([^}]*)\}", line)
+    return len(listed.group(1).split(",")) if listed else DEVICES
+
+
+def minimum_collective_bytes(model: object) -> dict[str, int]:
+    """The least an expert-parallel step moves, by kind, in the units `collectives` counts (each op's result on
+    one device):
+
+    - the routed copies' all-to-alls (to the experts and back, forward and backward), exactly tokens x K rows;
+    - each weight split over devices gathered once to what a device computes with (a routed expert's local
+      experts whole, any other weight whole; no rematerialisation here), and its gradient reduce-scattered
+      back to its shard over the token axes it is split over;
+    - the gradient of a weight (or of its shard) that is the same on several devices holding different tokens,
+      all-reduced over them: a dense weight is split over `data` but the same on both `expert` devices
+      (`all-reduce of shards`), a weight held whole is the same everywhere (`all-reduce`). A routed expert's
+      gradient sums only over `data`: its tokens reach it by the all-to-all."""
+    copies = BATCH * SHAPE.seq_len // DEVICES * SHAPE.top_k
+    feature = SHAPE.latent_dim or SHAPE.d_model
+    minimum = {"all-to-all": 4 * SHAPE.n_layers * copies * feature * 4, "all-gather": 0, "reduce-scatter": 0,
+               "all-reduce of shards": 0, "all-reduce": 0}  # fmt: skip
+    for path, leaf in jax.tree_util.tree_leaves_with_path(model):
+        if not isinstance(leaf, jax.Array):
+            continue
+        held = leaf.addressable_shards[0].data.nbytes
+        routed = ".experts." in jax.tree_util.keystr(path)
+        needed = leaf.nbytes // MESH["expert"] if routed else leaf.nbytes
+        split = set(jax.tree.leaves(tuple(leaf.sharding.spec)))  # type: ignore[attr-defined]
+        summed = {"data"} if routed else set(MESH)
+        if held < needed:
+            minimum["all-gather"] += needed
+        if split & summed:
+            minimum["reduce-scatter"] += held
+        if summed - split:
+            minimum["all-reduce" if held == leaf.nbytes else "all-reduce of shards"] += held
+    return minimum
+
+
+def run(capacity_factor: float | None) -> dict:
+    model_config = config(capacity_factor)
     optimizer = AdamConfig(learning_rate=1e-2, weight_decay=0.1, warmup=0.0, lr_schedule="constant").build(STEPS)
-    with hax.partitioning.set_mesh(mesh), hax.axis_mapping(MAPPING):
-        model = hax.shard(config().build(Vocab, key=jax.random.PRNGKey(0)))
-        state = TrainerState.init(optimizer, model, key=jax.random.PRNGKey(1), is_trainable=True)
 
-        @eqx.filter_jit
-        def step(state: TrainerState, example: LmExample):
-            loss_fn = lambda m: m.compute_next_token_loss(example).scalar()  # noqa: E731
-            loss, grads = eqx.filter_value_and_grad(loss_fn)(state.model)
-            return state.take_step(grads, key=state.training_key)[0], loss
+    def loss_function(model, example: LmExample, *, key=None):  # train_lm's, without its logsumexp term
+        return model.compute_next_token_loss(example, key=key)
 
-        examples = [hax.shard(example) for example in batches()]
-        hlo = step.lower(state, examples[0]).compile().compiled.as_text()
-        losses = []
-        for example in examples:
-            state, loss = step(state, example)
-            losses.append(float(loss))
-        experts = state.model.transformer.periods.stacked.global_layer.mlp.experts.gate_proj.weight.array
-    # One entry per array a collective moves: XLA combines several into one op with a tuple result.
-    collectives = [
-        {"op": match.group(2), "shape": shape}
-        for match in re.finditer(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|"
-                                 r"reduce-scatter)(?:-start)?\(", hlo)
-        for shape in re.findall(r"[a-z0-9]+\[[0-9,]*\]", match.group(1))
-    ]  # fmt: skip
-    model_config = config()
-    copies = BATCH * SEQ // devices * model_config.num_experts_per_tok
-    router = model_config.num_experts * (model_config.hidden_dim + 1)
-    # Per layer, f32: the routed copies to their experts and back, forward and backward, and the router gathered.
-    minimum = 4 * model_config.num_layers * (4 * copies * model_config.expert_latent_dim + router)
+    with tempfile.TemporaryDirectory(prefix="expert-parallel-run-") as scratch:
+        trainer = Trainer(trainer_config(scratch), optimizer, loss_function, add_default_hooks=False)
+        with trainer:
+            state = trainer.initial_state(
+                jax.random.PRNGKey(1), model_init=lambda: model_config.build(Vocab, key=jax.random.PRNGKey(0))
+            )
+            examples = [hax.shard(example, trainer.compute_axis_mapping) for example in batches()]
+            hlo, minimum = "", {}
+            if DEVICES > 1:  # one device has no collectives: its step is compiled once, by training
+                # The trainer's jitted step without hooks: what `train_step` runs when no hook is due.
+                hlo = trainer._jit_train_step_fn_no_hook.lower(state, (examples[0],), {}).compile().as_text()
+                minimum = minimum_collective_bytes(state.model)
+            losses = []
+            for example in examples:
+                info = trainer.train_step(state, example)
+                state = info.state
+                losses.append(float(info.loss))
+            experts = state.model.transformer.periods.stacked.global_layer.mlp.experts.gate_proj.weight.array
+            expert_bytes_per_device = experts.addressable_shards[0].data.nbytes
     return {
-        "minimum_collective_bytes": minimum if devices > 1 else 0,
+        "minimum_collective_bytes": sum(minimum.values()),
+        "minimum_by_kind": minimum,
         "losses": losses,
-        "expert_bytes_per_device": experts.addressable_shards[0].data.nbytes,
+        "expert_bytes_per_device": expert_bytes_per_device,
         "expert_bytes": experts.nbytes,
-        "collectives": collectives,
+        "collectives": collectives(hlo),
     }
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(run(int(sys.argv[1]))))
+    print("RESULT " + json.dumps(run(float(sys.argv[2]) if len(sys.argv) > 2 else None)))

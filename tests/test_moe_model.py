@@ -370,13 +370,15 @@ def test_impossible_configs_are_refused(changes: dict, message: str) -> None:
 
 
 @pytest.mark.slow
-def test_capacity_keeps_each_experts_first_tokens_and_drops_the_rest() -> None:
+def test_capacity_keeps_each_experts_first_tokens_of_each_sequence_and_drops_the_rest() -> None:
     """capacity_factor: with room for every token it equals the dropless grouped matmul; with less, each expert
-    serves the first `capacity` tokens that chose it (in token order) and the others get nothing from it."""
+    serves the first `capacity` tokens of each sequence that chose it (in token order) and the others get
+    nothing from it: per sequence, so a device holding some of the batch's sequences (expert parallelism,
+    tests/test_expert_parallel.py) or a microbatch drops what the whole batch on one device drops."""
     config = tiny_config(num_shared_experts=0, shared_expert_intermediate_dim=0)
     block = MoeBlock.init(config, key=jax.random.PRNGKey(0))  # training mode: evaluation is always dropless
-    position = hax.Axis("position", SEQ)
-    x = hax.random.normal(jax.random.PRNGKey(1), (position, config.Embed))
+    sequences, position = hax.Axis("batch", 3), hax.Axis("position", SEQ)
+    x = hax.random.normal(jax.random.PRNGKey(1), (sequences, position, config.Embed))
 
     def output(capacity_factor: float | None) -> np.ndarray:
         with_capacity = dataclasses.replace(block, config=dataclasses.replace(config, capacity_factor=capacity_factor))
@@ -386,23 +388,28 @@ def test_capacity_keeps_each_experts_first_tokens_and_drops_the_rest() -> None:
     np.testing.assert_allclose(output(EXPERTS / TOP_K), dropless, rtol=1e-5, atol=1e-6)  # room for every token
 
     factor = 0.5
-    chosen, weights, _ = (np.asarray(a) for a in block._select(block.gate(x).array.astype(jnp.float32)))
+    tokens = np.asarray(x.array).reshape(-1, D_MODEL)
+    logits = block.gate(x).rearrange((sequences, position, config.Experts)).array.reshape(-1, EXPERTS)
+    chosen, weights, _ = (np.asarray(a) for a in block._select(logits.astype(jnp.float32)))
     capacity = int(np.ceil(factor * SEQ * TOP_K / EXPERTS))
     gate, up, down = (np.asarray(p.weight.rearrange(("experts", p.In, p.Out)).array)
                       for p in (block.experts.gate_proj, block.experts.up_proj, block.experts.down_proj))  # fmt: skip
-    expected, served, drops = np.zeros_like(dropless), np.zeros(EXPERTS, dtype=int), 0
-    for token in range(SEQ):
+    expected, served, drops = np.zeros_like(tokens), np.zeros((sequences.size, EXPERTS), dtype=int), 0
+    for token in range(sequences.size * SEQ):
         for slot in range(TOP_K):
-            expert = chosen[token, slot]
-            served[expert] += 1
-            drops += served[expert] > capacity
-            if served[expert] <= capacity:
-                hidden = np.asarray(jax.nn.silu(x.array[token] @ gate[expert])) * (x.array[token] @ up[expert])
+            expert, sequence = chosen[token, slot], token // SEQ
+            served[sequence, expert] += 1
+            drops += served[sequence, expert] > capacity
+            if served[sequence, expert] <= capacity:
+                hidden = np.asarray(jax.nn.silu(tokens[token] @ gate[expert])) * (tokens[token] @ up[expert])
                 expected[token] += weights[token, slot] * (hidden @ down[expert])
-    assert served.max() > capacity  # some tokens are dropped here
-    np.testing.assert_allclose(output(factor), expected, rtol=1e-4, atol=1e-5)
-    # What the train step logs as router/dropped_fraction, from that batch's loads.
-    assert float(_dropped_fraction(jnp.asarray(served[None], jnp.float32), factor)[0]) == drops / (SEQ * TOP_K)
+    # Some tokens are dropped, and a capacity over the whole batch (3 x capacity per expert) would keep some.
+    assert served.max() > capacity and (served.sum(0) > 3 * capacity).sum() < (served > capacity).sum()
+    np.testing.assert_allclose(output(factor), expected.reshape(dropless.shape), rtol=1e-4, atol=1e-5)
+    # What the train step logs as router/dropped_fraction, from a batch's loads: exact for one sequence (over
+    # more, a lower bound: a sequence cannot lend its unused slots to another).
+    dropped = np.maximum(served[0] - capacity, 0).sum() / (SEQ * TOP_K)
+    assert float(_dropped_fraction(jnp.asarray(served[:1], jnp.float32), factor)[0]) == dropped
     evaluating = dataclasses.replace(block, config=dataclasses.replace(config, capacity_factor=factor))
     evaluated = eqx.filter_jit(lambda b, x: b(x)[0].array)(inference_mode(evaluating, True), x)
     np.testing.assert_allclose(np.asarray(evaluated), dropless, rtol=1e-5, atol=1e-6)  # eval drops nothing

@@ -16,8 +16,11 @@ the bias travels through Levanter's trainer):
   concatenate), so they are held as one `LlamaMlp`;
 - the router z-loss and the HF load-balancing loss as per-layer loss terms.
 
-The token permutation is Levanter's (a per-shard sort under `shard_map`, dropless grouped matmuls), written
-once here for any feature axis: Levanter's own `_permute`/`_unpermute` are fixed to d_model.
+Dropless, the token permutation is Levanter's (a per-shard sort under `shard_map`, grouped matmuls), written
+once here for any feature axis: Levanter's own `_permute`/`_unpermute` are fixed to d_model. With a
+`capacity_factor` (training only) each expert serves at most capacity factor x its fair share of each
+sequence's copies, in a slot grid shared with the expert-parallel layer (steps/model/expert_parallel.py), so
+one device and any mesh or microbatch drop the same copies.
 """
 
 from __future__ import annotations
@@ -43,11 +46,17 @@ from levanter.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
 
 from steps.model.config import MoeArchitecture
 from steps.model.expert_parallel import (
+    CapacityGroups,
+    capacity_groups,
+    capacity_slots,
+    combine,
+    dispatch,
     expert_parallel_size,
     local_top_k,
     replicated,
     routed_experts,
     shard_tokens,
+    swiglu_experts,
     token_axes,
 )
 
@@ -294,8 +303,11 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
 
         x_experts = x_flat if self.latent_in is None else self.latent_in(x_flat, key=k_in)
         x_experts = x_experts.rearrange((token, config.ExpertIn))
+        capacity = self._capacity(x, token)
         if expert_parallel_size(mesh) > 1:
-            out = self._expert_parallel(mesh, x_experts, chosen, weights)
+            out = self._expert_parallel(mesh, x_experts, chosen, weights, capacity)
+        elif capacity is not None:
+            out = self._experts_with_capacity(x_experts, chosen, weights, capacity)
         else:
             out = self._routed_on_every_device(x_experts, chosen, weights, token, k_experts)
         if self.latent_out is not None:
@@ -311,35 +323,47 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             return out, extras
         return out, {**extras, **self._loss_terms(logits, load, token)}
 
-    def _expert_parallel(self, mesh: Any, x_experts: NamedArray, chosen: jax.Array, weights: jax.Array) -> NamedArray:
-        """The routed experts split over the mesh's `expert` axis (steps/model/expert_parallel.py), dropless."""
-        if self.config.capacity_factor is not None and not self.inference:
-            raise ValueError(
-                f"capacity_factor={self.config.capacity_factor} with an expert-parallel mesh is not built (each "
-                "expert group would drop by its own tokens, not the batch's): train with capacity_factor=None"
-            )
-        mlp, expert_in = self.experts, self.config.ExpertIn
-        arrays = [
+    def _capacity(self, x: NamedArray, token: Axis) -> CapacityGroups | None:
+        """The expert capacity while training with `capacity_factor` (evaluation sees every token, as the
+        evaluate step): counted per sequence, so what is dropped never depends on the mesh or the microbatch."""
+        config = self.config
+        if config.capacity_factor is None or self.inference:
+            return None
+        group = x.resolve_axis(config.max_Pos.name).size if x.has_axis(config.max_Pos.name) else token.size
+        return capacity_groups(config.capacity_factor, group, config.num_experts_per_tok, config.num_experts)
+
+    def _expert_weights(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The routed experts' (gate, up, down) weights as (experts, in, out) arrays."""
+        mlp = self.experts
+        gate, up, down = (
             proj.weight.rearrange((self.config.Experts, proj.In, proj.Out)).array
             for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        ]
-        out = routed_experts(mesh, x_experts.array, chosen, weights, (arrays[0], arrays[1]), arrays[2], mlp.act)
-        return hax.named(out, x_experts.axes).rearrange((x_experts.axes[0], expert_in))
+        )
+        return gate, up, down
+
+    def _expert_parallel(
+        self,
+        mesh: Any,
+        x_experts: NamedArray,
+        chosen: jax.Array,
+        weights: jax.Array,
+        capacity: CapacityGroups | None,
+    ) -> NamedArray:
+        """The routed experts split over the mesh's `expert` axis (steps/model/expert_parallel.py)."""
+        gate, up, down = self._expert_weights()
+        out = routed_experts(mesh, x_experts.array, chosen, weights, (gate, up), down, self.experts.act, capacity)
+        return hax.named(out, x_experts.axes).rearrange((x_experts.axes[0], self.config.ExpertIn))
 
     def _routed_on_every_device(
         self, x_experts: NamedArray, chosen: jax.Array, weights: jax.Array, token: Axis, key: jax.Array | None
     ) -> NamedArray:
-        """The routed experts where each device holds them all: permute, grouped (or capacity) matmul, unpermute."""
+        """The routed experts where each device holds them all, dropless: permute, grouped matmul, unpermute."""
         config = self.config
         topk_idx = hax.named(chosen, (token, config.TopExperts))
         topk_idx_flat = hax.flatten_axes(topk_idx, old_axes=[token, config.TopExperts], new_axis="token_repeat")
         token_repeat = topk_idx_flat.resolve_axis("token_repeat")
         x_repeat_sort, group_sizes, sort_idx = self._permute(x_experts, topk_idx_flat, token_repeat)
-        if config.capacity_factor is None or self.inference:  # evaluation sees every token, as the evaluate step
-            out_repeat_sort = self.experts(x_repeat_sort, group_sizes, key=key)
-        else:
-            sorted_experts = jnp.take(topk_idx_flat.array, sort_idx.array)
-            out_repeat_sort = self._experts_with_capacity(x_repeat_sort, sorted_experts, group_sizes.array)
+        out_repeat_sort = self.experts(x_repeat_sort, group_sizes, key=key)
         out_repeat_sort = out_repeat_sort.rearrange((token_repeat, config.ExpertIn))
         out_repeat = self._unpermute(out_repeat_sort, sort_idx, token, config.TopExperts)
         return out_repeat.dot(
@@ -347,28 +371,18 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         )
 
     def _experts_with_capacity(
-        self, x_sorted: NamedArray, sorted_experts: jax.Array, group_sizes: jax.Array
+        self, x_experts: NamedArray, chosen: jax.Array, weights: jax.Array, capacity: CapacityGroups
     ) -> NamedArray:
-        """The routed experts as one batched matmul over (experts, capacity) slots, Switch-style: the first
-        `capacity` tokens of each expert's group (in token order) get a slot, the rest are dropped and get a
-        zero output. XLA runs this at dense-matmul speed on CPU, where its grouped matmul (`ragged_dot`)
-        runs at about a seventh of it."""
-        experts, repeat, feature = self.config.Experts, x_sorted.axes[0], x_sorted.axes[-1]
-        capacity = Axis("capacity", max(1, math.ceil(self.config.capacity_factor * repeat.size / experts.size)))
-        position = jnp.arange(repeat.size) - (jnp.cumsum(group_sizes) - group_sizes)[sorted_experts]
-        slots = experts.size * capacity.size
-        slot = jnp.where(position < capacity.size, sorted_experts * capacity.size + position, slots)  # last: dropped
-        buffer = jnp.zeros((slots + 1, feature.size), x_sorted.dtype).at[slot].add(x_sorted.array)
-        x_slots = hax.named(
-            buffer[:slots].reshape(experts.size, capacity.size, feature.size), (experts, capacity, feature)
-        )
-        mlp = self.experts
-        hidden = mlp.act(hax.dot(x_slots, mlp.gate_proj.weight, axis=mlp.gate_proj.In)) * hax.dot(
-            x_slots, mlp.up_proj.weight, axis=mlp.up_proj.In
-        )
-        out = hax.dot(hidden, mlp.down_proj.weight, axis=mlp.down_proj.In).rearrange((experts, capacity, feature))
-        flat = jnp.concatenate([out.array.reshape(slots, feature.size), jnp.zeros((1, feature.size), out.dtype)])
-        return hax.named(jnp.take(flat, slot, axis=0), (repeat, feature))
+        """The routed experts where each device holds them all, with capacity, Switch-style: each expert serves
+        the first `capacity.slots` copies of each sequence that chose it, in a slot grid (experts, groups, slots)
+        run as one batched dense matmul; the others are dropped and get a zero output. The same grid as the
+        expert-parallel layer's (steps/model/expert_parallel.py), so both drop the same copies."""
+        experts, feature = self.config.num_experts, x_experts.axes[-1].size
+        slots = capacity_slots(chosen, capacity, experts)
+        rows = dispatch(x_experts.array, slots, experts * (chosen.shape[0] // capacity.tokens) * capacity.slots)
+        gate, up, down = self._expert_weights()
+        out = swiglu_experts(rows.reshape(experts, -1, feature), gate, up, down, self.experts.act)
+        return hax.named(combine(out.reshape(-1, feature), slots, weights), x_experts.axes)
 
     def _loss_terms(self, logits: NamedArray, load: jax.Array, token: Axis) -> dict[str, NamedArray]:
         """The router z-loss and HF Qwen3-MoE's load-balancing loss (as Levanter's block computes it), when on."""

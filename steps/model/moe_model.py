@@ -50,9 +50,10 @@ found by 32 rounds of counting rather than by sorting (`column_quantile`): with 
 data-parallel devices a sort moves every logit (an all-to-all), where counting all-reduces one number per
 expert per round; on one CPU it is also 13x faster at 65,536 tokens x 64 experts (29 vs 394 ms).
 Routing is dropless (grouped matmuls over every assignment) unless the config sets `capacity_factor`
-(the hero's 1.15; steps/model/moe_block.py): then each expert serves a capped number of tokens per batch as
-one batched matmul, and `router/dropped_fraction` is logged. In eval (`inference_mode`)
-the z-loss and the HF load-balancing loss are left out of the loss, so eval losses are pure cross-entropy.
+(the hero's 1.15; steps/model/moe_block.py): then each expert serves a capped number of tokens per sequence
+as one batched matmul (under expert parallelism too), and `router/dropped_fraction` is logged. In eval
+(`inference_mode`) the z-loss and the HF load-balancing loss are left out of the loss, so eval losses are pure
+cross-entropy.
 Levanter's inherited Qwen3-MoE HF converter would drop most of the above: steps/model/hf_export.py writes (and
 loads back) the whole model instead, and the train step uses it.
 """
@@ -134,7 +135,8 @@ def router_figures(tree: Any) -> dict[str, jax.Array]:
     (inf when an expert got no token) and `.../load_max_over_mean`; `router/load/max_over_min` and
     `router/load/max_over_mean` are the worst layer's. With an expert capacity, `router/dropped_fraction`
     (worst layer; per layer `.../dropped_fraction`): the share of token assignments past their expert's
-    capacity, from the step's loads (summed over microbatches, whose capacities are applied one by one)."""
+    capacity, from the step's loads summed over its sequences: exact for one sequence, a lower bound over
+    more (capacity applies per sequence, and one sequence cannot use the slots another left empty)."""
     balances = router_balances(tree)
     if not balances:
         return {}

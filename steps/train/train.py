@@ -259,11 +259,6 @@ def check_inputs(config: TrainConfig) -> None:
         trainer_mesh(config.mesh, config.shape, devices)
     except ValueError as error:
         raise TrainInputError(f"{label}: {error}; fix the step's config") from error
-    if (config.mesh or {}).get("expert", 1) > 1 and config.capacity_factor is not None:
-        raise TrainInputError(
-            f"{label}: capacity_factor={config.capacity_factor} with an expert-parallel mesh {dict(config.mesh or {})} "
-            "is not built (each expert group would drop by its own tokens); train dropless (capacity_factor=None)"
-        )
     components, _ = data_mixture(config)
     checked_skips(label, config.skip_batches)
     tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
