@@ -4,6 +4,7 @@ same rows."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +32,12 @@ def levanters_cache(path: Path, docs: list[list[int]]) -> None:
             writer.write_batch({TOKENS_FIELD: framed})
 
 
-def our_cache(output: Path, docs: list[list[int]], flush_tokens: int) -> tuple[Path, list[dict]]:
+def our_cache(
+    output: Path, docs: list[list[int]], flush_tokens: int, first_flush_tokens: int = 1 << 30
+) -> tuple[Path, list[dict]]:
     writer = ShardWriter(str(output), "00000")
-    part = PartWriter(writer, "train/part-00000", METADATA, prefix=[BOS], suffix=[EOS], flush_tokens=flush_tokens)
+    part = PartWriter(writer, "train/part-00000", METADATA, prefix=[BOS], suffix=[EOS], flush_tokens=flush_tokens,
+                      first_flush_tokens=first_flush_tokens)  # fmt: skip
     for start in range(0, len(docs), 10):
         part.write(docs[start : start + 10])
     part.close()
@@ -50,18 +54,20 @@ def array_metadata(cache: Path) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize(
-    "flush_tokens",
+    ("flush_tokens", "first_flush_tokens"),
     [
-        pytest.param(1 << 30, id="one-write-at-close"),
-        pytest.param(1, id="a-write-per-batch"),  # close writes only the row count
-        pytest.param(5000, id="writes-then-the-rest-at-close"),  # every second batch; the seventh at close
+        pytest.param(1 << 30, 1 << 30, id="one-write-at-close"),
+        pytest.param(1, 1, id="a-write-per-batch"),  # close writes only the row count
+        pytest.param(5000, 1 << 30, id="writes-then-the-rest-at-close"),  # every second batch; the seventh at close
+        # In the background once 1000 tokens are held, then whenever as many are held as were written before.
+        pytest.param(1 << 30, 1000, id="doubling-writes"),
     ],
 )
-def test_a_part_is_what_levanters_own_writer_leaves(tmp_path, flush_tokens):
+def test_a_part_is_what_levanters_own_writer_leaves(tmp_path, flush_tokens, first_flush_tokens):
     docs = documents()
     theirs = tmp_path / "theirs"
     levanters_cache(theirs, docs)
-    ours, manifest = our_cache(tmp_path / "ours", docs, flush_tokens)
+    ours, manifest = our_cache(tmp_path / "ours", docs, flush_tokens, first_flush_tokens)
 
     assert array_metadata(ours) == array_metadata(theirs)
     # Byte for byte: the arrays' stored files (compressed chunks, shard index) and the ledger, whichever
@@ -81,6 +87,27 @@ def test_a_part_is_what_levanters_own_writer_leaves(tmp_path, flush_tokens):
     names = {entry["path"] for entry in manifest}
     assert f"train/part-00000/{LEDGER_FILE}" in names
     assert names == {f"train/part-00000/{path.relative_to(ours)}" for path in ours.rglob("*") if path.is_file()}
+
+
+def test_a_part_writes_its_rows_while_the_group_goes_on_once_a_stored_chunk_is_held(tmp_path):
+    """With the defaults, a part past one stored chunk of tokens (262,144) starts writing it in tensorstore's
+    threads and returns to the caller: the data file exists before the part is closed, so closing it (between
+    the group's last encoding and the next one's first) compresses and writes only the rest."""
+    writer = ShardWriter(str(tmp_path / "out"), "00000")
+    part = PartWriter(writer, "train/part-00000", METADATA, prefix=[BOS], suffix=[EOS])
+    docs = [[3 + index % 4000] * 1000 for index in range(300)]  # 300,600 tokens framed
+    part.write(docs[:200])
+    part.write(docs[200:])
+    data_file = Path(writer.temp_root) / "train" / "part-00000" / TOKENS_FIELD / "data" / "c" / "0"
+    deadline = time.monotonic() + 60  # a deadlock guard, not a timing: the write runs in the background
+    while not data_file.exists():
+        assert time.monotonic() < deadline, "no data written before the part was closed"
+        time.sleep(0.01)
+    part.close()
+    writer.commit()
+    cache = load_cache(str(tmp_path / "out" / "train" / "part-00000"))
+    stored = [row[TOKENS_FIELD].tolist() for row in cache.get_batch_sync(list(range(len(cache))))]
+    assert stored == [[BOS, *ids, EOS] for ids in docs]
 
 
 def test_a_part_without_documents_leaves_no_folder(tmp_path):

@@ -82,6 +82,7 @@ def tokenized(corpus: str, tokenizer_path: str, tmp_path_factory: pytest.TempPat
             output_path=output_path,
             batch_size=7,
             parallelism="thread",
+            group_bytes=0,  # one group per file: six parts for Levanter's consolidation to compare with
         )
     )
     return output_path
@@ -282,7 +283,8 @@ def test_the_next_group_encodes_while_the_last_one_finishes_and_commits(tmp_path
     special = tokenize_module._framing(tokenizer_path)[1]
     monkeypatch.setattr(tokenize_module, "_framing", lambda path: (hand_over, special))
     tokenize(TokenizeConfig(input_paths=[inputs], tokenizer_path=tokenizer_path, output_path=str(output),
-                            validation_fraction=0.0, batch_size=2, parallelism="thread", max_workers=1))  # fmt: skip
+                            validation_fraction=0.0, batch_size=2, parallelism="thread", max_workers=1,
+                            group_bytes=0))  # fmt: skip
     assert hand_over.b_waited_for and hand_over.markers_when_b_started == set()
     texts = [d["text"] for d in [*a_docs, {"text": "a last one"}, *b_docs]]
     bos = [] if special.bos is None else [special.bos]
@@ -355,7 +357,7 @@ KILLED_RUNNER = textwrap.dedent("""
 
     prefix, inputs, tokenizer_path = sys.argv[1:4]
     config = TokenizeConfig(input_paths=[inputs], tokenizer_path=tokenizer_path, output_path=THIS_OUTPUT_PATH,
-                            validation_fraction=0.2, parallelism="thread", max_workers=1)
+                            validation_fraction=0.2, parallelism="thread", max_workers=1, group_bytes=0)
     Executor(prefix).run([ExecutorStep(name="tokenized/killed", fn=tokenize, config=config)])
 """)
 
@@ -395,6 +397,7 @@ def test_sigkill_mid_way_then_rerun_redoes_only_unfinished_groups(tmp_path, corp
         validation_fraction=0.2,
         parallelism="thread",
         max_workers=1,
+        group_bytes=0,
     )
     Executor(str(prefix)).run([ExecutorStep(name="tokenized/killed", fn=tokenize, config=config)])
     after = read_shard_markers(str(output))

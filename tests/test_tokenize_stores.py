@@ -92,7 +92,7 @@ def test_a_cache_on_an_object_store_reads_back_in_levanter_as_the_local_one(
     assert remote.startswith(remote_prefix + "/") and storage.basename(remote) == storage.basename(local)
     stored = {name for name, _size in storage.walk_files(remote)}
     assert {"train/shard_ledger.json", "validation/shard_ledger.json"} <= stored
-    assert "train/part-00000/input_ids/data/zarr.json" in stored, "the arrays are not in the bucket"
+    assert "train/part-00000-00002/input_ids/data/zarr.json" in stored, "the arrays are not in the bucket"
 
     remote_rows, local_rows = trainer_rows(remote, tokenizer_path), trainer_rows(local, tokenizer_path)
     assert len(remote_rows["train"]) + len(remote_rows["validation"]) == 12

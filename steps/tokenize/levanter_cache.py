@@ -104,12 +104,16 @@ class PartWriter:
     step's output, through the shard's temp folder, so that it is committed with the shard.
 
     Rows come as token id sequences (the `list[int]` a tokenizer returns) and are framed with `prefix` and
-    `suffix` (BOS, EOS). Each `write` turns its rows into one int32 array; the arrays are held until
-    `flush_tokens` are buffered, or the group closes, and then written. A small group is thus written in
-    one go, the row count going in with the offsets (see `_ArrayPair`). The two arrays are created in the
-    background from the first row on, while the group is still encoding, so that closing it only writes
-    the data: a group's close sits between its last encoding and the next group's first, where the
-    tokenizer's cores idle. An empty group creates nothing and leaves no sub-cache."""
+    `suffix` (BOS, EOS). Each `write` turns its rows into one int32 array; the arrays are held until as many
+    tokens are buffered as were written before (at least `first_flush_tokens`, one stored chunk, and at most
+    `flush_tokens`), or the group closes, and then written in the background, in tensorstore's threads,
+    while the group goes on encoding. Every write rewrites the array's one stored file (Levanter's spec
+    puts 2^27 elements in a file), so writes that double what is written keep the rewritten bytes to about
+    twice the file; a small part is written in one go, the row count going in with the offsets (see
+    `_ArrayPair`). The two arrays are created in the background from the first row on too, so that closing
+    a part compresses and writes only the last half at most: a group's close sits between its last encoding
+    and the next group's first (or the step's end), where the tokenizer's cores idle. An empty group
+    creates nothing and leaves no sub-cache."""
 
     def __init__(
         self,
@@ -119,6 +123,7 @@ class PartWriter:
         prefix: Sequence[int] = (),
         suffix: Sequence[int] = (),
         flush_tokens: int = 1 << 24,
+        first_flush_tokens: int = jagged_array.DEFAULT_CHUNK_SIZE,
     ):
         self._writer = writer
         self._relative = relative
@@ -126,6 +131,7 @@ class PartWriter:
         self._prefix = list(prefix)
         self._suffix = list(suffix)
         self._flush_tokens = flush_tokens
+        self._first_flush_tokens = first_flush_tokens
         self._arrays: _ArrayPair | None = None
         self._opening: tuple[ts.Future, ts.Future] | None = None
         self._temp = ""
@@ -149,7 +155,8 @@ class PartWriter:
         self._buffered += len(tokens)
         self.rows += len(rows)
         self.tokens += len(tokens)
-        if self._buffered >= self._flush_tokens:
+        written = self.tokens - self._buffered
+        if self._buffered >= min(self._flush_tokens, max(self._first_flush_tokens, written)):
             self._flush(final=False)
 
     def _framed(self, rows: Sequence[Sequence[int]]) -> Iterator[Sequence[int]]:
@@ -169,6 +176,8 @@ class PartWriter:
             self._arrays.append(tokens, lengths, final_rows=self.rows if final else None)
         elif final and self._arrays is not None:
             self._arrays.set_rows(self.rows)
+        if final and self._arrays is not None:
+            self._arrays.wait()
 
     def close(self) -> None:
         """Write what is buffered and the sub-cache's own ledger (what Levanter's `SerialCacheWriter` leaves);
@@ -203,7 +212,7 @@ class _ArrayPair:
 
     Created with Levanter's own spec (`jagged_array._get_spec`: sharded chunks, blosc zstd), so Levanter
     opens them as if its `SerialCacheWriter` had written them (`tests/test_levanter_cache.py` compares
-    the metadata and the rows). Written here rather than through `JaggedArrayStore.extend`, which writes
+    the metadata and the file bytes). Written here rather than through `JaggedArrayStore.extend`, which writes
     the row count as a separate read-modify-write of the offsets after every batch, on arrays opened
     one after the other with tensorstore's default of an fsync per file write: about 3 ms per write
     here, 20 ms per shard group of two splits, against about 6 ms now. Local files are made durable as
@@ -214,6 +223,8 @@ class _ArrayPair:
         self._data = data
         self._rows = 0
         self._tokens = 0
+        self._writing: list[ts.WriteFutures] = []
+        self._sources: list[np.ndarray] = []  # what the writes in flight read from, alive until they end
 
     @staticmethod
     def open(path: str) -> tuple[ts.Future, ts.Future]:
@@ -231,24 +242,33 @@ class _ArrayPair:
         return _ArrayPair(offsets.result(), data.result())
 
     def append(self, tokens: np.ndarray, lengths: np.ndarray, final_rows: int | None) -> None:
-        """Append rows (`tokens` end to end, `lengths` each); with `final_rows`, also the row count."""
+        """Start appending rows (`tokens` end to end, `lengths` each); with `final_rows`, also the row count.
+        The writes run in tensorstore's threads until `wait`; the previous ones are waited for first, since
+        two writes into one stored file must not interleave."""
+        self.wait()
         ends = np.cumsum(lengths) + self._tokens
         first = self._rows + 1
         if final_rows is not None and self._rows == 0:  # the whole array in one write
             ends, first = np.concatenate([[final_rows], ends]), 0
-        writes = [
+        self._writing = [
             self._data[self._tokens : self._tokens + len(tokens)].write(tokens),
             self._offsets[first : first + len(ends)].write(ends),
         ]
-        for write in writes:
-            write.result()
+        self._sources = [tokens, ends]
         self._rows += len(lengths)
         self._tokens += len(tokens)
         if final_rows is not None and first != 0:
             self.set_rows(final_rows)
 
     def set_rows(self, rows: int) -> None:
+        self.wait()
         self._offsets[0].write(rows).result()
+
+    def wait(self) -> None:
+        """Wait for the writes in flight; a failed one raises here."""
+        for write in self._writing:
+            write.result()
+        self._writing, self._sources = [], []
 
 
 @functools.cache

@@ -12,8 +12,9 @@
     )
     # Levanter: DatasetComponent(cache_dir=<output>), LmDataConfig(tokenizer=<tokenizer_path>, auto_build_caches=False)
 
-One shard group per input file, run with `run_sharded` (Ray tasks or processes): the group reads its
-documents with the one document reader (`steps/data/documents.py`: bad lines are counted, not fatal),
+Shard groups of consecutive input files up to `group_bytes` (`steps/tokenize/groups.py`: a file that big
+or bigger is a group of its own), run with `run_sharded` (Ray tasks or processes): the group reads its
+files' documents in order with the one document reader (`steps/data/documents.py`: bad lines are counted, not fatal),
 encodes them in batches with HF `tokenizers` (`encode_batch_fast`, threads in Rust), frames each
 document as Levanter's `BatchTokenizer` does (BOS when the tokenizer has one, the text's ids, EOS),
 and streams them into two Levanter sub-caches, `train/part-<group>/` and `validation/part-<group>/`
@@ -55,15 +56,14 @@ from executor import storage
 from executor.shard_writer import ShardWriter
 from executor.shards import ShardReport, run_sharded
 from steps.data.documents import (
-    FileShard,
     ReadReport,
-    file_shards,
     flow_stats,
     list_input_files,
     merge_stats,
     read_documents,
     write_stats,
 )
+from steps.tokenize.groups import FileGroup, component_of, file_sizes, group_files
 from steps.tokenize.levanter_cache import (
     PartFigures,
     PartWriter,
@@ -120,6 +120,11 @@ class TokenizeConfig:
     max_workers: int | None = None
     """Shard groups reading and encoding at once (default: the CPUs); with threads, as many more may be finishing
     (framing their last batches, committing) meanwhile. Plain."""
+    group_bytes: int = 64 << 20
+    """Consecutive input files are tokenized as one shard group until they hold this many bytes as stored (a
+    file this big or bigger is a group of its own; 0: one group per file). A group is the unit of resume and has
+    a fixed cost at its ends (see `steps/tokenize/groups.py`); grouping splits the cache into sub-caches
+    differently but leaves its rows and their order as they are, so it is plain (unversioned)."""
     per_folder: bool = False
     """Each input file belongs to the component named by its parent folder (a cells step's `cells/<cell>/`):
     every component gets its own `<name>/train` and `<name>/validation` caches, listed in components.json.
@@ -131,8 +136,13 @@ def tokenize(config: TokenizeConfig) -> None:
     check_cache_path(config.output_path, step)
     if not 0.0 <= config.validation_fraction < 1.0:
         raise ValueError(f"{step}: validation_fraction must be in [0, 1), got {config.validation_fraction}")
+    if config.group_bytes < 0:
+        raise ValueError(f"{step}: group_bytes must be 0 or more (0: one shard group per file), got "
+                         f"{config.group_bytes}")  # fmt: skip
     _framing(config.tokenizer_path)  # a tokenizer without an EOS fails here, before any shard runs
     files = list_input_files(config.input_paths)
+    key = component_of if config.per_folder else (lambda _path: "")
+    groups = group_files(config, files, file_sizes(files), config.group_bytes, key)
     max_workers = config.max_workers
     if config.parallelism == "thread":
         max_workers = max(1, config.max_workers or os.cpu_count() or 1)
@@ -141,7 +151,7 @@ def tokenize(config: TokenizeConfig) -> None:
     try:
         report = run_sharded(
             config.output_path,
-            file_shards(config, files),
+            groups,
             _tokenize_shard,
             parallelism=config.parallelism,
             max_workers=max_workers,
@@ -149,7 +159,7 @@ def tokenize(config: TokenizeConfig) -> None:
         )
     finally:
         _READING_SLOTS.pop(config.output_path, None)
-    stats = _stats(report, config)
+    stats = _stats(report, config, len(files))
     if stats["splits"]["train"]["documents"] == 0:
         raise EmptyTokenizeOutputError(
             f"{step}: no training document in {len(files)} input file(s) ({stats['empty_files']} empty, bad lines: "
@@ -254,19 +264,19 @@ def in_validation(doc_id: str, validation_fraction: float) -> bool:
     return xxhash.xxh3_64_intdigest(doc_id.encode("utf-8")) < validation_fraction * _HASH_RANGE
 
 
-def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> dict[str, Any]:
-    config = payload.config
+def _tokenize_shard(group: FileGroup[TokenizeConfig], writer: ShardWriter) -> dict[str, Any]:
+    config = group.config
     tokenizer, special = _framing(config.tokenizer_path)
     metadata = cache_metadata(config.tokenizer_path)
-    folder = f"{component_of(payload.path)}/" if config.per_folder else ""
+    folder = f"{component_of(group.paths[0])}/" if config.per_folder else ""
     prefix, suffix = ([] if special.bos is None else [special.bos]), [special.eos]
     parts = {
-        split: PartWriter(writer, f"{folder}{split}/part-{payload.shard_index:05d}", metadata, prefix, suffix)
-        for split in SPLITS
+        split: PartWriter(writer, f"{folder}{split}/part-{group.name}", metadata, prefix, suffix) for split in SPLITS
     }
     report = ReadReport()
     by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
-    documents = read_documents(payload.path, report, config.raw_input)
+    empty_files: list[str] = []
+    documents = _group_documents(group.paths, report, config.raw_input, empty_files)
     slot = _READING_SLOTS.get(config.output_path)
     for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size, BATCH_CHARS, slot):
         rows: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
@@ -284,10 +294,21 @@ def _tokenize_shard(payload: FileShard[TokenizeConfig], writer: ShardWriter) -> 
     for split, part in parts.items():
         stats[f"{split}_docs"], stats[f"{split}_tokens"] = part.rows, part.tokens
     stats.update({f"{what}_by_source": dict(counts) for what, counts in by_source.items()})
-    stats["empty_files"] = int(report.docs == 0)
+    stats["empty_files"] = len(empty_files)
     if config.per_folder:
-        stats["component"] = component_of(payload.path)
+        stats["component"] = component_of(group.paths[0])
     return stats
+
+
+def _group_documents(
+    paths: Iterable[str], report: ReadReport, raw: bool, empty_files: list[str]
+) -> Iterator[dict[str, Any]]:
+    """The good documents of each file in turn, noting in `empty_files` each file that had none."""
+    for path in paths:
+        before = report.docs
+        yield from read_documents(path, report, raw)
+        if report.docs == before:
+            empty_files.append(path)
 
 
 def _encoded_batches(
@@ -333,12 +354,7 @@ def _batches(
         yield tuple(batch)
 
 
-def component_of(path: str) -> str:
-    """The component a file belongs to with `per_folder`: the name of the folder holding it."""
-    return storage.basename(storage.dirname(path))
-
-
-def _stats(report: ShardReport, config: TokenizeConfig) -> dict[str, Any]:
+def _stats(report: ShardReport, config: TokenizeConfig, files: int) -> dict[str, Any]:
     merged = merge_stats(report)
     splits = {
         split: {"documents": merged.get(f"{split}_docs", 0), "tokens": merged.get(f"{split}_tokens", 0)}
@@ -365,6 +381,7 @@ def _stats(report: ShardReport, config: TokenizeConfig) -> dict[str, Any]:
         "bad_input": merged.get("bad_input", {}),
         "bad_samples": merged.get("bad_samples", []),
         "shards": report.total,
+        "files": files,
         "docs_in": merged.get("docs_in", 0),
         "docs_out": merged.get("docs_out", 0),
         "bytes_in": merged.get("bytes_in", 0),
