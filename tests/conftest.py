@@ -137,3 +137,23 @@ def run_in_threads(count: int, work: Callable[[], object]) -> list[BaseException
     for thread in threads:
         thread.join()
     return errors
+
+
+FIRST = "hero_run"
+"""The tiny hero's whole run (one session fixture, read by two files): the longest unit of work, sent first."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`): each test file is one unit
+    of work (its module fixtures built once), and every test that reads the tiny hero's run is one more, so the
+    run is made once. Units go out in this order, the hero's first and then files with slow tests, so that the
+    long ones do not start last. Without xdist the markers do nothing and only the order changes."""
+
+    def group(item: pytest.Item) -> str:
+        return FIRST if FIRST in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+
+    slow_files = {group(item) for item in items if item.get_closest_marker("slow")}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: (group(item) != FIRST, group(item) not in slow_files))
