@@ -36,12 +36,12 @@ data-demo: install
 	$(PY) experiments/data_demo.py --backend ray $(ARGS)
 
 # Two pytest-xdist workers: most tests keep one core busy (JAX compiles, Python), so two at once use a 2-core
-# machine; each test file (and the tiny hero's run) is one unit of work, longest first (tests/conftest.py).
+# machine; each test file is one unit of work, the tiny hero's first (tests/conftest.py).
 # TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # Only `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/test_hero_tiny.py; part of `make test`).
 test-demo: install

@@ -139,21 +139,18 @@ def run_in_threads(count: int, work: Callable[[], object]) -> list[BaseException
     return errors
 
 
-FIRST = "hero_run"
-"""The tiny hero's whole run (one session fixture, read by two files): the longest unit of work, sent first."""
+FIRST = "tests/test_hero_tiny.py"
+"""The tiny hero's whole run and every test that reads it (one session fixture): the longest file, sent first."""
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`): each test file is one unit
-    of work (its module fixtures built once), and every test that reads the tiny hero's run is one more, so the
-    run is made once. Units go out in this order, the hero's first and then files with slow tests, so that the
-    long ones do not start last. Without xdist the markers do nothing and only the order changes."""
+    """`make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadfile`): each test file is one unit
+    of work, so its module and session fixtures are built once. Files go out in this order: the tiny hero's
+    first, then files with slow tests, so that the long ones do not start last. Without xdist only the order
+    changes. (xdist's `loadgroup` would group across files, but its marks do nothing under pytest 9.)"""
 
-    def group(item: pytest.Item) -> str:
-        return FIRST if FIRST in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+    def unit(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
 
-    slow_files = {group(item) for item in items if item.get_closest_marker("slow")}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: (group(item) != FIRST, group(item) not in slow_files))
+    slow_files = {unit(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (unit(item) != FIRST, unit(item) not in slow_files))

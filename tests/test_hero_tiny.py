@@ -18,6 +18,7 @@ import pytest
 import test_dashboard_browser as browser_tests
 from hero_run import HeroRun, checkpoint_steps, files_under
 from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
+from test_publish_browser import check_hero_site
 
 from executor import read_status
 from experiments.hero_535b import TINY_EVAL_BATCHES, TINY_HERO, TINY_RUNGS, TINY_VOCAB
@@ -253,3 +254,11 @@ def test_the_real_runs_views_in_the_browser(hero_run: HeroRun, page, hero_url: s
     grid = page.locator('[data-view="composition"] [data-testid=composition-grid] td[data-cell]')
     expect(grid).to_have_count(len(cells), timeout=DEADLINE_MS)
     screenshot(page, "hero-composition")
+
+
+@pytest.mark.browser
+def test_the_tiny_heros_prefix_published(page, hero_run: HeroRun, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The run published as a static site renders its run, ladder and composition views from a plain HTTP server
+    (tests/test_publish_browser.py's check). Here, since `make test`'s workers split the suite by file and every
+    reader of the run must share the worker that makes it."""
+    check_hero_site(page, hero_run.prefix, hero_run.outputs, tmp_path / "site")

@@ -192,8 +192,3 @@ def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Pat
     assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
 
 
-@pytest.mark.slow
-@pytest.mark.training
-@pytest.mark.timeout(2400)
-def test_the_tiny_heros_prefix_published(page, hero_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    check_hero_site(page, hero_run.prefix, hero_run.outputs, tmp_path / "site")
