@@ -177,6 +177,45 @@ def test_bias_is_not_decayed_nor_in_trained_norms(balanced_run) -> None:
     assert "router/load/max_over_min" in watched and "grad/norm/total" in watched
 
 
+def test_the_watch_compiled_once_gives_levanters_figures_only_every_interval_steps() -> None:
+    """`MoeWatchConfig.compile_once(3)`: Levanter sees interval 1 (so compiles one train step, hook inside), and the
+    callback computes inside that step, and logs, only where Levanter's interval-3 watch would."""
+    once, plain = MoeWatchConfig.compile_once(3), MoeWatchConfig(interval=3, include_per_parameter_norms=False)
+    assert (once.interval, once.log_interval, plain.log_interval) == (1, 3, None)
+    once = dataclasses.replace(once, include_per_parameter_norms=False).build()
+    plain = plain.build()
+    optimizer = AdamConfig(learning_rate=1e-3, warmup=0.0, lr_schedule="constant").build(STEPS)
+    state = TrainerState.init(optimizer, tiny_config().build(Vocab, key=jax.random.PRNGKey(0)),
+                              key=jax.random.PRNGKey(1), is_trainable=True)  # fmt: skip
+
+    @eqx.filter_jit
+    def step(state: TrainerState, example: LmExample):
+        _, grads = eqx.filter_value_and_grad(loss_fn)(state.model, example)
+        new_state, updates = state.take_step(grads, key=state.training_key)
+        info = InsideJitInfo(grads=grads, updates=updates)
+        return new_state, once.inside_step(state, info), plain.inside_step(state, info)
+
+    logged = []
+
+    class Logged:
+        def __init__(self, step: int):
+            self.step, self.next_step = step, step + 1
+
+    for index, example in enumerate(batches(6)):
+        state, inside, reference = step(state, example)
+        assert set(inside) == set(reference)
+        if (index + 1) % 3 == 0:
+            for name in reference:
+                np.testing.assert_array_equal(np.asarray(inside[name]), np.asarray(reference[name]), err_msg=name)
+            assert float(inside["grad/norm/total"]) > 0
+        else:
+            assert all(not np.any(np.asarray(value)) for value in inside.values()), index
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("levanter.tracker.log", lambda figures, step: logged.append(step))
+            once.on_step(Logged(index), inside)
+    assert logged == [2, 5]
+
+
 @pytest.mark.slow
 def test_bias_rule_on_hand_made_logits() -> None:
     rng = np.random.default_rng(0)

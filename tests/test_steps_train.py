@@ -190,6 +190,10 @@ def test_metrics_jsonl_holds_what_the_dashboard_plots(killed_and_resumed):
     assert {f"eval/{source}/loss" for source in SOURCES} <= keys, sorted(keys)
     output_path = killed_and_resumed["output_path"]
     assert list((output_path / "wandb").glob("**/*.wandb")), "wandb's offline run file is missing"
+    # 40 steps: the watch is compiled into the one train step and logs every 5th step (`compile_once`), from
+    # both the killed run and the resumed one.
+    watched = {record["step"] for record in killed_and_resumed["records"] if "grad/norm/total" in record}
+    assert watched == set(range(4, STEPS, 5)), sorted(watched)
     router = [record for record in killed_and_resumed["records"] if "router/bias/norm" in record]
     assert router and router[-1]["router/bias/norm"] > 0, "the router bias never moved"
     assert all(record["router/load/max_over_mean"] >= 1.0 for record in router)
@@ -381,3 +385,17 @@ def test_a_run_under_a_gs_prefix_checkpoints_resumes_and_is_watchable(data, gcs_
     again = train_losses(read_metrics(output))
     assert again[: len(first)] == first and {step for step, _loss in again[len(first) :]} == {4, 5}
     assert "metrics.jsonl.d/00000001.jsonl" in {name for name, _size in storage.walk_files(output)}
+
+
+def test_short_runs_compile_one_train_step_with_the_watch_inside(data, tmp_path):
+    """Levanter compiles a second train step for the steps its watch fires on; a short run compiles one."""
+    from steps.train.train import COMPILE_ONCE_BELOW_STEPS, _watch
+
+    watch = lambda **changes: _watch(train_config(data, str(tmp_path), **changes))  # noqa: E731
+    assert (watch().interval, watch().log_interval) == (1, 5)
+    long_run = watch(num_train_steps=COMPILE_ONCE_BELOW_STEPS)
+    assert (long_run.interval, long_run.log_interval) == (5, None)
+    assert watch(num_train_steps=COMPILE_ONCE_BELOW_STEPS, compile_once=True).log_interval == 5
+    assert watch(compile_once=False).log_interval is None
+    never_fires = watch(watch_interval=STEPS + 1)  # Levanter then compiles only the step without the watch
+    assert (never_fires.interval, never_fires.log_interval) == (STEPS + 1, None)

@@ -64,6 +64,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import equinox as eqx
 import haliax.nn as hnn
 import haliax.quantization as hq
 import jax
@@ -75,6 +76,7 @@ from levanter.layers.attention import AttentionMask
 from levanter.models.llama import LlamaEmbedding
 from levanter.models.lm_model import LmConfig
 from levanter.models.qwen3_moe import Qwen3MoeLMHeadModel
+from levanter.utils.jax_utils import zeros_like_tree
 
 from steps.model.config import MoeArchitecture
 from steps.model.moe_block import RouterBalance
@@ -178,9 +180,28 @@ def _dropped_fraction(load: jax.Array, capacity_factor: float | None) -> jax.Arr
 
 class MoeWatchCallback(WatchCallback):
     """Levanter's watch (norms of trained weights, gradients, updates) without the router state, plus
-    `router_figures` of this step's carried state."""
+    `router_figures` of this step's carried state. With `log_interval` the callback is registered for every step and
+    computes (under a `lax.cond`) and logs its figures only every `log_interval` steps: see `MoeWatchConfig`."""
+
+    def __init__(self, *, log_interval: int | None = None, **watch: Any):
+        super().__init__(**watch)
+        self.log_interval = log_interval
 
     def inside_step(self, state: Any, inside_info: Any) -> dict[str, Any]:
+        if self.log_interval is None:
+            return self._figures(state, inside_info)
+        shape = eqx.filter_eval_shape(self._figures, state, inside_info)
+        return jax.lax.cond(
+            (state.step + 1) % self.log_interval == 0,
+            lambda: self._figures(state, inside_info),
+            lambda: zeros_like_tree(shape),
+        )
+
+    def on_step(self, step_info: Any, cb_info: dict[str, Any]) -> None:
+        if self.log_interval is None or step_info.next_step % self.log_interval == 0:
+            super().on_step(step_info, cb_info)
+
+    def _figures(self, state: Any, inside_info: Any) -> dict[str, Any]:
         _, params = hq.partition_for_grad_overwrite(state.trainable_model)
         carried, grads = hq.partition_for_grad_overwrite(inside_info.grads)
         _, updates = hq.partition_for_grad_overwrite(inside_info.updates)
@@ -201,10 +222,23 @@ class MoeWatchCallback(WatchCallback):
 
 @dataclass(frozen=True)
 class MoeWatchConfig(WatchConfig):
-    """`TrainerConfig.watch` for MoE runs: builds `MoeWatchCallback`."""
+    """`TrainerConfig.watch` for MoE runs: builds `MoeWatchCallback`.
+
+    Levanter registers the watch every `interval` steps and so compiles two train steps, one with the hook and one
+    without (the hook costs a little every step it is compiled into). `compile_once(n)` logs every n steps from a
+    single train step instead: the hook is in every step, its figures computed only every n-th. That saves a whole
+    compile (~10 s of a tiny CPU run's 60) and suits short runs, where compiling dominates."""
+
+    log_interval: int | None = None
+    """Set by `compile_once`: log every this many steps while Levanter sees `interval` 1."""
+
+    @classmethod
+    def compile_once(cls, every: int) -> MoeWatchConfig:
+        return cls(interval=1, log_interval=every)
 
     def build(self) -> MoeWatchCallback:
         return MoeWatchCallback(
+            log_interval=self.log_interval,
             watch_targets=self.watch_targets,
             include_norms=self.include_norms,
             include_per_parameter_norms=self.include_per_parameter_norms,

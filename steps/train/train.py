@@ -179,6 +179,10 @@ class TrainConfig:
     """A temporary checkpoint (only the latest kept) at most this often: what a killed run resumes from. Plain."""
     watch_interval: int = 10
     """Log gradient and parameter norms (total and per parameter) every this many steps. Plain."""
+    compile_once: bool | None = None
+    """One train step compiled, the watch inside it under a condition (`MoeWatchConfig.compile_once`), instead of
+    Levanter's two (with and without the watch). None: once for runs under `COMPILE_ONCE_BELOW_STEPS` steps, where a
+    compile is a large share of the run. Plain."""
     per_device_parallelism: int = -1
     """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain."""
     mesh: Mapping[str, int] | None = None
@@ -229,6 +233,21 @@ def train(config: TrainConfig) -> None:
         finally:
             close_log_files(run.trainer.log_dir)
             keep_local_folder(str(run.trainer.log_dir), config.output_path, "logs")
+
+
+COMPILE_ONCE_BELOW_STEPS = 1000
+"""`TrainConfig.compile_once`'s default: runs shorter than this compile one train step (a tiny CPU run's second
+compile is ~10 s of its ~60), longer ones Levanter's two (the watch costs a little in every step it is in)."""
+
+
+def _watch(config: TrainConfig) -> MoeWatchConfig:
+    if not 0 < config.watch_interval <= config.num_train_steps:  # never fires: Levanter compiles only the step without
+        return MoeWatchConfig(interval=config.watch_interval)
+    once = config.compile_once
+    if once is None:
+        once = config.num_train_steps < COMPILE_ONCE_BELOW_STEPS
+    every = config.watch_interval
+    return MoeWatchConfig.compile_once(every) if once else MoeWatchConfig(interval=every)
 
 
 def _step_label(config: TrainConfig) -> str:
@@ -355,7 +374,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         id=run_id,
         tracker=trackers,
         log_dir=Path(local_dir(config.output_path, "logs")),
-        watch=MoeWatchConfig(interval=config.watch_interval),
+        watch=_watch(config),
         train_batch_size=config.train_batch_size,
         per_device_parallelism=config.per_device_parallelism,
         per_device_eval_parallelism=config.per_device_parallelism if config.eval_batch_size is None
