@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -n "$(PYTHON)" || { infra/find_python312.sh; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	$(UV) pip sync --quiet --python $(PY) requirements.lock
+	$(UV) pip sync --quiet --compile-bytecode --python $(PY) requirements.lock
 	$(UV) pip install --quiet --python $(PY) --no-deps -e .
 	@touch $@
 
@@ -28,7 +28,10 @@ lock: $(VENV)/.installed
 	$(UV) pip compile pyproject.toml $(EXTRAS) --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
 		--quiet -o requirements.lock
 
-# The 535B-A23B DAG at tiny scale, on a local Ray under ./outputs (or $EXECUTOR_PREFIX).
+# The 535B-A23B DAG at tiny scale, on a local Ray under ./outputs (or $EXECUTOR_PREFIX). Its steps share JAX's
+# persistent compilation cache (an evaluate step loads programs its train step compiled; a forced rerun loads them all).
+JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/build/jax-compilation-cache
+demo: export JAX_COMPILATION_CACHE_DIR := $(JAX_COMPILATION_CACHE_DIR)
 demo: install
 	$(PY) experiments/hero_535b.py --scale tiny --backend ray $(ARGS)
 
@@ -62,4 +65,4 @@ dashboard: install
 	$(PY) -m executor dashboard --prefix $${EXECUTOR_PREFIX:-outputs} $(ARGS)
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) outputs build/jax-compilation-cache .pytest_cache .mypy_cache .ruff_cache

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,11 +36,25 @@ from executor.step_spec import ResourceConfig
 logger = logging.getLogger(__name__)
 
 
+STAND_IN_XLA_FLAGS = ("--xla_backend_optimization_level=1",)
+"""XLA flags of every process on fake CPU devices, beside their count: LLVM's optimisation level 1 instead of XLA's
+2. A stand-in compiles much and runs little: on the tiny d768 rung (2 devices) the model's init compiled in 2.7 s
+instead of 5.6 and the whole train step took ~15% less time, with losses equal to the bit and steps no slower.
+A flag the process's XLA_FLAGS already set stands."""
+
+
 def stand_in_environment(cpu_devices_per_host: int | None) -> dict[str, str]:
     """Environment variables a step's (or gang member's) process needs before JAX loads: its fake CPU devices."""
     if cpu_devices_per_host is None:
         return {}
-    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={cpu_devices_per_host}", "JAX_PLATFORMS": "cpu"}
+    flags = with_stand_in_flags(f"--xla_force_host_platform_device_count={cpu_devices_per_host}")
+    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+
+
+def with_stand_in_flags(xla_flags: str) -> str:
+    """`xla_flags` plus each of `STAND_IN_XLA_FLAGS` whose flag it does not set already."""
+    have = {flag.split("=")[0] for flag in xla_flags.split()}
+    return " ".join([*xla_flags.split(), *(flag for flag in STAND_IN_XLA_FLAGS if flag.split("=")[0] not in have)])
 
 
 def single_host_devices(resources: ResourceConfig | None) -> int | None:
@@ -69,6 +84,7 @@ def claim_cpu_devices(count: int, label: str) -> None:
                 "step alone (--run_only)"
             ) from None
         return
+    os.environ["XLA_FLAGS"] = with_stand_in_flags(os.environ.get("XLA_FLAGS", ""))  # read when the backend starts
     logger.info("%s: this process's JAX runs on %d fake CPU devices", label, count)
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +17,7 @@ import fsspec
 import pytest
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
+from executor.cpu_devices import with_stand_in_flags
 
 pytest_plugins = ["services", "hero_run"]  # the gcs_emulator and s3_server fixtures; the tiny hero run
 
@@ -137,6 +142,29 @@ def run_in_threads(count: int, work: Callable[[], object]) -> list[BaseException
     for thread in threads:
         thread.join()
     return errors
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's JAX settings, which its xdist workers and every process a test starts (a step's subprocess, a
+    Ray worker, a gang member) inherit through the environment: the stand-in hosts' XLA flags, and one persistent
+    compilation cache, so that a program compiled once (the same tiny model trained, killed and resumed, rerun,
+    evaluated) loads the second time. A cached executable is the one a fresh compile would give, so no result
+    changes. Set JAX_COMPILATION_CACHE_DIR yourself to keep a cache across sessions."""
+    if hasattr(config, "workerinput"):
+        return  # a worker inherits the controller's environment
+    # Tests compile much and run little, as the stand-in hosts do: LLVM's level 1 (executor/cpu_devices.py).
+    os.environ["XLA_FLAGS"] = with_stand_in_flags(os.environ.get("XLA_FLAGS", ""))
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return  # a caller's own cache stands
+    folder = tempfile.mkdtemp(prefix="jax-compilation-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    if "jax" in sys.modules:  # JAX reads the environment once, when imported
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", folder)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 FIRST = "tests/test_hero_tiny.py"

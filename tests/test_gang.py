@@ -30,7 +30,7 @@ from gang_steps import GlobalSumConfig, global_sum
 from test_steps_train import build_data, checkpoint_steps, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, storage
-from executor.cpu_devices import stand_in_environment
+from executor.cpu_devices import stand_in_environment, with_stand_in_flags
 from executor.dashboard.step_view import live_state
 from executor.errors import ConfigError
 from executor.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
@@ -65,8 +65,11 @@ def test_gang_bundles_for_gpu_nodes_and_tpu_slices_come_from_the_hardware_profil
 def test_gang_stand_in_hosts_are_packed_onto_one_machine_with_fake_devices():
     assert placement_strategy(STAND_IN) == "PACK"
     assert bundle_specs(STAND_IN) == [{"CPU": 0.5}, {"CPU": 0.5}]
-    assert stand_in_environment(2) == {"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-                                       "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    assert stand_in_environment(2) == {
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=1",
+        "JAX_PLATFORMS": "cpu",
+    }
+    assert with_stand_in_flags("--xla_backend_optimization_level=2 --a=b") == "--xla_backend_optimization_level=2 --a=b"
     assert stand_in_environment(None) == {}
     assert host_log_file(1) == "logs/host-1.log"
 
