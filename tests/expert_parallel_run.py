@@ -20,8 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from executor.cpu_devices import with_stand_in_flags
+
 DEVICES = int(sys.argv[1])
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={DEVICES}")
 
 import haliax as hax  # noqa: E402
 import jax  # noqa: E402

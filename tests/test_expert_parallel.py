@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 
 KERNEL = textwrap.dedent(r"""
     import json, os, re, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    from executor.cpu_devices import with_stand_in_flags
+    os.environ["XLA_FLAGS"] = with_stand_in_flags("--xla_force_host_platform_device_count=4")
     import jax, numpy as np
     from steps.model.expert_parallel import capacity_groups, routed_experts
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "expert"))

@@ -15,9 +15,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import equinox as eqx
+import jax
+import numpy as np
 import pytest
 from test_steps_train import SOURCES, build_data, tiny_shape, train_config, train_losses
 
+from steps.model.hf_export import HF_FOLDER, load_hf_export
 from steps.tokenize.train_tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(3000)]
@@ -26,8 +30,9 @@ STEPS = 5
 
 RUNNER = textwrap.dedent("""
     import json, os, sys
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[1]}"
-    import haliax as hax, jax
+    from executor.cpu_devices import with_stand_in_flags
+    os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={sys.argv[1]}")
+    import equinox as eqx, haliax as hax, jax, numpy as np
     from haliax import Axis
     from steps.model.checkpoints import latest_checkpoint, load_model
     from steps.model.model_size import MoeShape
@@ -43,16 +48,20 @@ RUNNER = textwrap.dedent("""
         model = load_model(run.model, checkpoint, Axis("vocab", config.shape.vocab_size), run.trainer)
         experts = model.transformer.periods.stacked.global_layer.mlp.experts.gate_proj.weight
         shards = experts.array.addressable_shards
-        print("RESULT " + json.dumps({
-            "devices": jax.device_count(),
-            "records": read_metrics(config.output_path),
-            "expert_axis": experts.axes.index(experts.resolve_axis("experts")),
-            "shard_shapes": [list(shard.data.shape) for shard in shards],
-            "shard_bytes": [shard.data.nbytes for shard in shards],
-            "expert_bytes": experts.array.nbytes,
-            "output_path": config.output_path,
-            "shape": fields["shape"],
-        }))
+    # Every layer's trained weights, gathered, for the test to hold the step's HF export against.
+    layers = [leaf for layer in model.transformer.layers_in_order()
+              for leaf in jax.tree.leaves(eqx.filter(layer, eqx.is_inexact_array))]
+    np.savez(config.output_path + "/trained_layers.npz", *(np.asarray(leaf) for leaf in layers))
+    print("RESULT " + json.dumps({
+        "devices": jax.device_count(),
+        "records": read_metrics(config.output_path),
+        "expert_axis": experts.axes.index(experts.resolve_axis("experts")),
+        "shard_shapes": [list(shard.data.shape) for shard in shards],
+        "shard_bytes": [shard.data.nbytes for shard in shards],
+        "expert_bytes": experts.array.nbytes,
+        "output_path": config.output_path,
+        "shape": fields["shape"],
+    }))
 """)
 
 
@@ -68,18 +77,21 @@ def run_script(script: str, devices: int, fields: dict) -> dict:
 
 
 def fields_of(data: dict[str, str], output_path: Path, mesh: dict[str, int] | None) -> dict:
+    """The mesh run also exports the model to HF format after training (as every train step does by default)."""
     vocab = load_tokenizer(data["tokenizer"]).get_vocab_size()
     shape = tiny_shape(vocab, latent_dim=16, n_shared_experts=1, shared_width=32)
     config = train_config(data, str(output_path), shape=shape, num_train_steps=STEPS, steps_per_eval=100,
                           max_eval_batches=1, checkpoint_every_steps=100, temporary_checkpoint_seconds=3600.0,
-                          router_combine="sigmoid", router_combine_sum=2.5, hf_export=False, mesh=mesh)  # fmt: skip
+                          router_combine="sigmoid", router_combine_sum=2.5, hf_export=mesh is not None,
+                          mesh=mesh)  # fmt: skip
     fields = {name: getattr(config, name) for name in config.__dataclass_fields__}
     return {**fields, "shape": shape.__dict__}
 
 
 EVALUATOR = textwrap.dedent("""
     import json, os, sys
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[1]}"
+    from executor.cpu_devices import with_stand_in_flags
+    os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={sys.argv[1]}")
     from steps.evaluate.evaluate import EvaluateConfig, evaluate
     from steps.model.model_size import MoeShape
     fields = json.loads(sys.argv[2])
@@ -115,6 +127,16 @@ def test_the_train_step_on_a_data2_x_expert2_mesh_trains_as_on_one_device_with_e
     assert one["shard_bytes"] == [one["expert_bytes"]] and one["shard_shapes"][0][axis] == 4
     assert [shape[axis] for shape in four["shard_shapes"]] == [2, 2, 2, 2], four["shard_shapes"]
     assert four["shard_bytes"] == [four["expert_bytes"] // 4] * 4
+    # The HF export the step wrote after training on the mesh, read back here (one device, a fresh process),
+    # holds every layer's trained weights, experts included.
+    assert not (Path(one["output_path"]) / HF_FOLDER).exists()
+    exported = load_hf_export(str(Path(four["output_path"]) / HF_FOLDER))
+    loaded = [leaf for layer in exported.transformer.layers_in_order()
+              for leaf in jax.tree.leaves(eqx.filter(layer, eqx.is_inexact_array))]  # fmt: skip
+    with np.load(Path(four["output_path"]) / "trained_layers.npz") as trained:
+        assert len(trained.files) == len(loaded) > 0
+        for index, leaf in enumerate(loaded):
+            np.testing.assert_array_equal(np.asarray(leaf), trained[f"arr_{index}"], err_msg=str(index))
 
 
 def test_evaluate_on_a_data2_x_expert2_mesh_scores_as_on_one_device(data, one_device_run, tmp_path):
