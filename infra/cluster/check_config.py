@@ -1,6 +1,6 @@
 """Check a Ray cluster config offline: schema, node kinds, and which node types steps scale up.
 
-    .venv/bin/python infra/cluster/check_config.py [infra/cluster/gcp.yaml]
+    .venv/bin/python infra/cluster/check_config.py [infra/cluster/gcp.yaml ...]   # one or more configs
 
 1. Ray's own launcher checks (`prepare_config` fills in defaults, `validate_config` applies
    ray-schema.json), the same ones `ray up` runs before it contacts the cloud.
@@ -164,5 +164,14 @@ def main(path: str) -> int:
     return 1 if wrong else 0
 
 
+def main_all(paths: list[str]) -> int:
+    """Check each config in turn (one process: the imports are most of a check's time); 1 if any failed."""
+    failed = 0
+    for path in paths:
+        print(f"== {path}", flush=True)
+        failed |= main(path)
+    return failed
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "infra/cluster/gcp.yaml"))
+    sys.exit(main_all(sys.argv[1:] or ["infra/cluster/gcp.yaml"]))
