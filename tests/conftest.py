@@ -163,7 +163,8 @@ def pytest_configure(config: pytest.Config) -> None:
         import jax
 
         jax.config.update("jax_compilation_cache_dir", folder)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        minimum = float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", minimum)
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
