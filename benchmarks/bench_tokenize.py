@@ -20,7 +20,7 @@ Each rate is the tokens that method wrote divided by its wall time (Levanter's b
 token per document on a space before EOS; the counts are printed). The last line is a JSON object with
 `ratio_vs_raw`, `ratio_vs_levanter` and `ratio_vs_datatrove` (ours / theirs, higher is better).
 
-    .venv/bin/python benchmarks/bench_tokenize.py [--docs 400] [--workers 2] [--rounds 3]
+    .venv/bin/python benchmarks/bench_tokenize.py [--docs 400] [--workers 2] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3, help="each method's fastest round counts")
+    parser.add_argument("--rounds", type=int, default=5, help="each method's fastest round counts")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     root = Path(tempfile.mkdtemp(prefix="bench_tokenize-"))
