@@ -17,6 +17,7 @@ one-host step that asks for fake CPU devices (`cpu_devices_per_host`) gets them 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -36,6 +37,8 @@ from executor.step_spec import ResourceConfig
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("local", "ray")
+StepKind = tuple[ResourceConfig | None, str]
+"""A step to run, as a backend sees it before it starts: its resources and its function's module."""
 
 
 class Backend(Protocol):
@@ -79,6 +82,10 @@ class LocalBackend:
         self._pool.shutdown(wait=not self._stop.is_set(), cancel_futures=True)
 
 
+LOCAL_IDLE_WORKERS_PER_CPU = 2
+"""A local Ray keeps this many idle workers per CPU (Ray's default: one), see `ensure_ray`."""
+LOCAL_IDLE_WORKER_SECONDS = 60
+"""...and kills those beyond that only once idle this long (Ray's default: 1 s)."""
 LOCAL_RAY_START_ATTEMPTS = 3
 """A local Ray's raylet gives its agents a fixed ~15 s to start; on a busy 2-core machine they can miss it."""
 
@@ -104,12 +111,21 @@ def ensure_ray() -> None:
         # Local workers import step functions by module name: give them the driver's import path.
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}}
         num_cpus = os.cpu_count() or 1
+        # Ray keeps idle workers up to a soft limit (default: the CPUs) and kills the rest once idle for a second.
+        # Steps with fake CPU devices run in workers of their own environment, so with the defaults the data
+        # steps' workers were killed while training ran (the scaling fit after it waited ~5 s for a new worker to
+        # start and import its modules), and the workers warmed for training were killed while the data steps'
+        # shard tasks ran. Keep one per CPU for two environments, and any worker for a minute.
+        system_config = {
+            "num_workers_soft_limit": LOCAL_IDLE_WORKERS_PER_CPU * num_cpus,
+            "idle_worker_killing_time_threshold_ms": LOCAL_IDLE_WORKER_SECONDS * 1000,
+        }
         for attempt in range(1, LOCAL_RAY_START_ATTEMPTS + 1):
             logger.info("starting a local Ray with %d CPUs (temp dir %s)", num_cpus, ray_temp_dir())
             try:
                 ray.init(
                     num_cpus=num_cpus, include_dashboard=False, _temp_dir=ray_temp_dir(), runtime_env=runtime_env,
-                    log_to_driver=True,
+                    log_to_driver=True, _system_config=system_config,
                 )  # fmt: skip
                 return
             except Exception as error:  # Ray raises a bare Exception when its node times out during startup
@@ -148,10 +164,21 @@ def _run_step_in_ray(task: StepTask) -> StepResult:
     return run_step(task)
 
 
+def _warm_worker(modules: tuple[str, ...]) -> int:
+    """Import `modules` in this worker, so that the step that reuses it starts at once; its pid. A module
+    that fails to import is left to fail its step, with the step's name on the error."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - only a warm-up
+            logger.debug("warm-up: %s did not import", module, exc_info=True)
+    return os.getpid()
+
+
 class RayBackend:
     name = "ray"
 
-    def __init__(self, max_concurrent: int | None):
+    def __init__(self, max_concurrent: int | None, steps: Iterable[StepKind] = ()):
         import ray
 
         # The driver's CPUs say nothing about the cluster's: by default every ready step is
@@ -161,9 +188,31 @@ class RayBackend:
         self._ray = ray
         self._remote = ray.remote(_run_step_in_ray)
         self._refs: list[Any] = []
+        self.warming: list[Any] = []
+        """The warm-up tasks' refs (each gives its worker's pid): see `_warm_stand_in_workers`."""
+        if not os.environ.get("RAY_ADDRESS"):  # on a cluster, steps land on nodes no warm-up can foresee
+            self._warm_stand_in_workers(steps)
         # A gang's driver runs here, holding the step's lease while its members run as Ray actors.
         self._gang_drivers = ThreadPoolExecutor(thread_name_prefix="executor-gang")
         self._stop = StopSignal()
+
+    def _warm_stand_in_workers(self, steps: Iterable[StepKind]) -> None:
+        """On a local Ray, start now the workers that the steps with fake CPU devices will run in (one
+        environment per device count, as many as the CPUs or such steps), importing those steps' modules
+        (JAX, Levanter): the first such step otherwise waited ~10 s for its worker after the data steps. The
+        warm-up tasks ask for no CPU, so they wait on no step; the step that comes next takes the idle worker
+        (kept by `ensure_ray`'s idle-worker settings while the data steps' shard tasks start workers of their own)."""
+        by_count: dict[int, list[str]] = {}
+        for resources, module in steps:
+            if (count := single_host_devices(resources)) is not None:
+                by_count.setdefault(count, []).append(module)  # "" or __main__: nothing to import
+        cpus = int(self._ray.cluster_resources().get("CPU", 1))
+        warm = self._ray.remote(_warm_worker)
+        for count, modules in sorted(by_count.items()):
+            options = {"num_cpus": 0, "max_retries": 0, "runtime_env": {"env_vars": stand_in_environment(count)}}
+            for _ in range(min(cpus, len(modules))):
+                importable = tuple(sorted({module for module in modules if module and module != "__main__"}))
+                self.warming.append(warm.options(**options).remote(importable))
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
         if resources is not None and resources.hosts > 1:
@@ -205,11 +254,10 @@ def check_backend(name: str, prefix: str, shared_filesystem: bool = False) -> No
         )
 
 
-def make_backend(
-    name: str, max_concurrent: int | None, step_resources: Iterable[ResourceConfig | None] = ()
-) -> Backend:
-    """The backend `name`; `step_resources` (those of the steps it will run) let the local one set up this
-    process's JAX devices before any step runs."""
+def make_backend(name: str, max_concurrent: int | None, steps: Iterable[StepKind] = ()) -> Backend:
+    """The backend `name`; `steps` (the resources and function module of each step it will run) let the local
+    one set up this process's JAX devices, and a local Ray start their workers, before any step runs."""
+    steps = list(steps)
     if name == "ray":
-        return RayBackend(max_concurrent)
-    return LocalBackend(max_concurrent, step_resources)
+        return RayBackend(max_concurrent, steps)
+    return LocalBackend(max_concurrent, [resources for resources, _ in steps])

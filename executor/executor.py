@@ -215,7 +215,8 @@ class Executor:
         decision_of = {decision.planned: decision for decision in to_run}
         if not decision_of:
             return {}  # all done: no backend to start (a local Ray takes seconds)
-        backend = make_backend(self.backend, max_concurrent, [planned.step.resources for planned in decision_of])
+        steps = [(planned.step.resources, getattr(planned.step.fn, "__module__", "") or "") for planned in decision_of]
+        backend = make_backend(self.backend, max_concurrent, steps)
         try:
             return schedule(
                 list(decision_of),

@@ -119,3 +119,32 @@ def test_shard_tasks_reserve_their_memory_budget(tmp_path, local_ray):
     assert not sharded_steps.ran_at_once(
         str(tmp_path / "budget"), parallelism="ray", memory_bytes=int(0.6 * node_memory)
     )
+
+
+def worker_state(module: str) -> tuple[int, bool, str]:
+    """In a Ray worker: its pid, whether `module` is imported there, its XLA_FLAGS."""
+    import sys
+
+    return os.getpid(), module in sys.modules, os.environ.get("XLA_FLAGS", "")
+
+
+def test_a_local_ray_starts_and_warms_the_workers_of_steps_with_fake_devices_before_they_run(local_ray):
+    """The workers of steps with fake CPU devices (an environment of their own) are started when the backend is,
+    with the steps' modules imported, and the steps take them: the first train step of `make demo` waited ~10 s
+    for its worker after the data steps, and the scaling fit after training ~5 s (its worker had been killed)."""
+    from executor.backends import make_backend, ray_options
+
+    stand_in = ResourceConfig(cpu_devices_per_host=2)
+    steps = [(stand_in, "sharded_steps"), (stand_in, "conftest"), (stand_in, "__main__"), (None, "json")]
+    backend = make_backend("ray", None, steps)
+    try:
+        warm_pids = set(local_ray.get(backend.warming, timeout=120))
+        assert len(warm_pids) == 2  # one per CPU here, and only for the steps with fake devices
+        options = ray_options(stand_in, max_attempts=1)
+        probe = local_ray.remote(worker_state).options(**options)
+        for pid, imported, xla_flags in local_ray.get([probe.remote("sharded_steps") for _ in range(2)]):
+            assert pid in warm_pids and imported
+            assert "--xla_force_host_platform_device_count=2" in xla_flags
+    finally:
+        backend.close()
+
