@@ -170,7 +170,7 @@ def _warm_worker(modules: tuple[str, ...]) -> int:
     for module in modules:
         try:
             importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - only a warm-up
+        except Exception:  # only a warm-up: the step itself reports the error
             logger.debug("warm-up: %s did not import", module, exc_info=True)
     return os.getpid()
 
