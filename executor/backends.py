@@ -210,8 +210,8 @@ class RayBackend:
         warm = self._ray.remote(_warm_worker)
         for count, modules in sorted(by_count.items()):
             options = {"num_cpus": 0, "max_retries": 0, "runtime_env": {"env_vars": stand_in_environment(count)}}
+            importable = tuple(sorted({module for module in modules if module and module != "__main__"}))
             for _ in range(min(cpus, len(modules))):
-                importable = tuple(sorted({module for module in modules if module and module != "__main__"}))
                 self.warming.append(warm.options(**options).remote(importable))
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
