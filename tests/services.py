@@ -3,7 +3,8 @@
 - `gcs_emulator`: `gcp-storage-emulator` (in memory), used through the real gcsfs and tensorstore, with
   the two GCS behaviours tensorstore needs that it lacks added (tests/gcs_emulator.py). It ignores
   `ifGenerationMatch` preconditions, so exclusive-create semantics are proven on S3 and local files.
-- `s3_server`: `moto_server`, used through the real s3fs; it enforces `If-None-Match: *`.
+- `s3_server`: `moto_server`, used through the real s3fs; it enforces `If-None-Match: *`, atomically as S3
+  does once tests/moto_s3_server.py serializes its object writes (moto alone checks, then writes).
 - `FaultProxy`: an HTTP proxy in front of the emulator that fails a fraction of requests with
   503 or 429, drops connections before forwarding, or forwards and then drops the answer (the
   nastiest case: the write happened, the client does not know).
@@ -97,9 +98,10 @@ def gcs_emulator() -> Iterator[str]:
 def s3_server() -> Iterator[str]:
     """A bucket on moto_server; yields `s3://<bucket>`."""
     port = free_port()
+    server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moto_s3_server.py")  # S3's atomic creates
     process = subprocess.Popen(
-        [_executable("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         wait_for_port(port, process, "moto_server")
