@@ -16,7 +16,6 @@ import contextlib
 import http.client
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,7 +31,6 @@ import pytest
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 BUCKET = "executor-test"
-VENV_BIN = os.path.dirname(sys.executable)
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection", "upgrade"}
 
 
@@ -52,11 +50,6 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout_s: fl
                 return
         time.sleep(0.1)
     raise RuntimeError(f"{what} did not open port {port} within {timeout_s}s")
-
-
-def _executable(name: str) -> str:
-    path = os.path.join(VENV_BIN, name)
-    return path if os.path.exists(path) else (shutil.which(name) or name)
 
 
 def use_gcs_endpoint(url: str) -> None:
