@@ -139,10 +139,11 @@ def test_a_local_ray_starts_and_warms_the_workers_of_steps_with_fake_devices_bef
     backend = make_backend("ray", None, steps)
     try:
         warm_pids = set(local_ray.get(backend.warming, timeout=120))
-        assert len(warm_pids) == 2  # one per CPU here, and only for the steps with fake devices
+        cpus = int(local_ray.cluster_resources()["CPU"])
+        assert len(warm_pids) == min(cpus, 3)  # one per CPU, at most one per such step; none for the others
         options = ray_options(stand_in, max_attempts=1)
         probe = local_ray.remote(worker_state).options(**options)
-        for pid, imported, xla_flags in local_ray.get([probe.remote("sharded_steps") for _ in range(2)]):
+        for pid, imported, xla_flags in local_ray.get([probe.remote("sharded_steps") for _ in warm_pids]):
             assert pid in warm_pids and imported
             assert "--xla_force_host_platform_device_count=2" in xla_flags
     finally:
