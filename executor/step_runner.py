@@ -180,6 +180,12 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
         return _run_attempt(task, lease, stop, attempt)
     except LeaseLostError:
         raise
+    except KeyboardInterrupt as interrupted:
+        # Ctrl-C (Ray's cancel on a worker) can land outside the step function: after RUNNING, while the step log
+        # and the heartbeat start (seen on a busy machine), which left the step RUNNING with its lease freed.
+        if not getattr(interrupted, RECORDED, False):
+            _record_interrupt(task, lease, None, attempt, interrupted)
+        raise
     except Exception as error:  # the executor's own writes failed (a full disk under the log or the manifest)
         return _record_failure(task, lease, None, attempt, error)
 
@@ -251,8 +257,12 @@ def _call_step_fn(
     return None
 
 
+RECORDED = "_executor_recorded_failed"
+"""Set on a KeyboardInterrupt once its step's FAILED event is written, so that it is written once."""
+
+
 def _record_interrupt(
-    task: StepTask, lease: Lease, beat: Heartbeat, attempt: _Attempt, interrupted: BaseException
+    task: StepTask, lease: Lease, beat: Heartbeat | None, attempt: _Attempt, interrupted: BaseException
 ) -> StepResult:
     """FAILED "interrupted by the user", so the next run starts at once (the lease is freed after)."""
     message = "interrupted by the user"
@@ -262,6 +272,7 @@ def _record_interrupt(
     except LeaseLostError:
         pass  # the step is someone else's now; they record its outcome
     if isinstance(interrupted, KeyboardInterrupt):
+        setattr(interrupted, RECORDED, True)
         raise interrupted
     return StepResult(Outcome.FAILED, message)
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import make_step, wait_until
 from gate_runner import gate_step
 
-from executor import Executor, read_status
+from executor import Executor, read_status, step_runner
 from executor.lease import Lease, LeaseSettings
 from executor.status import read_events
 
@@ -56,3 +56,25 @@ def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend, parent_ign
     rerun.run([step])  # default lease timings: it would wait 90 s for a lease that was not freed
     assert read_status(output) == "SUCCESS"
     assert [event.status for event in read_events(output)][-2:] == ["RUNNING", "SUCCESS"]
+
+
+def test_ctrl_c_after_running_is_written_but_before_the_step_function_still_records_failed(tmp_path, monkeypatch):
+    """Ctrl-C (on a Ray worker: Ray's cancel) can land after RUNNING is written and before the step function
+    starts, while the step log and the heartbeat start: seen on a busy machine, it left the step RUNNING."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(step_runner, "Heartbeat", interrupted)
+    step = make_step("interrupted")
+    executor = Executor(str(tmp_path / "out"))
+    with pytest.raises(KeyboardInterrupt):
+        executor.run([step])
+    output = executor.output_paths[step]
+    statuses = [(event.status, event.message) for event in read_events(output)]
+    assert statuses[-2:] == [("RUNNING", None), ("FAILED", "interrupted by the user")], statuses
+    current = Lease(output, "observer", LeaseSettings()).current()
+    assert current is not None and current["released"] is True
+    monkeypatch.undo()
+    executor.run([step])  # the lease was freed: the rerun starts at once
+    assert read_status(output) == "SUCCESS"
