@@ -173,7 +173,7 @@ FIRST = "tests/test_hero_tiny.py"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadfile`): each test file is one unit
+    """`make test` runs the suite in three pytest-xdist workers (`-n 3 --dist loadfile`): each test file is one unit
     of work, so its module and session fixtures are built once. Files go out in this order: the tiny hero's
     first, then files with slow tests, so that the long ones do not start last. Without xdist only the order
     changes. (xdist's `loadgroup` would group across files, but its marks do nothing under pytest 9.)"""
