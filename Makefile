@@ -43,8 +43,8 @@ data-demo: install
 	$(PY) experiments/data_demo.py --backend ray $(ARGS)
 
 # Three pytest-xdist workers on a 2-core machine: a test often waits (on Ray starting, a subprocess, a lease, a
-# hang timeout), so two workers left the CPUs idle part of the time; three kept them 97% busy and ran the suite in
-# 16 min 12-14 s against 17 min 45 s with two (same hour, this machine). Each test file is one unit of work, the
+# hang timeout), and a third worker uses that time: the CPUs were 95-97% busy and the suite took 16 min 12-14 s,
+# against 17 min 45 s with two workers in the same hour on this machine. Each test file is one unit of work, the
 # tiny hero's first (tests/conftest.py). TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 3
 

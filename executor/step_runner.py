@@ -183,7 +183,8 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
     except KeyboardInterrupt as interrupted:
         # Ctrl-C (Ray's cancel on a worker) can land outside the step function: after RUNNING, while the step log
         # and the heartbeat start (seen on a busy machine), which left the step RUNNING with its lease freed.
-        if not getattr(interrupted, RECORDED, False):
+        # Recorded only if nothing was since this attempt's RUNNING: not over a SUCCESS, nor a second time.
+        if _still_running(task, lease, attempt):
             _record_interrupt(task, lease, None, attempt, interrupted)
         raise
     except Exception as error:  # the executor's own writes failed (a full disk under the log or the manifest)
@@ -214,6 +215,19 @@ def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attem
             if isinstance(error, (StepInterrupted, KeyboardInterrupt)):
                 return _record_interrupt(task, lease, beat, attempt, error)
             return _record_failure(task, lease, beat, attempt, error, log_note)
+
+
+def _still_running(task: StepTask, lease: Lease, attempt: _Attempt) -> bool:
+    """Whether this attempt's RUNNING is still the step's last event (nothing recorded since it started); False
+    if the history cannot be read (the interrupt goes on; the lease is freed and the next run takes over)."""
+    try:
+        events = read_events(task.output_path)
+    except Exception:
+        logger.warning("%s: could not read its status after an interrupt", task.label, exc_info=True)
+        return False
+    if not events or events[-1].status != StepStatus.RUNNING:
+        return False
+    return events[-1].attempt == attempt.number and events[-1].worker == lease.worker_id
 
 
 def _record_start(task: StepTask, lease: Lease) -> _Attempt:
@@ -257,10 +271,6 @@ def _call_step_fn(
     return None
 
 
-RECORDED = "_executor_recorded_failed"
-"""Set on a KeyboardInterrupt once its step's FAILED event is written, so that it is written once."""
-
-
 def _record_interrupt(
     task: StepTask, lease: Lease, beat: Heartbeat | None, attempt: _Attempt, interrupted: BaseException
 ) -> StepResult:
@@ -272,7 +282,6 @@ def _record_interrupt(
     except LeaseLostError:
         pass  # the step is someone else's now; they record its outcome
     if isinstance(interrupted, KeyboardInterrupt):
-        setattr(interrupted, RECORDED, True)
         raise interrupted
     return StepResult(Outcome.FAILED, message)
 

@@ -78,3 +78,22 @@ def test_ctrl_c_after_running_is_written_but_before_the_step_function_still_reco
     monkeypatch.undo()
     executor.run([step])  # the lease was freed: the rerun starts at once
     assert read_status(output) == "SUCCESS"
+
+
+def test_ctrl_c_after_success_is_written_leaves_the_step_success(tmp_path, monkeypatch):
+    """The other side of the window above: an interrupt once SUCCESS is recorded adds nothing after it."""
+    record = step_runner._append_holding
+
+    def then_interrupted(output_path, lease, beat, event):
+        record(output_path, lease, beat, event)
+        if event.status == "SUCCESS":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(step_runner, "_append_holding", then_interrupted)
+    step = make_step("finished")
+    executor = Executor(str(tmp_path / "out"))
+    with pytest.raises(KeyboardInterrupt):
+        executor.run([step])
+    output = executor.output_paths[step]
+    assert [event.status for event in read_events(output)][-2:] == ["RUNNING", "SUCCESS"]
+    assert read_status(output) == "SUCCESS"
