@@ -12,7 +12,7 @@ import pytest
 from conftest import make_step, wait_until
 from gate_runner import gate_step
 
-from executor import Executor, read_status, step_runner
+from executor import Executor, ExecutorStep, read_status, step_runner
 from executor.lease import Lease, LeaseSettings
 from executor.status import read_events
 
@@ -58,6 +58,15 @@ def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend, parent_ign
     assert [event.status for event in read_events(output)][-2:] == ["RUNNING", "SUCCESS"]
 
 
+def run_interrupted(tmp_path: Path) -> tuple[Executor, ExecutorStep, str]:
+    """A one-step run on the local backend that a KeyboardInterrupt ends (patched in by the test)."""
+    step = make_step("interrupted")
+    executor = Executor(str(tmp_path / "out"))
+    with pytest.raises(KeyboardInterrupt):
+        executor.run([step])
+    return executor, step, executor.output_paths[step]
+
+
 def test_ctrl_c_after_running_is_written_but_before_the_step_function_still_records_failed(tmp_path, monkeypatch):
     """Ctrl-C (on a Ray worker: Ray's cancel) can land after RUNNING is written and before the step function
     starts, while the step log and the heartbeat start: seen on a busy machine, it left the step RUNNING."""
@@ -66,11 +75,7 @@ def test_ctrl_c_after_running_is_written_but_before_the_step_function_still_reco
         raise KeyboardInterrupt
 
     monkeypatch.setattr(step_runner, "Heartbeat", interrupted)
-    step = make_step("interrupted")
-    executor = Executor(str(tmp_path / "out"))
-    with pytest.raises(KeyboardInterrupt):
-        executor.run([step])
-    output = executor.output_paths[step]
+    executor, step, output = run_interrupted(tmp_path)
     statuses = [(event.status, event.message) for event in read_events(output)]
     assert statuses[-2:] == [("RUNNING", None), ("FAILED", "interrupted by the user")], statuses
     current = Lease(output, "observer", LeaseSettings()).current()
@@ -90,10 +95,6 @@ def test_ctrl_c_after_success_is_written_leaves_the_step_success(tmp_path, monke
             raise KeyboardInterrupt
 
     monkeypatch.setattr(step_runner, "_append_holding", then_interrupted)
-    step = make_step("finished")
-    executor = Executor(str(tmp_path / "out"))
-    with pytest.raises(KeyboardInterrupt):
-        executor.run([step])
-    output = executor.output_paths[step]
+    _, _, output = run_interrupted(tmp_path)
     assert [event.status for event in read_events(output)][-2:] == ["RUNNING", "SUCCESS"]
     assert read_status(output) == "SUCCESS"
