@@ -33,6 +33,30 @@ def test_every_format_reads_the_same_documents(tmp_path):
         assert report.docs == 3 and not report.bad
 
 
+def test_documents_read_as_the_standard_json_parser_reads_them(tmp_path):
+    """The reader parses with msgspec first and hands what it refuses to `json.loads`: every value comes out as
+    `json.loads` gives it (big integers, escapes, deep nesting, a repeated key), and what only the standard
+    library takes (NaN, 1e400, -Infinity) is still taken, with the same values."""
+    lines = [
+        '{"id": 123456789012345678901234567890, "text": "big id", "metadata": {"n": -12345678901234567890}}',
+        '{"id": "e", "text": "caf\\u00e9 \\ud83d\\ude00 tab\\t nul\\u0000 \\"q\\"", "source": "s", '
+        '"metadata": [0.1, 1E5, -0.0]}',
+        '{"id": "n", "text": "not a number", "metadata": {"x": NaN, "y": 1e400, "z": -Infinity}}',
+        '{"id": "deep", "text": "nested", "metadata": ' + '{"a": ' * 1100 + "1" + "}" * 1100 + "}",
+        '{"id": "dup", "text": "first", "text": "last"}',
+    ]
+    path = tmp_path / "values.jsonl.gz"
+    path.write_bytes(gzip.compress("\n".join(lines).encode() + b"\r\n"))
+    report = ReadReport()
+    documents = list(read_documents(str(path), report))
+    expected = [json.loads(line) for line in lines]
+    assert [doc["id"] for doc in documents] == [str(record["id"]) for record in expected]
+    for document, record in zip(documents, expected, strict=True):
+        assert document["text"] == record["text"]
+        assert repr(document["metadata"]) == repr(record.get("metadata"))  # nan, inf and -0.0 compare by repr
+    assert report.docs == 5 and not report.bad
+
+
 def test_bad_lines_are_counted_with_samples(tmp_path):
     lines = [json.dumps(GOOD[0]).encode(), b"{not json", b'{"id": "x", "text": "caf\xe9"}',
              json.dumps({"id": "e", "text": "  "}).encode(),

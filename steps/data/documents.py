@@ -29,15 +29,16 @@ import builtins
 import io
 import json
 import logging
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from isal import isal_zlib
 
 from executor import storage
 from executor.shard_writer import Shard, ShardWriter
@@ -228,10 +229,15 @@ def _stream_frames(data: bytes, new_frame: Callable[[], Any], errors: tuple[type
         raise _DamagedArchiveError("corrupt_file", str(error)) from error
 
 
+_GZIP_ERRORS: tuple[type[Exception], ...] = (isal_zlib.error,)  # type: ignore[assignment]
+"""ISA-L's gzip (python-isal: zlib's interface, about 3x its speed here); its stub types its error class as an
+instance."""
+
+
 def _decompressed_chunks(path: str) -> Iterator[bytes]:
     data = _raw_bytes(path)
     if path.endswith(".gz"):
-        return _stream_frames(data, lambda: zlib.decompressobj(wbits=31), (zlib.error,))
+        return _stream_frames(data, lambda: isal_zlib.decompressobj(wbits=31), _GZIP_ERRORS)
     if path.endswith(".zst"):
         return _stream_frames(data, zstandard.ZstdDecompressor().decompressobj, (zstandard.ZstdError,))
     return iter([data])
@@ -255,20 +261,36 @@ def _numbered_lines(path: str, report: ReadReport) -> Iterator[tuple[int, bytes]
         yield number + 1, pending
 
 
+_JSON = msgspec.json.Decoder()
+"""Parses a JSONL line twice as fast as `json.loads` (bench_tokenize's files: 6 ms against 12, with no UTF-8
+decode first) and to the same values (big integers included); see `_parse`."""
+
+
+def _parse(line: bytes) -> tuple[Any, str | None]:
+    """(the line's JSON value, None), or (None, why it is bad). msgspec first; a line it refuses goes to
+    `json.loads`, which takes all that the standard library takes (NaN, 1e400, half a surrogate pair, which
+    `_validate` then rejects) and tells the reasons apart."""
+    try:
+        return _JSON.decode(line), None
+    except (ValueError, RecursionError):  # msgspec.DecodeError is a ValueError
+        pass
+    try:
+        return json.loads(line.decode("utf-8")), None
+    except UnicodeDecodeError:
+        return None, "invalid_utf8"
+    except RecursionError:
+        return None, "json_too_deep"
+    except ValueError:
+        return None, "malformed_json"
+
+
 def _read_jsonl(path: str, report: ReadReport) -> Iterator[dict[str, Any]]:
     for number, line in _numbered_lines(path, report):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            report.reject(path, number, "invalid_utf8", line)
-            continue
-        except RecursionError:
-            report.reject(path, number, "json_too_deep", line)
-            continue
-        except ValueError:
-            report.reject(path, number, "malformed_json", line)
+        record, bad = _parse(line)
+        if bad is not None:
+            report.reject(path, number, bad, line)
             continue
         document = _validate(record, path, number, report, line)
         if document is not None:

@@ -47,6 +47,7 @@ import numpy as np
 import tensorstore as ts
 from levanter.store import jagged_array
 from levanter.store.cache import CACHE_LAYOUT_SHARDED, CacheLedger, CacheMetadata, TreeCache
+from tokenizers import Encoding
 
 from executor import storage
 from executor.shard_writer import ShardWriter
@@ -141,25 +142,37 @@ class PartWriter:
         self.tokens = 0
 
     def write(self, rows: Sequence[Sequence[int]]) -> None:
-        if not rows:
+        """Append `rows`, each a sequence of token ids."""
+        self._append(len(rows), (len(ids) for ids in rows), rows)
+
+    def write_encodings(self, encodings: Sequence[Encoding]) -> None:
+        """Append one row per `tokenizers` encoding (its ids). Each encoding's list of ids is made, copied into
+        the array and freed in turn, never all of a batch's at once: about a sixth less time than `write` over
+        their ids, the ids included (76 ms against 92 on bench_tokenize's 2.3M tokens; making the lists alone,
+        as any caller of the tokenizer must, takes 38)."""
+        self._append(len(encodings), (len(encoding) for encoding in encodings),
+                     (encoding.ids for encoding in encodings))  # fmt: skip
+
+    def _append(self, count: int, lengths: Iterable[int], rows: Iterable[Sequence[int]]) -> None:
+        """Append `count` rows: `lengths` gives each one's number of ids, `rows` the ids, both in order."""
+        if not count:
             return
         if self._opening is None:
             self._temp = self._writer.folder(self._relative)
             self._opening = _ArrayPair.open(storage.join(self._temp, TOKENS_FIELD))
-        framing = len(self._prefix) + len(self._suffix)
-        lengths = np.fromiter((len(ids) + framing for ids in rows), dtype=np.int64, count=len(rows))
+        row_lengths = np.fromiter(lengths, dtype=np.int64, count=count) + len(self._prefix) + len(self._suffix)
         # One pass over every id, framed, into the array: a fifth less time than a slice assignment per row.
         framed = itertools.chain.from_iterable(self._framed(rows))
-        tokens = np.fromiter(framed, dtype=np.int32, count=int(lengths.sum()))
-        self._buffer.append((tokens, lengths))
+        tokens = np.fromiter(framed, dtype=np.int32, count=int(row_lengths.sum()))
+        self._buffer.append((tokens, row_lengths))
         self._buffered += len(tokens)
-        self.rows += len(rows)
+        self.rows += count
         self.tokens += len(tokens)
         written = self.tokens - self._buffered
         if self._buffered >= min(self._flush_tokens, max(self._first_flush_tokens, written)):
             self._flush(final=False)
 
-    def _framed(self, rows: Sequence[Sequence[int]]) -> Iterator[Sequence[int]]:
+    def _framed(self, rows: Iterable[Sequence[int]]) -> Iterator[Sequence[int]]:
         for ids in rows:
             yield self._prefix
             yield ids

@@ -280,16 +280,16 @@ def _tokenize_shard(group: FileGroup[TokenizeConfig], writer: ShardWriter) -> di
     documents = _group_documents(group.paths, report, config.raw_input, empty_files)
     slot = _READING_SLOTS.get(config.output_path)
     for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size, BATCH_CHARS, slot):
-        rows: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
+        rows: dict[str, list[Encoding]] = {split: [] for split in SPLITS}
         for document, encoding in zip(batch, encodings, strict=True):
-            ids = encoding.ids
-            rows["validation" if in_validation(document["id"], config.validation_fraction) else "train"].append(ids)
+            split = "validation" if in_validation(document["id"], config.validation_fraction) else "train"
+            rows[split].append(encoding)
             source = document["source"] or NO_SOURCE
             by_source["docs"][source] += 1
-            by_source["tokens"][source] += len(ids) + len(prefix) + len(suffix)
+            by_source["tokens"][source] += len(encoding) + len(prefix) + len(suffix)
             by_source["bytes"][source] += len(document["text"].encode("utf-8"))
         for split in SPLITS:
-            parts[split].write(rows[split])
+            parts[split].write_encodings(rows[split])
     close_parts(parts.values())
     stats = flow_stats(report, report.docs, report.bytes)
     for split, part in parts.items():
