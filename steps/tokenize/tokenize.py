@@ -82,12 +82,15 @@ _HASH_RANGE = float(1 << 64)
 BATCH_CHARS = 1 << 19
 """An encode call also ends at this many characters of text: the next batch can encode while the last is
 written even in a small file, and a batch of huge documents stays bounded."""
-ENCODE_AHEAD = 3
+ENCODE_AHEAD = 6
 """Batches a shard group keeps encoding at once, each in a thread of its own, while it frames and writes one
-more: memory is one more than this many batches' texts and encodings, `BATCH_CHARS` each at most. A group
-running alone (the last one) thus still hands the tokenizer's pool several batches, so that one long
-document (bench_tokenize has one of 229k characters) does not leave a core idle while it is encoded: on
-bench_tokenize's 2 cores, 3 measured 0.947 of raw against 0.928 for 2 (best of 12 rounds, order rotated)."""
+more: memory is one more than this many batches' texts and encodings, `BATCH_CHARS` each at most (an
+encoded batch of 512k characters held 17 MB here, so about 120 MB a reading group). A group running alone
+(the last one) thus still hands the tokenizer's pool several batches, so that one long document
+(bench_tokenize has one of 229k characters) does not leave a core idle while it is encoded, and the pool
+keeps work queued while the group frames a batch: on bench_tokenize's 2 cores, 3 measured 0.947 of raw
+against 0.928 for 2 (best of 12 rounds, order rotated); then 6 measured 0.932 and 0.944 against 0.912 and
+0.932 for 3 (8: 0.929 and 0.944; best of 9 rounds, order rotated, two runs)."""
 _READING_SLOTS: dict[str, threading.BoundedSemaphore] = {}
 """Output path -> slots of a step whose groups run in threads of this process: `max_workers` of them. A group
 holds one while it reads and submits batches and gives it back once its last batch is submitted, so that the
