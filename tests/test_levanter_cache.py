@@ -116,3 +116,40 @@ def test_a_part_without_documents_leaves_no_folder(tmp_path):
     part.write([])
     part.close()
     assert writer.commit() == [] and not (tmp_path / "out" / "validation").exists()
+
+
+def test_encodings_are_written_as_their_ids_and_a_length_that_lies_is_refused(tmp_path):
+    """`write_encodings` (the tokenize step's path) leaves the bytes `write` leaves for the encodings' ids; an
+    encoding whose len() is not its number of ids fails loudly, naming the part, instead of shifting rows."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{f"w{index}": index + 3 for index in range(40)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    rng = np.random.default_rng(3)
+    texts = [" ".join(f"w{word}" for word in rng.integers(0, 40, size=int(size))) for size in rng.integers(0, 300, 25)]
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    written = {}
+    for how in ("ids", "encodings"):
+        writer = ShardWriter(str(tmp_path / how), "00000")
+        part = PartWriter(writer, "train/part-00000", METADATA, prefix=[BOS], suffix=[EOS], first_flush_tokens=500)
+        for start in range(0, len(encodings), 7):
+            batch = encodings[start : start + 7]
+            part.write([encoding.ids for encoding in batch]) if how == "ids" else part.write_encodings(batch)
+        part.close()
+        writer.commit()
+        written[how] = file_bytes(tmp_path / how / "train" / "part-00000")
+    assert written["encodings"] == written["ids"] and any(name.endswith("data/c/0") for name in written["ids"])
+
+    class Lying:
+        def __init__(self, ids: list[int], length: int):
+            self.ids, self.length = ids, length
+
+        def __len__(self) -> int:
+            return self.length
+
+    part = PartWriter(ShardWriter(str(tmp_path / "lying"), "00000"), "train/part-00000", METADATA)
+    with pytest.raises(ValueError, match=r"train/part-00000: 2 rows hold more ids than their lengths say"):
+        part.write_encodings([Lying([5, 6, 7], 3), Lying([8, 9], 1)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"train/part-00000: 1 rows hold fewer ids than their lengths say"):
+        part.write_encodings([Lying([5], 4)])  # type: ignore[list-item]

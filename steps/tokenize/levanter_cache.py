@@ -163,7 +163,15 @@ class PartWriter:
         row_lengths = np.fromiter(lengths, dtype=np.int64, count=count) + len(self._prefix) + len(self._suffix)
         # One pass over every id, framed, into the array: a fifth less time than a slice assignment per row.
         framed = itertools.chain.from_iterable(self._framed(rows))
-        tokens = np.fromiter(framed, dtype=np.int32, count=int(row_lengths.sum()))
+        try:
+            tokens = np.fromiter(framed, dtype=np.int32, count=int(row_lengths.sum()))
+            longer = next(framed, None) is not None
+        except ValueError as error:  # numpy: "iterator too short"
+            raise ValueError(f"{self._relative}: {count} rows hold fewer ids than their lengths say "
+                             f"({error})") from error  # fmt: skip
+        if longer:
+            raise ValueError(f"{self._relative}: {count} rows hold more ids than their lengths say; an "
+                             "encoding's len() must be its number of ids")  # fmt: skip
         self._buffer.append((tokens, row_lengths))
         self._buffered += len(tokens)
         self.rows += count
