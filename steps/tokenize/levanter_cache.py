@@ -104,10 +104,10 @@ class PartWriter:
     """Streams one shard group's documents of one split into a Levanter cache at `relative` under the
     step's output, through the shard's temp folder, so that it is committed with the shard.
 
-    Rows come as token id sequences (the `list[int]` a tokenizer returns) and are framed with `prefix` and
-    `suffix` (BOS, EOS). Each `write` turns its rows into one int32 array; the arrays are held until as many
-    tokens are buffered as were written before (at least `first_flush_tokens`, one stored chunk, and at most
-    `flush_tokens`), or the group closes, and then written in the background, in tensorstore's threads,
+    Rows come as token id sequences (`write`) or as `tokenizers` encodings (`write_encodings`) and are framed
+    with `prefix` and `suffix` (BOS, EOS). Each write turns its rows into one int32 array; the arrays are held
+    until as many tokens are buffered as were written before (at least `first_flush_tokens`, one stored chunk,
+    and at most `flush_tokens`), or the group closes, and then written in the background, in tensorstore's threads,
     while the group goes on encoding. Every write rewrites the array's one stored file (Levanter's spec
     puts 2^27 elements in a file), so writes that double what is written keep the rewritten bytes to about
     twice the file; a small part is written in one go, the row count going in with the offsets (see
