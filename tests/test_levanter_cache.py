@@ -33,11 +33,11 @@ def levanters_cache(path: Path, docs: list[list[int]]) -> None:
 
 
 def our_cache(
-    output: Path, docs: list[list[int]], flush_tokens: int, first_flush_tokens: int = 1 << 30
+    output: Path, docs: list[list[int]], flush_tokens: int, first_flush_tokens: int = 1 << 30, align_tokens: int = 1
 ) -> tuple[Path, list[dict]]:
     writer = ShardWriter(str(output), "00000")
     part = PartWriter(writer, "train/part-00000", METADATA, prefix=[BOS], suffix=[EOS], flush_tokens=flush_tokens,
-                      first_flush_tokens=first_flush_tokens)  # fmt: skip
+                      first_flush_tokens=first_flush_tokens, align_tokens=align_tokens)  # fmt: skip
     for start in range(0, len(docs), 10):
         part.write(docs[start : start + 10])
     part.close()
@@ -54,20 +54,23 @@ def array_metadata(cache: Path) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize(
-    ("flush_tokens", "first_flush_tokens"),
+    ("flush_tokens", "first_flush_tokens", "align_tokens"),
     [
-        pytest.param(1 << 30, 1 << 30, id="one-write-at-close"),
-        pytest.param(1, 1, id="a-write-per-batch"),  # close writes only the row count
-        pytest.param(5000, 1 << 30, id="writes-then-the-rest-at-close"),  # every second batch; the seventh at close
+        pytest.param(1 << 30, 1 << 30, 1, id="one-write-at-close"),
+        pytest.param(1, 1, 1, id="a-write-per-batch"),  # close writes only the offsets
+        pytest.param(5000, 1 << 30, 1, id="writes-then-the-rest-at-close"),  # every second batch; the seventh at close
         # In the background once 1000 tokens are held, then whenever as many are held as were written before.
-        pytest.param(1 << 30, 1000, id="doubling-writes"),
+        pytest.param(1 << 30, 1000, 1, id="doubling-writes"),
+        # The same, each write cut at a multiple of 700 tokens (the default cuts at the stored chunk, 262,144):
+        # the rest stays buffered, so rows straddle writes.
+        pytest.param(1 << 30, 1000, 700, id="doubling-writes-cut-at-700"),
     ],
 )
-def test_a_part_is_what_levanters_own_writer_leaves(tmp_path, flush_tokens, first_flush_tokens):
+def test_a_part_is_what_levanters_own_writer_leaves(tmp_path, flush_tokens, first_flush_tokens, align_tokens):
     docs = documents()
     theirs = tmp_path / "theirs"
     levanters_cache(theirs, docs)
-    ours, manifest = our_cache(tmp_path / "ours", docs, flush_tokens, first_flush_tokens)
+    ours, manifest = our_cache(tmp_path / "ours", docs, flush_tokens, first_flush_tokens, align_tokens)
 
     assert array_metadata(ours) == array_metadata(theirs)
     # Byte for byte: the arrays' stored files (compressed chunks, shard index) and the ledger, whichever
@@ -108,6 +111,22 @@ def test_a_part_writes_its_rows_while_the_group_goes_on_once_a_stored_chunk_is_h
     cache = load_cache(str(tmp_path / "out" / "train" / "part-00000"))
     stored = [row[TOKENS_FIELD].tolist() for row in cache.get_batch_sync(list(range(len(cache))))]
     assert stored == [[BOS, *ids, EOS] for ids in docs]
+
+
+def test_rows_without_tokens_are_kept(tmp_path):
+    """Unframed empty documents: rows of no token, which the part still counts and writes, as Levanter does."""
+    writer = ShardWriter(str(tmp_path / "out"), "00000")
+    part = PartWriter(writer, "train/part-00000", METADATA)
+    part.write([[], []])
+    part.close()
+    writer.commit()
+    ours = tmp_path / "out" / "train" / "part-00000"
+    with SerialCacheWriter(str(tmp_path / "theirs"), EXEMPLAR, metadata=CacheMetadata(METADATA)) as theirs:
+        theirs.write_batch({TOKENS_FIELD: [np.zeros((0,), dtype=np.int32)] * 2})
+    assert (part.rows, part.tokens) == (2, 0)
+    cache = load_cache(str(ours))
+    assert [row[TOKENS_FIELD].tolist() for row in cache.get_batch_sync([0, 1])] == [[], []]
+    assert file_bytes(ours) == file_bytes(tmp_path / "theirs")
 
 
 def test_a_part_without_documents_leaves_no_folder(tmp_path):

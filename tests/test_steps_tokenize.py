@@ -228,7 +228,7 @@ class _RendezvousTokenizer:
 
 
 def test_a_group_keeps_several_batches_encoding_at_once(tokenizer_path):
-    """At a group's end, and while its neighbour commits, the tokenizer's cores have only this group's batches
+    """At a group's end, and while its neighbour commits, the encoding threads have only this group's batches
     to work on: `ENCODE_AHEAD` of them are encoding while the caller frames and writes the one before."""
     assert ENCODE_AHEAD >= 2
     documents = [{"id": str(index), "text": f"document {index} " * 20} for index in range(12)]
@@ -242,6 +242,52 @@ def test_a_group_keeps_several_batches_encoding_at_once(tokenizer_path):
     for batch, encodings in batches:
         expected = tokenizer.encode_batch_fast([d["text"] for d in batch], add_special_tokens=False)
         assert [encoding.ids for encoding in encodings] == [encoding.ids for encoding in expected]
+
+
+class _PoolWatchingTokenizer:
+    """The real tokenizer, noting for each encode call its thread and what TOKENIZERS_PARALLELISM said."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self.calls: list[tuple[str, str | None]] = []
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        self.calls.append((threading.current_thread().name, os.environ.get("TOKENIZERS_PARALLELISM")))
+        return self._tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+
+@pytest.mark.parametrize("setting", [None, "true"])
+def test_batches_encode_in_the_steps_threads_with_the_tokenizers_pool_off_and_the_setting_comes_back(
+    tokenizer_path, monkeypatch, setting
+):
+    """Each batch encodes in one of the step's encoding threads with `tokenizers`' own pool off (it reads
+    TOKENIZERS_PARALLELISM at every call), so that batches end in the order they started instead of all
+    together at a group's end; once the group is done the variable is as it was, unset or set."""
+    if setting is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", setting)
+    documents = [{"id": str(index), "text": f"document {index} " * 20} for index in range(9)]
+    watching = _PoolWatchingTokenizer(load_tokenizer(tokenizer_path))
+    batches = list(_encoded_batches(watching, iter(documents), 2, 1 << 20))  # type: ignore[arg-type]
+    assert [document["id"] for batch, _ in batches for document in batch] == [str(index) for index in range(9)]
+    assert len(watching.calls) == 5
+    assert all(name.startswith("encode") and value == "false" for name, value in watching.calls), watching.calls
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == setting
+
+
+def test_the_tokenizers_pool_stays_off_until_the_last_group_of_the_process_ends(tokenizer_path, monkeypatch):
+    """Groups of one process overlap (threads): the first to start turns the pool off, the last to end puts the
+    setting back, and one ending meanwhile leaves it off for the other."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    tokenizer = load_tokenizer(tokenizer_path)
+    documents = [{"id": str(index), "text": f"document {index}"} for index in range(4)]
+    first = _encoded_batches(tokenizer, iter(documents), 2, 1 << 20)
+    second = _encoded_batches(tokenizer, iter(documents), 2, 1 << 20)
+    next(first), next(second)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    assert len(list(first)) == 1 and os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    assert len(list(second)) == 1 and os.environ["TOKENIZERS_PARALLELISM"] == "true"
 
 
 class _HandOverTokenizer:

@@ -107,14 +107,15 @@ class PartWriter:
     Rows come as token id sequences (`write`) or as `tokenizers` encodings (`write_encodings`) and are framed
     with `prefix` and `suffix` (BOS, EOS). Each write turns its rows into one int32 array; the arrays are held
     until as many tokens are buffered as were written before (at least `first_flush_tokens`, one stored chunk,
-    and at most `flush_tokens`), or the group closes, and then written in the background, in tensorstore's threads,
-    while the group goes on encoding. Every write rewrites the array's one stored file (Levanter's spec
-    puts 2^27 elements in a file), so writes that double what is written keep the rewritten bytes to about
-    twice the file; a small part is written in one go, the row count going in with the offsets (see
-    `_ArrayPair`). The two arrays are created in the background from the first row on too, so that closing
-    a part compresses and writes only the last half at most: a group's close sits between its last encoding
-    and the next group's first (or the step's end), where the tokenizer's cores idle. An empty group
-    creates nothing and leaves no sub-cache."""
+    and at most `flush_tokens`), and then written in the background, in tensorstore's threads, while the group
+    goes on encoding: up to the last multiple of `align_tokens` (a stored chunk of 262,144), the rest staying
+    buffered, so that no chunk is compressed twice. Every write rewrites the array's one stored file (Levanter's
+    spec puts 2^27 elements in a file), so writes that double what is written keep the rewritten bytes to about
+    twice the file. The close writes the rest, and the offsets (row count and row ends) once, whole, beside it
+    (see `_ArrayPair`). The two arrays are created in the background from the first row on too, so that closing
+    a part compresses and writes only what came since the last write: a group's close sits between its last
+    encoding and the next group's first (or the step's end), where cores idle. An empty group creates nothing
+    and leaves no sub-cache."""
 
     def __init__(
         self,
@@ -125,6 +126,7 @@ class PartWriter:
         suffix: Sequence[int] = (),
         flush_tokens: int = 1 << 24,
         first_flush_tokens: int = jagged_array.DEFAULT_CHUNK_SIZE,
+        align_tokens: int = jagged_array.DEFAULT_CHUNK_SIZE,
     ):
         self._writer = writer
         self._relative = relative
@@ -133,11 +135,13 @@ class PartWriter:
         self._suffix = list(suffix)
         self._flush_tokens = flush_tokens
         self._first_flush_tokens = first_flush_tokens
+        self._align_tokens = align_tokens
         self._arrays: _ArrayPair | None = None
         self._opening: tuple[ts.Future, ts.Future] | None = None
         self._temp = ""
-        self._buffer: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, row lengths) of each write
+        self._buffer: list[np.ndarray] = []  # the tokens of each write since the last flush
         self._buffered = 0
+        self._ends: list[np.ndarray] = []  # each write's row ends: offsets, written at close
         self.rows = 0
         self.tokens = 0
 
@@ -172,7 +176,8 @@ class PartWriter:
         if longer:
             raise ValueError(f"{self._relative}: {count} rows hold more ids than their lengths say; an "
                              "encoding's len() must be its number of ids")  # fmt: skip
-        self._buffer.append((tokens, row_lengths))
+        self._ends.append(np.cumsum(row_lengths) + self.tokens)
+        self._buffer.append(tokens)
         self._buffered += len(tokens)
         self.rows += count
         self.tokens += len(tokens)
@@ -187,18 +192,23 @@ class PartWriter:
             yield self._suffix
 
     def _flush(self, final: bool) -> None:
+        """Start writing the buffered tokens, up to the last whole stored chunk unless `final`: the rest stays
+        buffered, so that no chunk is compressed twice (rows may straddle a write: offsets come at close)."""
         if self._buffer:
-            if self._arrays is None:
-                assert self._opening is not None  # write() started opening them with the rows it buffered
-                self._arrays = _ArrayPair.opened(self._opening)
-            tokens = np.concatenate([tokens for tokens, _ in self._buffer])
-            lengths = np.concatenate([lengths for _, lengths in self._buffer])
-            self._buffer, self._buffered = [], 0
-            self._arrays.append(tokens, lengths, final_rows=self.rows if final else None)
-        elif final and self._arrays is not None:
-            self._arrays.set_rows(self.rows)
-        if final and self._arrays is not None:
-            self._arrays.wait()
+            tokens = np.concatenate(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
+            keep = 0 if final else self.tokens % self._align_tokens
+            if keep < len(tokens):
+                self._opened().append(tokens[: len(tokens) - keep])
+                self._buffer = [tokens[len(tokens) - keep :]] if keep else []
+                self._buffered = keep
+        if final and self.rows:
+            self._opened().finish(np.concatenate([[self.rows], *self._ends]))
+
+    def _opened(self) -> _ArrayPair:
+        if self._arrays is None:
+            assert self._opening is not None  # _append started opening them with the rows it buffered
+            self._arrays = _ArrayPair.opened(self._opening)
+        return self._arrays
 
     def close(self) -> None:
         """Write what is buffered and the sub-cache's own ledger (what Levanter's `SerialCacheWriter` leaves);
@@ -235,14 +245,16 @@ class _ArrayPair:
     opens them as if its `SerialCacheWriter` had written them (`tests/test_levanter_cache.py` compares
     the metadata and the file bytes). Written here rather than through `JaggedArrayStore.extend`, which writes
     the row count as a separate read-modify-write of the offsets after every batch, on arrays opened
-    one after the other with tensorstore's default of an fsync per file write: about 3 ms per write
-    here, 20 ms per shard group of two splits, against about 6 ms now. Local files are made durable as
-    the executor's own are, by the atomic commit (a rename) after a complete write, not by fsync."""
+    one after the other with tensorstore's default of an fsync per file write. Here `data` is written as tokens
+    come and `offsets` once, whole, when the part finishes (its writer holds them until then: 8 bytes a row,
+    0.8 MB for 10^5 documents), the row count in the same write: closing a part then waits for the last data
+    and one offsets write side by side, not for a data write and then a read-modify-write of offsets[0]. Local
+    files are made durable as the executor's own are, by the atomic commit (a rename) after a complete write,
+    not by fsync."""
 
     def __init__(self, offsets: ts.TensorStore, data: ts.TensorStore):
         self._offsets = offsets
         self._data = data
-        self._rows = 0
         self._tokens = 0
         self._writing: list[ts.WriteFutures] = []
         self._sources: list[np.ndarray] = []  # what the writes in flight read from, alive until they end
@@ -262,28 +274,19 @@ class _ArrayPair:
         offsets, data = opening
         return _ArrayPair(offsets.result(), data.result())
 
-    def append(self, tokens: np.ndarray, lengths: np.ndarray, final_rows: int | None) -> None:
-        """Start appending rows (`tokens` end to end, `lengths` each); with `final_rows`, also the row count.
-        The writes run in tensorstore's threads until `wait`; the previous ones are waited for first, since
-        two writes into one stored file must not interleave."""
+    def append(self, tokens: np.ndarray) -> None:
+        """Start appending `tokens` to `data`. The write runs in tensorstore's threads until `wait`; the previous
+        one is waited for first, since two writes into one stored file must not interleave."""
         self.wait()
-        ends = np.cumsum(lengths) + self._tokens
-        first = self._rows + 1
-        if final_rows is not None and self._rows == 0:  # the whole array in one write
-            ends, first = np.concatenate([[final_rows], ends]), 0
-        self._writing = [
-            self._data[self._tokens : self._tokens + len(tokens)].write(tokens),
-            self._offsets[first : first + len(ends)].write(ends),
-        ]
-        self._sources = [tokens, ends]
-        self._rows += len(lengths)
+        self._writing = [self._data[self._tokens : self._tokens + len(tokens)].write(tokens)]
+        self._sources = [tokens]
         self._tokens += len(tokens)
-        if final_rows is not None and first != 0:
-            self.set_rows(final_rows)
 
-    def set_rows(self, rows: int) -> None:
+    def finish(self, offsets: np.ndarray) -> None:
+        """Write `offsets` (the row count, then every row's end) beside the last data write; wait for both."""
+        self._writing.append(self._offsets[: len(offsets)].write(offsets))
+        self._sources.append(offsets)
         self.wait()
-        self._offsets[0].write(rows).result()
 
     def wait(self) -> None:
         """Wait for the writes in flight; a failed one raises here."""

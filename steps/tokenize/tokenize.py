@@ -15,7 +15,7 @@
 Shard groups of consecutive input files up to `group_bytes` (`steps/tokenize/groups.py`: a file that big
 or bigger is a group of its own), run with `run_sharded` (Ray tasks or processes): the group reads its
 files' documents in order with the one document reader (`steps/data/documents.py`: bad lines are counted, not fatal),
-encodes them in batches with HF `tokenizers` (`encode_batch_fast`, threads in Rust), frames each
+encodes them in batches with HF `tokenizers` (`encode_batch_fast`, in the process's encoding threads), frames each
 document as Levanter's `BatchTokenizer` does (BOS when the tokenizer has one, the text's ids, EOS),
 and streams them into two Levanter sub-caches, `train/part-<group>/` and `validation/part-<group>/`
 (`steps/tokenize/levanter_cache.py`). The group is committed with its marker; a restarted step redoes only
@@ -79,18 +79,23 @@ SPLITS = ("train", "validation")
 COMPONENTS_FILE = "components.json"
 NO_SOURCE = "(none)"
 _HASH_RANGE = float(1 << 64)
-BATCH_CHARS = 1 << 19
-"""An encode call also ends at this many characters of text: the next batch can encode while the last is
-written even in a small file, and a batch of huge documents stays bounded."""
-ENCODE_AHEAD = 6
-"""Batches a shard group keeps encoding at once, each in a thread of its own, while it frames and writes one
-more: memory is one more than this many batches' texts and encodings, `BATCH_CHARS` each at most (an
-encoded batch of 512k characters held 17 MB here, so about 120 MB a reading group). A group running alone
-(the last one) thus still hands the tokenizer's pool several batches, so that one long document
-(bench_tokenize has one of 229k characters) does not leave a core idle while it is encoded, and the pool
-keeps work queued while the group frames a batch: on bench_tokenize's 2 cores, 3 measured 0.947 of raw
-against 0.928 for 2 (best of 12 rounds, order rotated); then 6 measured 0.932 and 0.944 against 0.912 and
-0.932 for 3 (8: 0.929 and 0.944; best of 9 rounds, order rotated, two runs)."""
+BATCH_CHARS = 1 << 17
+"""An encode call also ends at this many characters of text: batches small enough that the encoding threads
+finish their last ones close together at a group's end (one long document still makes a batch of its own
+length), and a batch of huge documents stays bounded."""
+ENCODE_THREADS = max(2, os.cpu_count() or 1)
+"""Threads encoding batches in this process (`_encoders`), each one batch at a time with the tokenizer's own
+thread pool off (`_tokenizer_pool_off`): `encode_batch_fast` then encodes in the calling thread with the GIL
+released. The tokenizer's pool (rayon) spreads each call over every core instead, and several calls at once
+nest on its threads' stacks, so that they all end together at the very end of a group, where their framing
+then runs on one core while the others idle; it also spent a tenth more CPU on the same batch here (0.116-0.128
+CPU-s against 0.105 serial). On bench_tokenize's 2 cores, this measured 1.03-1.10 of raw `encode_batch_fast`
+against 0.95-0.99 for six batches at once through the tokenizer's pool (best of 9 rounds, order rotated)."""
+ENCODE_AHEAD = ENCODE_THREADS
+"""Batches a shard group keeps encoding at once while it frames and writes one more: a group running alone
+(the last one) keeps every encoding thread busy. Memory is one more than this many batches' texts and
+encodings, `BATCH_CHARS` each at most (an encoded batch of 512k characters held 17 MB here, so about 4 MB a
+batch of 128k)."""
 _READING_SLOTS: dict[str, threading.BoundedSemaphore] = {}
 """Output path -> slots of a step whose groups run in threads of this process: `max_workers` of them. A group
 holds one while it reads and submits batches and gives it back once its last batch is submitted, so that the
@@ -322,24 +327,79 @@ def _encoded_batches(
     batch_chars: int,
     slot: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Iterator[tuple[tuple[dict[str, Any], ...], list[Encoding]]]:
-    """Batches of documents with their encodings, in order. Up to `ENCODE_AHEAD` batches encode in helper
-    threads while the caller handles the one before and the next is read: `encode_batch_fast` releases the
-    GIL, so the Python work (reading, framing, writing) runs beside the Rust encoding instead of idling its
-    cores, and a group running alone (the last one, or its neighbour between groups) still gives the
-    tokenizer's thread pool more than one batch to spread over the cores. `slot` is held while reading and
-    submitting (see `_READING_SLOTS`) and given back before the last batches are waited for."""
-    with ThreadPoolExecutor(ENCODE_AHEAD, thread_name_prefix="encode") as encoder:
+    """Batches of documents with their encodings, in order. Up to `ENCODE_AHEAD` batches encode in the
+    process's encoding threads while the caller handles the one before and the next is read:
+    `encode_batch_fast` releases the GIL, so the Python work (reading, framing, writing) runs beside the Rust
+    encoding instead of idling its cores. `slot` is held while reading and submitting (see `_READING_SLOTS`)
+    and given back before the last batches are waited for."""
+    encoders = _encoders()
+    with _tokenizer_pool_off():
         ahead: deque[tuple[tuple[dict[str, Any], ...], Future[list[Encoding]]]] = deque()
-        with slot or contextlib.nullcontext():
-            for batch in _batches(documents, batch_size, batch_chars):
-                texts = [document["text"] for document in batch]
-                ahead.append((batch, encoder.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)))
-                if len(ahead) > ENCODE_AHEAD:
-                    done, encoding = ahead.popleft()
-                    yield done, encoding.result()
-        while ahead:
-            done, encoding = ahead.popleft()
-            yield done, encoding.result()
+        try:
+            with slot or contextlib.nullcontext():
+                for batch in _batches(documents, batch_size, batch_chars):
+                    texts = [document["text"] for document in batch]
+                    encoding = encoders.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
+                    ahead.append((batch, encoding))
+                    if len(ahead) > ENCODE_AHEAD:
+                        done, encoding = ahead.popleft()
+                        yield done, encoding.result()
+            while ahead:
+                done, encoding = ahead.popleft()
+                yield done, encoding.result()
+        finally:  # a failed or abandoned group leaves no batch of its encoding after the pool is back on
+            for _, encoding in ahead:
+                encoding.cancel() or encoding.exception()
+
+
+_ENCODERS: ThreadPoolExecutor | None = None
+_ENCODERS_LOCK = threading.Lock()
+
+
+def _encoders() -> ThreadPoolExecutor:
+    """The process's `ENCODE_THREADS` encoding threads, shared by the groups running in it, so that threads
+    never outnumber cores however many groups read at once, and a group running alone uses them all."""
+    global _ENCODERS
+    with _ENCODERS_LOCK:
+        if _ENCODERS is None:
+            _ENCODERS = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="encode")
+        return _ENCODERS
+
+
+def _forget_encoders() -> None:
+    global _ENCODERS
+    _ENCODERS = None  # a forked child has none of its parent's threads: it starts its own
+
+
+os.register_at_fork(after_in_child=_forget_encoders)
+
+_POOL_VARIABLE = "TOKENIZERS_PARALLELISM"
+_POOL_LOCK = threading.Lock()
+_pool_off_users = 0
+_pool_setting_before: str | None = None
+
+
+@contextlib.contextmanager
+def _tokenizer_pool_off() -> Iterator[None]:
+    """`tokenizers`' own thread pool off (TOKENIZERS_PARALLELISM=false, which it reads at every call) while any
+    group of this process encodes; the variable is as it was once the last one ends. It is the process's
+    environment: another caller of `tokenizers` in this process meanwhile encodes in its calling thread too."""
+    global _pool_off_users, _pool_setting_before
+    with _POOL_LOCK:
+        if _pool_off_users == 0:
+            _pool_setting_before = os.environ.get(_POOL_VARIABLE)
+            os.environ[_POOL_VARIABLE] = "false"
+        _pool_off_users += 1
+    try:
+        yield
+    finally:
+        with _POOL_LOCK:
+            _pool_off_users -= 1
+            if _pool_off_users == 0:
+                if _pool_setting_before is None:
+                    os.environ.pop(_POOL_VARIABLE, None)
+                else:
+                    os.environ[_POOL_VARIABLE] = _pool_setting_before
 
 
 def _batches(
