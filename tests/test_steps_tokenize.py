@@ -4,8 +4,8 @@ SIGKILL, and refuse bad input with errors that name the step."""
 
 from __future__ import annotations
 
-import importlib
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -25,6 +25,7 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError
 from executor.shard_writer import read_shard_markers
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
+from steps.tokenize import tokenize as tokenize_module
 from steps.tokenize.levanter_cache import UnsupportedCachePathError, load_cache
 from steps.tokenize.tokenize import (
     ENCODE_AHEAD,
@@ -290,6 +291,30 @@ def test_the_tokenizers_pool_stays_off_until_the_last_group_of_the_process_ends(
     assert len(list(second)) == 1 and os.environ["TOKENIZERS_PARALLELISM"] == "true"
 
 
+def _encode_in_child(tokenizer_path: str, results) -> None:
+    documents = [{"id": str(index), "text": f"document {index}"} for index in range(5)]
+    batches = _encoded_batches(load_tokenizer(tokenizer_path), iter(documents), 2, 1 << 20)
+    results.put([len(encodings) for _, encodings in batches])
+
+
+def test_a_forked_child_encodes_with_threads_of_its_own(tokenizer_path):
+    """The encoding threads are the process's: a child forked after they started (their objects copied, the
+    threads not) starts its own instead of queueing batches for threads it does not have."""
+    threads = tokenize_module.ENCODE_THREADS
+    everyone = threading.Barrier(threads, timeout=60)  # every encoding thread started, then the fork
+    for waiting in [tokenize_module._encoders().submit(everyone.wait) for _ in range(threads)]:
+        waiting.result()
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    child = fork.Process(target=_encode_in_child, args=(tokenizer_path, results))
+    child.start()
+    child.join(timeout=60)  # a deadlock guard, not a timing
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child never got its batches encoded")
+    assert child.exitcode == 0 and results.get(timeout=5) == [2, 2, 1]
+
+
 class _HandOverTokenizer:
     """The real tokenizer, whose encode call of file a's last batch waits (up to a deadlock guard) for file b's
     first encode call, noting whether a's group had committed by then."""
@@ -325,7 +350,6 @@ def test_the_next_group_encodes_while_the_last_one_finishes_and_commits(tmp_path
     output = tmp_path / "out"
     real = load_tokenizer(tokenizer_path)
     hand_over = _HandOverTokenizer(real, output)
-    tokenize_module = importlib.import_module("steps.tokenize.tokenize")
     special = tokenize_module._framing(tokenizer_path)[1]
     monkeypatch.setattr(tokenize_module, "_framing", lambda path: (hand_over, special))
     tokenize(TokenizeConfig(input_paths=[inputs], tokenizer_path=tokenizer_path, output_path=str(output),

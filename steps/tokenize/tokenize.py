@@ -87,10 +87,10 @@ ENCODE_THREADS = max(2, os.cpu_count() or 1)
 """Threads encoding batches in this process (`_encoders`), each one batch at a time with the tokenizer's own
 thread pool off (`_tokenizer_pool_off`): `encode_batch_fast` then encodes in the calling thread with the GIL
 released. The tokenizer's pool (rayon) spreads each call over every core instead, and several calls at once
-nest on its threads' stacks, so that they all end together at the very end of a group, where their framing
-then runs on one core while the others idle; it also spent a tenth more CPU on the same batch here (0.116-0.128
-CPU-s against 0.105 serial). On bench_tokenize's 2 cores, this measured 1.03-1.10 of raw `encode_batch_fast`
-against 0.95-0.99 for six batches at once through the tokenizer's pool (best of 9 rounds, order rotated)."""
+nest on its threads' stacks, so that the six a group kept in flight all ended together at the group's very
+end, where their framing then ran on one core while the other idled (30 ms of bench_tokenize's ~950). Three
+default runs of bench_tokenize on 2 cores: 0.964, 0.939 and 0.972 of raw `encode_batch_fast`, against 0.926,
+0.929 and 0.949 for six batches at once through the tokenizer's pool."""
 ENCODE_AHEAD = ENCODE_THREADS
 """Batches a shard group keeps encoding at once while it frames and writes one more: a group running alone
 (the last one) keeps every encoding thread busy. Memory is one more than this many batches' texts and
@@ -357,8 +357,8 @@ _ENCODERS_LOCK = threading.Lock()
 
 
 def _encoders() -> ThreadPoolExecutor:
-    """The process's `ENCODE_THREADS` encoding threads, shared by the groups running in it, so that threads
-    never outnumber cores however many groups read at once, and a group running alone uses them all."""
+    """The process's `ENCODE_THREADS` encoding threads, shared by the groups running in it, so that its threads
+    do not outnumber the cores however many of its groups read at once, and a group running alone uses them all."""
     global _ENCODERS
     with _ENCODERS_LOCK:
         if _ENCODERS is None:
@@ -366,17 +366,20 @@ def _encoders() -> ThreadPoolExecutor:
         return _ENCODERS
 
 
-def _forget_encoders() -> None:
-    global _ENCODERS
-    _ENCODERS = None  # a forked child has none of its parent's threads: it starts its own
-
-
-os.register_at_fork(after_in_child=_forget_encoders)
-
 _POOL_VARIABLE = "TOKENIZERS_PARALLELISM"
 _POOL_LOCK = threading.Lock()
 _pool_off_users = 0
 _pool_setting_before: str | None = None
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: no encoding thread, no group encoding, no lock holder."""
+    global _ENCODERS, _ENCODERS_LOCK, _POOL_LOCK, _pool_off_users
+    _ENCODERS, _ENCODERS_LOCK = None, threading.Lock()
+    _POOL_LOCK, _pool_off_users = threading.Lock(), 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
