@@ -199,7 +199,8 @@ class PartWriter:
             keep = 0 if final else self.tokens % self._align_tokens
             if keep < len(tokens):
                 self._opened().append(tokens[: len(tokens) - keep])
-                self._buffer = [tokens[len(tokens) - keep :]] if keep else []
+                # a copy of the rest (under a chunk), so the written array is freed once its write ends
+                self._buffer = [tokens[len(tokens) - keep :].copy()] if keep else []
                 self._buffered = keep
         if final and self.rows:
             self._opened().finish(np.concatenate([[self.rows], *self._ends]))
