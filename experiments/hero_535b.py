@@ -312,6 +312,8 @@ class HeroDag:
     """Rung name -> (rung, its evaluate step)."""
     scaling: ExecutorStep
     hero_eval: ExecutorStep
+    recipe: Recipe
+    """What every rung shares (its expert capacity and eval batch size the plans)."""
 
 
 def _data_chain(scale: Scale, downloads: dict[str, ExecutorStep], classifier: ExecutorStep, eval_paths: list[Any],
@@ -413,7 +415,8 @@ def build_dag(scale: Scale) -> HeroDag:
     trains[scale.hero.name] = (scale.hero, hero)
     evaluates[scale.hero.name] = (scale.hero, hero_eval)
     steps += [scaling, hero, hero_eval]
-    return HeroDag(steps=steps, trains=trains, evaluates=evaluates, scaling=scaling, hero_eval=hero_eval)
+    return HeroDag(steps=steps, trains=trains, evaluates=evaluates, scaling=scaling, hero_eval=hero_eval,
+                   recipe=scale.recipe)  # fmt: skip
 
 
 def step_plans(dag: HeroDag) -> dict[ExecutorStep, ParallelismPlan]:
@@ -421,7 +424,7 @@ def step_plans(dag: HeroDag) -> dict[ExecutorStep, ParallelismPlan]:
     plans = {}
     for steps, training in ((dag.trains, True), (dag.evaluates, False)):
         for rung, step in steps.values():
-            plan = rung.plan(training)
+            plan = rung.plan(dag.recipe, training)
             if plan is not None:
                 plans[step] = plan
     return plans
@@ -430,7 +433,7 @@ def step_plans(dag: HeroDag) -> dict[ExecutorStep, ParallelismPlan]:
 def refuse_what_does_not_fit(dag: HeroDag) -> None:
     """Raise PlanDoesNotFitError for the first train or evaluate step whose plan does not fit its devices."""
     for step, plan in step_plans(dag).items():
-        refuse_unless_fits(f"{step.name} ({step.description})", plan)
+        refuse_unless_fits(f"{step.name} ({step.description})", plan, step.config.shape.value)
 
 
 def check_sources(scale: Scale) -> list[str]:
@@ -474,15 +477,16 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
             f"  {rung.name:>6}: {figures['total_params'] / 1e9:8.3f}B total, {figures['active_params'] / 1e9:7.3f}B "
             f"active, {rung.tokens:.3g} tokens, {rung.flops:.2g} FLOPs"
         )
-        plan, hours = rung.plan(), rung.hours(PLANNING_MFU)
+        plan, hours = rung.plan(dag.recipe), rung.hours(PLANNING_MFU)
         if plan is not None and hours is not None:
             memory = plan.memory
             print(
                 f"          {plan.hosts} hosts x {plan.devices // plan.hosts} {plan.hardware} = {plan.devices} devices,"
-                f" mesh {plan.mesh}, microbatch {plan.microbatch}, {memory.total / 1e9:.1f} GB/device of "
-                f"{plan.memory_limit_bytes / 1e9:.0f} (params {memory.parameters / 1e9:.1f}, grads "
-                f"{memory.gradients / 1e9:.1f}, optimizer {memory.optimizer_state / 1e9:.1f}, activations "
-                f"{memory.activations / 1e9:.1f}){'' if plan.fits else ' DOES NOT FIT'}, {hours:,.1f} hours"
+                f" mesh {plan.mesh}, microbatch {plan.microbatch}, remat {plan.remat},"
+                f" {memory.total / 1e9:.1f} GB/device of {plan.memory_limit_bytes / 1e9:.0f} (params"
+                f" {memory.parameters / 1e9:.1f}, grads {memory.gradients / 1e9:.1f}, optimizer {memory.optimizer_state / 1e9:.1f}, activations "
+                f"{memory.activations / 1e9:.1f}, dispatch {memory.dispatch / 1e9:.1f})"
+                f"{'' if plan.fits else ' DOES NOT FIT'}, {hours:,.1f} hours"
             )
             device_hours += hours * plan.devices
         total_tokens += rung.tokens

@@ -46,13 +46,14 @@ class Rung:
     learning_rate: float | None = None
     """Its own peak learning rate (None: the recipe's; versioned either way)."""
 
-    def plan(self, training: bool = True) -> ParallelismPlan | None:
-        """The parallelism and memory plan of its train (or evaluate: forward only, the largest per-device
-        microbatch of a train batch that fits) step on `hardware`; None without one."""
+    def plan(self, recipe: Recipe, training: bool = True) -> ParallelismPlan | None:
+        """The parallelism and memory plan of its train step (its batch) or evaluate step (forward only, on the
+        recipe's eval batch), with the recipe's expert capacity, on `hardware`; None without one."""
         if self.hardware is None:
             return None
-        batch = self.batch_size
-        return plan_parallelism(self.shape, batch, self.hardware, self.devices, training=training)
+        batch = self.batch_size if training else recipe.eval_batch_size
+        return plan_parallelism(self.shape, batch, self.hardware, self.devices, training=training,
+                                capacity_factor=recipe.capacity_factor)  # fmt: skip
 
     def hours(self, planning_mfu: float) -> float | None:
         """Wall-clock hours of its training at `planning_mfu` on its devices (None without hardware)."""
@@ -116,6 +117,11 @@ class Recipe:
 def _microbatch(plan: ParallelismPlan | None) -> int:
     """Levanter's `per_device_parallelism` for a plan: its microbatch, or -1 (the whole batch) without one."""
     return -1 if plan is None else plan.microbatch
+
+
+def _remat(plan: ParallelismPlan | None) -> str:
+    """The train step's remat policy for a plan: the plan's, or none (tiny CPU runs have memory to spare)."""
+    return "none" if plan is None else plan.remat
 
 
 def _mesh(plan: ParallelismPlan | None) -> dict[str, int] | None:
@@ -197,8 +203,9 @@ def default_train(
             checkpoint_every_steps=max(1, rung.steps // recipe.checkpoints_per_run),
             temporary_checkpoint_seconds=recipe.temporary_checkpoint_seconds,
             peak_flops_per_device=recipe.peak_flops_per_device,
-            per_device_parallelism=_microbatch(rung.plan()),
-            mesh=_mesh(rung.plan()),
+            per_device_parallelism=_microbatch(rung.plan(recipe)),
+            remat=_remat(rung.plan(recipe)),
+            mesh=_mesh(rung.plan(recipe)),
             prediction_path=None if prediction is None else output_path_of(prediction),
         ),
         resources=rung.resources,
@@ -247,7 +254,7 @@ def default_evaluate(
             output_path=THIS_OUTPUT_PATH,
             batch_size=recipe.eval_batch_size,
             max_batches=versioned(recipe.eval_batches),
-            mesh=_mesh(rung.plan(training=False)),
+            mesh=_mesh(rung.plan(recipe, training=False)),
             eval_suite_path=None if eval_suite is None else output_path_of(eval_suite),
             **versioned_unless_default(
                 EvaluateConfig, router_combine=recipe.router_combine, router_combine_sum=recipe.router_combine_sum

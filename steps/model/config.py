@@ -20,6 +20,9 @@ from steps.model.model_size import MoeShape
 
 ROUTER_COMBINES = ("softmax", "sigmoid")
 """The gate functions `MoeArchitecture.router_combine` may name."""
+REMAT_POLICIES = ("none", "layer", "period")
+"""What the backward pass recomputes (`MoeArchitecture.remat`; steps/model/moe_layers.py): nothing, each layer from
+its input, or each local/global period from its input."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,11 @@ class MoeArchitecture(Qwen3MoeConfig):
     `norm_topk_prob` the chosen weights are then rescaled to sum to `router_combine_sum`."""
     router_combine_sum: float = 1.0
     """What each token's chosen weights sum to after renormalisation (the hero: 2.5 with "sigmoid")."""
+    remat: str = "none"
+    """Rematerialisation (`REMAT_POLICIES`): "none" keeps every layer's intermediates for the backward pass;
+    "layer" keeps each layer's input and recomputes its intermediates; "period" keeps each local/global period's
+    input and recomputes its layers. It changes memory and time, never the numbers computed; the memory plan
+    (steps/train/parallelism.py) chooses it. Levanter's inherited `gradient_checkpointing` is not read."""
 
     def __post_init__(self) -> None:
         self._check_attention()  # before Levanter's, which asserts
@@ -77,6 +85,8 @@ class MoeArchitecture(Qwen3MoeConfig):
         if self.expert_latent_dim is not None and self.expert_latent_dim <= 0:
             raise ValueError(f"expert_latent_dim must be positive or None, got {self.expert_latent_dim}")
         self._check_combine()
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
 
     def _check_combine(self) -> None:
         if self.router_combine not in ROUTER_COMBINES:

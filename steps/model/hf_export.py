@@ -102,6 +102,7 @@ _RUN_TIME_FIELDS = frozenset(
         "tokenizer",
         "reference_checkpoint",
         "gradient_checkpointing",
+        "remat",
         "scan_layers",
         "attn_backend",
         "flash_attention_block_size",

@@ -47,10 +47,11 @@ def qwen3_moe_config(
     capacity_factor: float | None = None,
     router_combine: str = "softmax",
     router_combine_sum: float = 1.0,
+    remat: str = "none",
 ) -> MoeConfig:
     """The MoE model config for `shape` (Levanter's Qwen3-MoE, extended by steps/model/moe_model.py); an impossible
-    shape or options raise ValueError naming `step`. `capacity_factor`, `router_combine` and
-    `router_combine_sum`: see `MoeArchitecture` (steps/model/config.py).
+    shape or options raise ValueError naming `step`. `capacity_factor`, `router_combine`, `router_combine_sum`
+    and `remat`: see `MoeArchitecture` (steps/model/config.py).
 
     The tokenizer folder doubles as the HF reference checkpoint: Levanter builds an HF converter for every
     HF-compatible model and would otherwise fetch the Qwen3 reference's tokenizer from the hub."""
@@ -61,6 +62,7 @@ def qwen3_moe_config(
             capacity_factor=capacity_factor,
             router_combine=router_combine,
             router_combine_sum=router_combine_sum,
+            remat=remat,
         )
     except ValueError as error:
         raise ValueError(f"{step}: {error}") from error
@@ -96,8 +98,7 @@ def _moe_config(
         shared_expert_intermediate_dim=shape.shared_width if shape.n_shared_experts else 0,
         tokenizer=tokenizer_path,
         reference_checkpoint=tokenizer_path,
-        # Rematerialisation trades compute for memory; tiny CPU runs have memory to spare.
-        gradient_checkpointing=False,
+        gradient_checkpointing=False,  # not read: `remat` says what is recomputed
     )
 
 

@@ -16,6 +16,11 @@ layer, so an all-global model is a plain scan over its layers.
 Levanter's GPU default kernel (NVTE) ignores sliding windows, so local layers run its JAX flash attention on
 GPUs (`windowed_backend`); global layers keep the configured kernel.
 
+Rematerialisation follows `MoeArchitecture.remat`, one unit at a time so that nothing is recomputed twice:
+"layer" checkpoints the local stack per layer (haliax's policy: each layer's input is kept) and wraps each global
+layer in `jax.checkpoint`; "period" checkpoints the stack of periods (and the tail) as units of `global_every`
+layers; "none" keeps everything. steps/train/parallelism.py prices exactly these units.
+
 `MoeTransformer.layers_in_order` unstacks the tree (a model, or a gradient of one) into its layers in depth
 order, which is how the router figures name layers.
 """
@@ -90,6 +95,22 @@ def _scan(
     return x, {name: hax.sum(term, axis=stack.Block) for name, term in stacked.items()}
 
 
+def _call(
+    remat: bool,
+    unit: MoeDecoderLayer | MoePeriod,
+    x: NamedArray,
+    mask: AttentionMask | None,
+    key: jax.Array | None,
+    pos_ids: NamedArray | None,
+) -> tuple[NamedArray, Extras]:
+    """`unit(x, ...)`, under `jax.checkpoint` when `remat`: only its input is kept for the backward pass."""
+
+    def run(unit: MoeDecoderLayer | MoePeriod, x: NamedArray) -> tuple[NamedArray, Extras]:
+        return unit(x, mask, key=key, pos_ids=pos_ids)
+
+    return eqx.filter_checkpoint(run)(unit, x) if remat else run(unit, x)
+
+
 def _add(extras: Extras, more: Extras) -> Extras:
     return {name: term + more.get(name, 0.0) for name, term in extras.items()}
 
@@ -105,10 +126,10 @@ class MoePeriod(eqx.Module):
         k_local, k_global = jrandom.split(key, 2)
         local = None
         if num_local:
-            # Rematerialisation is the outer stack's (per period): nesting it would recompute twice.
-            local = _stack(config).init(Axis("local_layers", num_local), MoeDecoderLayer, gradient_checkpointing=False)(
-                config, False, key=shaped_rng_split(k_local, num_local)
+            stack = _stack(config).init(
+                Axis("local_layers", num_local), MoeDecoderLayer, gradient_checkpointing=config.remat == "layer"
             )
+            local = stack(config, False, key=shaped_rng_split(k_local, num_local))
         return MoePeriod(local, MoeDecoderLayer.init(config, True, key=k_global))
 
     def __call__(
@@ -118,7 +139,7 @@ class MoePeriod(eqx.Module):
         local_extras: Extras = {}
         if self.local is not None:
             x, local_extras = _scan(self.local, x, mask, k_local, pos_ids)
-        x, extras = self.global_layer(x, mask, key=k_global, pos_ids=pos_ids)
+        x, extras = _call(self.global_layer.config.remat == "layer", self.global_layer, x, mask, k_global, pos_ids)
         return x, _add(extras, local_extras)
 
     def layers_in_order(self) -> list[MoeDecoderLayer]:
@@ -143,7 +164,7 @@ class MoeTransformer(eqx.Module):
         periods = tail = None
         if num_periods:
             periods = _stack(config).init(
-                Axis("periods", num_periods), MoePeriod, gradient_checkpointing=config.gradient_checkpointing
+                Axis("periods", num_periods), MoePeriod, gradient_checkpointing=config.remat == "period"
             )(config, period - 1, key=shaped_rng_split(k_periods, num_periods))
         if tail_layers:
             tail = MoePeriod.init(config, tail_layers - 1, key=k_tail)
@@ -162,7 +183,7 @@ class MoeTransformer(eqx.Module):
         if self.periods is not None:
             x, extras = _scan(self.periods, x, attn_mask, k_periods, pos_ids)
         if self.tail is not None:
-            x, tail_extras = self.tail(x, attn_mask, key=k_tail, pos_ids=pos_ids)
+            x, tail_extras = _call(self.config.remat == "period", self.tail, x, attn_mask, k_tail, pos_ids)
             extras = _add(tail_extras, extras)
         return self.norm(x), extras
 

@@ -1,93 +1,69 @@
 """A train or evaluate step's parallelism plan and its memory per device, worked out before anything runs.
 
-The layout (nothing here is versioned: it changes where numbers live, never which numbers are computed):
+The layout (nothing here is versioned: it changes where numbers live and what is kept or recomputed, never which
+numbers are computed):
 
 - **mesh** `{"data": D, "expert": E}` over `devices = D x E`. Every device holds distinct tokens (the batch
-  splits over all of them); dense weights (attention, embeddings, shared experts, router, latent
-  projections) are FSDP-sharded over `data` (replicated over the E expert groups: the router's weight holds
-  the experts' axis and the d_model axis, and one array cannot split two axes over the same mesh axis) and
-  gathered a layer at a time; routed experts are split over `expert` (E groups of `n_experts / E` experts;
-  the all-to-all that sends a token to its experts' devices stays inside one fast domain) and FSDP-sharded
-  over `data` within a group, so over every device. steps/model/levanter_config.py's `trainer_mesh` builds
-  this layout in Levanter's trainer.
-- **precision**: f32 master weights, gradients and AdamW moments (4 + 4 + 8 bytes per parameter, sharded),
-  bf16 compute (`compute_bytes` = 2; the CPU calibration runs f32, 4).
-- **microbatch**: sequences per device per forward/backward pass, the largest divisor of the per-device
-  batch whose activations fit beside the sharded state; layers are rematerialised (only each layer's input
-  is kept for the backward pass).
+  splits over all of them); every weight, its gradient and its AdamW moments are sharded over the whole mesh
+  (dense weights over data x expert; routed experts split over `expert`, E groups of `n_experts / E`, and
+  FSDP-sharded over `data` within a group) and gathered a layer at a time for compute. The all-to-all that sends
+  a token to its experts' devices stays inside one fast domain. steps/model/levanter_config.py's `trainer_mesh`
+  builds this layout in Levanter's trainer.
+- **precision**: f32 master weights, gradients and AdamW moments, bf16 compute (`compute_bytes` = 2; the CPU
+  calibration runs f32, 4).
+- **remat** (steps/model/moe_layers.py): "none", "layer" or "period"; and the **microbatch**, sequences per device
+  per forward/backward pass. The plan takes the largest microbatch that fits, keeping everything (remat "none")
+  where that fits, else recomputing per layer or per period, whichever holds less. Both are handed to the step
+  (`TrainConfig.remat`, `per_device_parallelism`), which builds exactly what was priced.
+- **capacity**: the expert capacity the model trains and evaluates with (the hero's 1.15), which sizes the
+  routed copies and the all-to-all's slot grids.
 
-`memory_per_device` adds up, per device: **parameters** (the f32 shard, plus the gathered compute copy of
-two layers, the one running and the one prefetched, and of the embedding and head), **gradients** (f32
-shard), **optimizer_state** (two f32 moments), **activations** (saved layer inputs, one layer's
-rematerialised intermediates forward and backward, the routed copies and their all-to-all buffers, and,
-with a kernel that materialises them, the attention scores). `plan_parallelism` keeps `HEADROOM` of the
-device's memory free for XLA's own buffers and fragmentation and says whether the rest holds it (`fits`).
-
-Calibration (tests/test_parallelism.py): the estimate's parameters + gradients + activations against the
-compiled `memory_analysis()` of the real model's loss and gradient, on CPU in f32, for scaled-down shapes;
-the error is stated in README.md's training section.
+An evaluate step is planned on its own eval batch (forward only, no gradients or moments). steps/train/
+memory_model.py prices each term; benchmarks/bench_plan_memory.py holds the total against XLA's
+`compiled.memory_analysis()` of the real train step on scaled-down shapes (README.md's training section shows the
+table). `plan_parallelism` keeps `HEADROOM` of the device's memory free for XLA's own buffers and fragmentation
+and says whether the rest holds the plan (`fits`); `refuse_unless_fits` refuses one that does not, with the
+numbers and the smallest change that fits.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import jmp
 
 from steps.model.levanter_config import uneven_splits
-from steps.model.model_size import MoeShape, total_params
-from steps.train.hardware import Hardware
+from steps.model.model_size import MoeShape
+from steps.train.hardware import Hardware, hardware_profile
+from steps.train.memory_model import MemoryEstimate, memory_per_device
 
 HEADROOM = 0.1
 """Share of a device's memory a plan leaves free (XLA's scratch, fragmentation, the runtime)."""
 MAX_EXPERT_PARALLEL = 64
 """The widest expert-parallel group planned by default: the hero's published EP64."""
-MASTER_BYTES, MOMENT_BYTES = 4, 8
-LAYER_COPIES, SCORE_COPIES = 4, 3
-"""Fitted to the compiled memory of the real model's gradient (`_activation_bytes`)."""
+REMAT_CHOICES = ("layer", "period")
+"""What the plan recomputes when keeping everything does not fit: the two cost the same recompute (one forward)."""
 
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes one device holds at its peak, by part."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    activations: int
-
-    @property
-    def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_state + self.activations
-
-    def parts(self) -> dict[str, int]:
-        return {
-            "parameters": self.parameters,
-            "gradients": self.gradients,
-            "optimizer_state": self.optimizer_state,
-            "activations": self.activations,
-        }
-
-    def as_json(self) -> dict[str, int]:
-        return {"total": self.total, **self.parts()}
-
-    def largest(self) -> str:
-        parts = self.parts()
-        return max(parts, key=lambda name: parts[name])
+__all__ = ["MemoryEstimate", "memory_per_device"]
 
 
 @dataclass(frozen=True)
 class ParallelismPlan:
-    """Where a run's devices, tokens and weights go, and whether it fits. Plain: never versioned."""
+    """Where a run's devices, tokens and weights go, what it recomputes, and whether it fits. Plain: never versioned."""
 
     hardware: str
     hosts: int
     devices: int
     mesh: dict[str, int]
     """Axis name -> size; the sizes multiply to `devices`."""
+    batch_size: int
+    """Sequences per step (train) or per eval batch (evaluate), over all devices."""
     microbatch: int
     """Sequences per device per forward/backward pass (Levanter's `per_device_parallelism`)."""
+    remat: str
+    """What the backward pass recomputes (steps/model/config.py `REMAT_POLICIES`); "none" for an evaluation."""
+    capacity_factor: float | None
+    """The expert capacity priced (None: dropless)."""
     memory: MemoryEstimate
     memory_limit_bytes: int
     """What the plan may use of one device: its memory less `HEADROOM`."""
@@ -104,8 +80,12 @@ class ParallelismPlan:
             "hosts": self.hosts,
             "devices": self.devices,
             "mesh": dict(self.mesh),
+            "batch_size": self.batch_size,
             "microbatch": self.microbatch,
+            "remat": self.remat,
+            "capacity_factor": self.capacity_factor,
             "memory_per_device_bytes": self.memory.as_json(),
+            "memory_limit_bytes": self.memory_limit_bytes,
             "fits": self.fits,
             "buildable": not self.uneven,
             **({"uneven": list(self.uneven)} if self.uneven else {}),
@@ -133,34 +113,6 @@ def expert_parallel_size(shape: MoeShape, devices: int, hardware: Hardware) -> i
     return max(size for size in range(1, limit + 1) if shape.n_experts % size == 0 and devices % size == 0)
 
 
-def memory_per_device(
-    shape: MoeShape,
-    mesh: dict[str, int],
-    microbatch: int,
-    *,
-    training: bool = True,
-    compute_bytes: int = 2,
-    attention_scores: bool = False,
-) -> MemoryEstimate:
-    """The module docstring's estimate for `microbatch` sequences per device on `mesh`."""
-    devices = math.prod(mesh.values())
-    experts_per_device = shape.n_experts / mesh.get("expert", 1)
-    sharded = _params_per_device(shape, mesh)
-    shard = math.ceil(MASTER_BYTES * sharded)
-    gathered = 0.0
-    if devices > 1 or compute_bytes != MASTER_BYTES:  # a single f32 device computes on its master weights
-        layer = _dense_layer_params(shape) + experts_per_device * _routed_params_per_expert(shape)
-        gathered = compute_bytes * (2 * layer + _embedding_params(shape))
-    tokens = microbatch * shape.seq_len
-    activations = _activation_bytes(shape, tokens, experts_per_device, training, compute_bytes, attention_scores)
-    return MemoryEstimate(
-        parameters=int(shard + gathered),
-        gradients=shard if training else 0,
-        optimizer_state=math.ceil(MOMENT_BYTES * sharded) if training else 0,
-        activations=int(activations),
-    )
-
-
 def plan_parallelism(
     shape: MoeShape,
     batch_size: int,
@@ -169,9 +121,11 @@ def plan_parallelism(
     *,
     training: bool = True,
     microbatch: int | None = None,
+    remat: str | None = None,
     capacity_factor: float | None = None,
 ) -> ParallelismPlan:
-    """The default plan for `devices` of `hardware`; `microbatch` overrides the largest that fits."""
+    """The default plan for `devices` of `hardware`: the largest microbatch that fits, with no remat where that fits,
+    else the cheaper of per-layer and per-period remat (module docstring); `microbatch` and `remat` pin either."""
     if devices % hardware.devices_per_host:
         raise ValueError(f"{devices} devices are not whole hosts of {hardware.devices_per_host} {hardware.name}s")
     if batch_size % devices:
@@ -180,17 +134,27 @@ def plan_parallelism(
     mesh = {"data": devices // experts, "expert": experts}
     limit = int(hardware.memory_bytes_per_device * (1 - HEADROOM))
     per_device = batch_size // devices
-    candidates = [microbatch] if microbatch else [m for m in range(per_device, 0, -1) if per_device % m == 0]
-    for size in candidates:
-        memory = memory_per_device(shape, mesh, size, training=training)
-        if memory.total <= limit:
-            break
+    sizes = [microbatch] if microbatch else [m for m in range(per_device, 0, -1) if per_device % m == 0]
+    policies = [remat] if remat else ["none"] if not training else ["none", *REMAT_CHOICES]
+
+    def priced(size: int, policy: str) -> MemoryEstimate:
+        return memory_per_device(
+            shape, mesh, size, training=training, remat=policy, capacity_factor=capacity_factor,
+            microbatches=per_device // size, attention_scores=not hardware.flash_attention,
+        )  # fmt: skip
+
+    choice = _first_fit(sizes, policies, priced, limit)
+    size, policy = choice if choice is not None else (sizes[-1], _least(policies, lambda p: priced(sizes[-1], p)))
+    memory = priced(size, policy)
     return ParallelismPlan(
         hardware=hardware.name,
         hosts=devices // hardware.devices_per_host,
         devices=devices,
         mesh=mesh,
+        batch_size=batch_size,
         microbatch=size,
+        remat=policy,
+        capacity_factor=capacity_factor,
         memory=memory,
         memory_limit_bytes=limit,
         fits=memory.total <= limit,
@@ -199,9 +163,23 @@ def plan_parallelism(
     )
 
 
-def refuse_unless_fits(step: str, plan: ParallelismPlan) -> None:
-    """Raise PlanDoesNotFitError naming `step`, the largest term and what to change, when `plan` does not fit
-    (or its mesh cannot be laid out: it splits a dimension unevenly)."""
+def _first_fit(sizes: list[int], policies: list[str], priced, limit: int) -> tuple[int, str] | None:
+    """The largest microbatch that fits and, for it, no remat if that fits, else the remat that holds least."""
+    for size in sizes:
+        fitting = [policy for policy in policies if priced(size, policy).total <= limit]
+        if fitting:
+            return size, "none" if "none" in fitting else _least(fitting, lambda p, size=size: priced(size, p))
+    return None
+
+
+def _least(policies: list[str], priced) -> str:
+    return min(policies, key=lambda policy: priced(policy).total)
+
+
+def refuse_unless_fits(step: str, plan: ParallelismPlan, shape: MoeShape | None = None) -> None:
+    """Raise PlanDoesNotFitError naming `step`, the numbers (which term, how much over) and the smallest change that
+    fits, when `plan` does not fit (or its mesh cannot be laid out: it splits a dimension unevenly). With `shape`, the
+    advice names the fewest devices of the same hardware that would hold it."""
     if plan.uneven:
         raise PlanDoesNotFitError(
             f"{step}: the mesh {plan.mesh} on {plan.devices} {plan.hardware} devices splits {', '.join(plan.uneven)} "
@@ -209,63 +187,40 @@ def refuse_unless_fits(step: str, plan: ParallelismPlan) -> None:
         )
     if plan.fits:
         return
-    largest = plan.memory.largest()
-    advice = {
-        "activations": "a smaller microbatch or sequence, or more devices",
-        "parameters": "more devices (the weights shard over all of them) or hardware with more memory",
-        "gradients": "more devices (gradients shard over all of them)",
-        "optimizer_state": "more devices (AdamW's moments shard over all of them)",
-    }[largest]
+    memory = plan.memory
+    over = memory.total - plan.memory_limit_bytes
+    largest = memory.largest()
+    terms = ", ".join(f"{name} {size / 1e9:,.1f}" for name, size in memory.parts().items())
     raise PlanDoesNotFitError(
-        f"{step}: needs {plan.memory.total / 1e9:,.1f} GB per device on {plan.devices} {plan.hardware} devices "
-        f"(mesh {plan.mesh}, microbatch {plan.microbatch}) but may use {plan.memory_limit_bytes / 1e9:,.1f} GB; "
-        f"the largest term is {largest} ({getattr(plan.memory, largest) / 1e9:,.1f} GB): use {advice}"
+        f"{step}: needs {memory.total / 1e9:,.1f} GB per device on {plan.devices} {plan.hardware} devices "
+        f"(mesh {plan.mesh}, microbatch {plan.microbatch}, remat {plan.remat}) but may use "
+        f"{plan.memory_limit_bytes / 1e9:,.1f} GB: {over / 1e9:,.1f} GB over; the largest term is {largest} "
+        f"({getattr(memory, largest) / 1e9:,.1f} GB; GB per term: {terms}). {_advice(plan, shape)}"
     )
 
 
-def _params_per_device(shape: MoeShape, mesh: dict[str, int]) -> float:
-    """Parameters one device holds of the master copy: the dense ones over `data`, the routed ones over all."""
-    routed = shape.n_layers * shape.n_experts * _routed_params_per_expert(shape)
-    dense = total_params(shape) - routed
-    return dense / mesh.get("data", 1) + routed / math.prod(mesh.values())
-
-
-def _routed_params_per_expert(shape: MoeShape) -> int:
-    return 3 * (shape.latent_dim or shape.d_model) * shape.expert_width
-
-
-def _embedding_params(shape: MoeShape) -> int:
-    return (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.d_model
-
-
-def _dense_layer_params(shape: MoeShape) -> int:
-    """One (global, the larger) layer's weights outside the routed experts."""
-    total = total_params(shape) - _embedding_params(shape)
-    routed = shape.n_layers * shape.n_experts * _routed_params_per_expert(shape)
-    return math.ceil((total - routed) / shape.n_layers)
-
-
-def _activation_bytes(
-    shape: MoeShape, tokens: int, experts_per_device: float, training: bool, compute_bytes: int, scores: bool
-) -> float:
-    """Activation bytes for `tokens` tokens on one device (module docstring). `scores`: the attention kernel
-    materialises its (heads x context) scores (Levanter's vanilla attention, the CPU's), not flash attention.
-
-    Levanter's fused next-token loss works through the vocabulary in blocks, so no tokens x vocab array is
-    held: the calibration finds no logits term. The factors 4 (a layer's intermediates, rematerialised and
-    differentiated) and 3 (scores, probabilities and their gradient) are fitted to XLA's compiled memory."""
-    width = shape.d_model
-    attention = 2 * shape.n_heads * shape.head_dim + 2 * shape.kv_heads_global * shape.head_dim
-    expert_in = shape.latent_dim or width
-    routed = shape.top_k * (2 * expert_in + 3 * shape.expert_width)  # copy in, gate, up, hidden; out
-    dispatch = 2 * shape.top_k * expert_in if experts_per_device < shape.n_experts else 0  # all-to-all buffers
-    shared = 3 * shape.n_shared_experts * shape.shared_width + (2 * expert_in if shape.latent_dim else 0)
-    layer = tokens * (attention + routed + dispatch + shared + 4 * width) * compute_bytes
-    if scores:
-        layer_scores = SCORE_COPIES * tokens * shape.n_heads * shape.seq_len * compute_bytes
-    else:
-        layer_scores = 0
-    if not training:
-        return layer + layer_scores / SCORE_COPIES
-    saved = shape.n_layers * tokens * width * compute_bytes
-    return saved + LAYER_COPIES * layer + layer_scores
+def _advice(plan: ParallelismPlan, shape: MoeShape | None) -> str:
+    """The smallest change that fits: the plan already took the smallest microbatch and the leanest remat, so what
+    is left is more devices (every term but the activations shards over them) or a device with more memory."""
+    if shape is None:
+        return "Use a smaller microbatch, remat, more devices or hardware with more memory."
+    hardware = hardware_profile(plan.hardware)
+    unpinned = plan_parallelism(shape, plan.batch_size, hardware, plan.devices, training=plan.training,
+                                capacity_factor=plan.capacity_factor)  # fmt: skip
+    if unpinned.fits:
+        return (f"The smallest change that fits: microbatch {unpinned.microbatch} with remat {unpinned.remat} "
+                f"({unpinned.memory.total / 1e9:,.1f} GB per device).")  # fmt: skip
+    tried = f"Microbatch {unpinned.microbatch} with remat {unpinned.remat} is the leanest layout on these devices"
+    for hosts in range(plan.hosts + 1, 64 * plan.hosts + 1):
+        devices = hosts * hardware.devices_per_host
+        if plan.batch_size % devices:
+            continue
+        bigger = plan_parallelism(shape, plan.batch_size, hardware, devices, training=plan.training,
+                                  capacity_factor=plan.capacity_factor)  # fmt: skip
+        if bigger.fits and not bigger.uneven:
+            return (
+                f"{tried}; the smallest change that fits is {devices} devices ({hosts} hosts, mesh {bigger.mesh}, "
+                f"microbatch {bigger.microbatch}, remat {bigger.remat}, {bigger.memory.total / 1e9:,.1f} GB per "
+                "device), or hardware with more memory."
+            )
+    return f"{tried}; no device count up to 64x the hosts fits a batch of {plan.batch_size}: use a bigger device."

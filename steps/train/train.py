@@ -61,6 +61,7 @@ from levanter.trainer import TrainerConfig
 
 from executor import storage
 from steps.model.checkpoints import check_checkpoints
+from steps.model.config import REMAT_POLICIES
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape, flops_per_token
@@ -184,7 +185,11 @@ class TrainConfig:
     Levanter's two (with and without the watch). None: once for runs under `COMPILE_ONCE_BELOW_STEPS` steps, where a
     compile is a large share of the run. Plain."""
     per_device_parallelism: int = -1
-    """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain."""
+    """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain: the router
+    bias is updated from the whole batch's statistics, so microbatching changes nothing but rounding."""
+    remat: str = "none"
+    """What the backward pass recomputes: "none", "layer" or "period" (steps/model/config.py); the memory plan
+    chooses it with the microbatch (steps/train/parallelism.py). Plain: it changes memory and time, not results."""
     mesh: Mapping[str, int] | None = None
     """The plan's device mesh, `{"data": D, "expert": E}` over all D x E devices: the batch split over both,
     dense weights FSDP over `data`, routed experts split over `expert` (steps/model/levanter_config.py's
@@ -273,6 +278,8 @@ def check_inputs(config: TrainConfig) -> None:
             f"{microbatch} sequences ({devices} devices x per_device_parallelism={config.per_device_parallelism}); "
             "use a multiple of it"
         )
+    if config.remat not in REMAT_POLICIES:
+        raise TrainInputError(f"{label}: remat={config.remat!r} is none of {REMAT_POLICIES}; fix the step's config")
     try:
         precision_policy(config.compute_dtype)
         trainer_mesh(config.mesh, config.shape, devices)
@@ -414,6 +421,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             capacity_factor=config.capacity_factor,
             router_combine=config.router_combine,
             router_combine_sum=config.router_combine_sum,
+            remat=config.remat,
             step=label,
         ),
         optimizer=optimizer,

@@ -1,0 +1,139 @@
+"""The memory plan against the compiled program: `memory_per_device` over XLA's `memory_analysis()`, per shape.
+
+Each probe (steps/train/compiled_memory.py) is a scaled-down run with the hero's features: sliding-window local
+layers and global layers with their own KV widths (every 4th global), latent routed experts, two shared experts,
+router-bias balancing and the sigmoid combine; it varies what the plan prices: expert capacity or dropless, remat
+none / per layer / per period, microbatches, 1, 2 and 4 fake CPU devices on a data x expert mesh, train and eval.
+The plan's figure (steps/train/memory_model.py, f32, attention scores materialised as XLA's CPU attention does)
+is divided by the compiled train step's (or eval loss's) arguments + outputs + temporaries - aliased bytes, one
+device. A ratio above 1 is a plan that over-reserves; below 1, one that would run out of memory.
+
+    .venv/bin/python benchmarks/bench_plan_memory.py            # every probe, a few minutes
+    .venv/bin/python benchmarks/bench_plan_memory.py --only ep  # the probes whose name holds "ep"
+
+Each device count compiles in a process of its own (JAX fixes its CPU device count when it loads). The last
+line printed is one JSON object: every probe's measured and planned bytes and ratio, and the worst ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from steps.model.model_size import MoeShape  # noqa: E402
+from steps.train.compiled_memory import MemoryProbe  # noqa: E402
+from steps.train.memory_model import memory_per_device  # noqa: E402
+
+BAND = (0.8, 1.25)
+"""Where every ratio must lie (tests/test_plan_memory.py)."""
+
+
+def probe_shape(d_model: int = 96, layers: int = 8, seq: int = 128, latent: bool = True, vocab: int = 1024) -> MoeShape:
+    """The hero's recipe (`ladder_shape`) in small: heads of 16, 2 KV heads local (window seq/4), 1 global (every
+    4th and the last), 8 experts top-2 of width d/2 in a d/2 latent, two shared experts of width d/2."""
+    half = d_model // 2
+    return MoeShape(d_model=d_model, n_layers=layers, vocab_size=vocab, n_heads=d_model // 16, head_dim=16,
+                    kv_heads_local=2, kv_heads_global=1, global_every=4, sliding_window=seq // 4, n_experts=8,
+                    top_k=2, expert_width=half, latent_dim=half if latent else None, n_shared_experts=2,
+                    shared_width=half, seq_len=seq)  # fmt: skip
+
+
+PROBES = (
+    MemoryProbe("1dev train capacity remat-layer", probe_shape()),
+    MemoryProbe("1dev train dropless remat-none", probe_shape(64, 4, 64), batch_size=8, remat="none",
+                capacity_factor=None),
+    MemoryProbe("1dev train microbatches remat-period", probe_shape(), batch_size=16, microbatch=4, remat="period"),
+    MemoryProbe("1dev train no-latent remat-layer", probe_shape(latent=False, layers=6)),
+    MemoryProbe("2dev ep2 train capacity remat-layer", probe_shape(), mesh={"data": 1, "expert": 2}),
+    MemoryProbe("4dev dp2xep2 train microbatches", probe_shape(), mesh={"data": 2, "expert": 2}, batch_size=16,
+                microbatch=2),
+    MemoryProbe("4dev ep4 eval capacity", probe_shape(), mesh={"data": 1, "expert": 4}, batch_size=16,
+                training=False),
+    MemoryProbe("2dev dp2 eval dropless", probe_shape(), mesh={"data": 2, "expert": 1}, batch_size=8,
+                training=False, capacity_factor=None),
+)  # fmt: skip
+
+
+def planned_bytes(probe: MemoryProbe) -> int:
+    """The plan's figure for a probe: f32 compute, attention scores materialised (XLA's CPU attention)."""
+    per_device = probe.batch_size // probe.devices
+    return memory_per_device(
+        probe.shape,
+        probe.mesh,
+        probe.per_device_microbatch,
+        training=probe.training,
+        remat=probe.remat if probe.training else "none",
+        capacity_factor=probe.capacity_factor,
+        microbatches=per_device // probe.per_device_microbatch,
+        compute_bytes=4,
+        attention_scores=True,
+    ).total
+
+
+def measure(probes: list[MemoryProbe]) -> dict[str, dict[str, int]]:
+    """Compile each probe in a fresh process per device count; its compiled bytes by probe name."""
+    measured: dict[str, dict[str, int]] = {}
+    for devices in sorted({probe.devices for probe in probes}):
+        names = [probe.name for probe in probes if probe.devices == devices]
+        environment = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+                       "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}  # fmt: skip
+        done = subprocess.run([sys.executable, __file__, "--compile", json.dumps(names)], env=environment,
+                              capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+        results = [line for line in done.stdout.splitlines() if line.startswith("COMPILED ")]
+        if done.returncode or len(results) != len(names):
+            raise RuntimeError(f"compiling the probes on {devices} devices failed:\n{done.stderr[-4000:]}")
+        for line in results:
+            name, figures = json.loads(line.removeprefix("COMPILED "))
+            measured[name] = figures
+    return measured
+
+
+def compile_named(names: list[str]) -> None:
+    """In a process with the right device count: compile each named probe and print its figures."""
+    from steps.train.compiled_memory import compiled_memory
+
+    for probe in PROBES:
+        if probe.name in names:
+            print("COMPILED " + json.dumps([probe.name, compiled_memory(probe)]), flush=True)
+
+
+def compare(probes: list[MemoryProbe]) -> dict:
+    measured = measure(probes)
+    rows = []
+    for probe in probes:
+        compiled = measured[probe.name]["total"]
+        planned = planned_bytes(probe)
+        rows.append({"probe": probe.name, "devices": probe.devices, "mesh": probe.mesh, "remat": probe.remat,
+                     "capacity_factor": probe.capacity_factor, "training": probe.training,
+                     "compiled_bytes": compiled, "planned_bytes": planned,
+                     "ratio": round(planned / compiled, 3)})  # fmt: skip
+    ratios = [row["ratio"] for row in rows]
+    return {"probes": rows, "worst_ratio": max(ratios, key=lambda ratio: abs(ratio - 1)), "min_ratio": min(ratios),
+            "max_ratio": max(ratios), "band": list(BAND)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="run the probes whose name holds this text")
+    parser.add_argument("--compile", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.compile is not None:
+        compile_named(json.loads(args.compile))
+        return
+    result = compare([probe for probe in PROBES if args.only in probe.name])
+    print(f"{'probe':40} {'compiled MB':>12} {'planned MB':>11} {'ratio':>6}")
+    for row in result["probes"]:
+        print(f"{row['probe']:40} {row['compiled_bytes'] / 1e6:12.2f} {row['planned_bytes'] / 1e6:11.2f} "
+              f"{row['ratio']:6.3f}")  # fmt: skip
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
