@@ -484,7 +484,8 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
                 f"          {plan.hosts} hosts x {plan.devices // plan.hosts} {plan.hardware} = {plan.devices} devices,"
                 f" mesh {plan.mesh}, microbatch {plan.microbatch}, remat {plan.remat},"
                 f" {memory.total / 1e9:.1f} GB/device of {plan.memory_limit_bytes / 1e9:.0f} (params"
-                f" {memory.parameters / 1e9:.1f}, grads {memory.gradients / 1e9:.1f}, optimizer {memory.optimizer_state / 1e9:.1f}, activations "
+                f" {memory.parameters / 1e9:.1f}, grads {memory.gradients / 1e9:.1f}, optimizer"
+                f" {memory.optimizer_state / 1e9:.1f}, activations "
                 f"{memory.activations / 1e9:.1f}, dispatch {memory.dispatch / 1e9:.1f})"
                 f"{'' if plan.fits else ' DOES NOT FIT'}, {hours:,.1f} hours"
             )

@@ -18,8 +18,8 @@ the kernel materialises heads x sequence scores: XLA's CPU attention; flash kern
 copies with their expert hidden units (capacity x K copies a token with a capacity; K copies dropless, plus the
 dense `[copies, experts x width]` that XLA lowers a grouped matmul to), the shared experts and the latent. The
 loss head's logits are priced whole (`head` x vocabulary per token): on CPU Levanter's fused loss holds them once
-the vocabulary passes a few thousand; a kernel that streams vocabulary blocks holds less, so this over-reserves. What the backward pass keeps depends on the remat policy
-(steps/model/moe_layers.py):
+the vocabulary passes a few thousand; a kernel that streams vocabulary blocks holds less, so this over-reserves.
+What the backward pass keeps depends on the remat policy (steps/model/moe_layers.py):
 
 - `layer`: every layer's input (`n_layers x d_model`), and one layer's working set;
 - `period`: every period's input, and one period's layers' residuals besides the working set of the one in its
