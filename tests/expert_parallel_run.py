@@ -124,9 +124,10 @@ def minimum_collective_bytes(model: object) -> dict[str, int]:
       experts whole, any other weight whole; no rematerialisation here), and its gradient reduce-scattered
       back to its shard over the token axes it is split over;
     - the gradient of a weight (or of its shard) that is the same on several devices holding different tokens,
-      all-reduced over them: a dense weight is split over `data` but the same on both `expert` devices
-      (`all-reduce of shards`), a weight held whole is the same everywhere (`all-reduce`). A routed expert's
-      gradient sums only over `data`: its tokens reach it by the all-to-all."""
+      all-reduced over them: the router bias and loads are split over `expert` only, the same on both `data`
+      devices (`all-reduce of shards`), a leaf held whole is the same everywhere (`all-reduce`). Dense weights
+      are split over every device, so theirs is a reduce-scatter alone; a routed expert's gradient sums only
+      over `data`: its tokens reach it by the all-to-all."""
     copies = BATCH * SHAPE.seq_len // DEVICES * SHAPE.top_k
     feature = SHAPE.latent_dim or SHAPE.d_model
     minimum = {"all-to-all": 4 * SHAPE.n_layers * copies * feature * 4, "all-gather": 0, "reduce-scatter": 0,

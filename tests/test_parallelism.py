@@ -98,7 +98,7 @@ def test_a_plan_whose_mesh_splits_a_dimension_unevenly_is_refused_naming_the_ste
     # The published 11 racks x EP64: a data axis of 11 divides neither d_model 6144 nor the experts' width.
     plan = plan_parallelism(ladder_shape(6144, 48), 11_264, HARDWARE["gb200"], 704)
     assert plan.mesh == {"data": 11, "expert": 64} and plan.fits and not plan.as_json()["buildable"]
-    uneven = r"train/d6144: the mesh .*'data': 11.*d_model over data \(6144 by 11\)"
+    uneven = r"train/d6144: the mesh .*'data': 11.*d_model over data x expert \(6144 by 704\)"
     with pytest.raises(PlanDoesNotFitError, match=uneven):
         refuse_unless_fits("train/d6144", plan)
 

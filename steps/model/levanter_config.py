@@ -16,12 +16,14 @@ Layout: `trainer_mesh` turns a plan's mesh (`{"data": D, "expert": E}`, steps/tr
 Levanter's `MeshConfig`. Every device holds its own sequences and a 1/(D x E) share of every weight, its
 gradient and its AdamW moments:
 
-    batch                          over data x expert      (compute)
-    dense weights, on `embed`      over data x expert      attention, embeddings, LM head, norms, router,
-                                                           shared experts, latent projections
-    routed experts, on `experts`   over expert             E groups of n_experts / E experts ...
-                  , on `mlp`       over data               ... FSDP over data within a group
-    router bias and loads          over expert             (carried state, not trained)
+    what                                        its axis   split over
+    the batch (compute)                         batch      data x expert
+    dense weights: attention, embeddings,       embed      data x expert
+      LM head, norms, router, shared experts,
+      latent projections
+    routed experts                              experts    expert (E groups of n_experts / E)
+                                                mlp        data (FSDP within a group)
+    router bias and loads (carried, untrained)  experts    expert
 
 Dense weights are FSDP: the compute mapping leaves `embed` whole, so each is gathered where it is used. JAX
 cannot split two axes of one array over the same mesh axis, and haliax maps axes by name, so no array may
