@@ -124,8 +124,8 @@ def test_every_weight_its_moments_and_gradient_are_split_over_every_device_and_t
     moments and of its gradient: dense weights (attention, embeddings, LM head, norms, router, shared experts,
     latent projections) over data x expert, routed experts over `expert` and FSDP over `data`. Only the router
     bias and loads (carried, not trained) are split over `expert` alone. The losses are the one-device run's.
-    (Before dense state was split over every device: whole on each of data=1 x expert=4's devices, a half on
-    data=2 x expert=2's.)"""
+    (With dense weights FSDP over `data` alone, as before issue 35, a device held them whole on data=1 x
+    expert=4 and half of them on data=2 x expert=2.)"""
     one = {run["model"]: run for run in result(str(HERE / "expert_parallel_run.py"), "1", "layout")}
     four = result(str(HERE / "expert_parallel_run.py"), "4", "layout")
     cases = [(run["mesh"]["data"], run["model"]) for run in four]  # data=1 x expert=4, then data=2 x expert=2
