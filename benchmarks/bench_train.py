@@ -18,7 +18,7 @@ training efficient.
 
 `--comm` compiles the tiny hero-shaped MoE's training step on 4 fake CPU devices (data=2 x expert=2) as the
 train step runs it: Levanter's own `Trainer` and jitted step on the layout `trainer_mesh` gives the train step
-(dense weights FSDP over `data`, routed experts split over `expert` and FSDP over `data`), with the capacity
+(dense weights FSDP over every device, routed experts split over `expert` and FSDP over `data`), with the capacity
 factor given (tests/expert_parallel_run.py). It reports `comm_bytes_ratio`: the bytes of every collective of
 the compiled step (each op's result on one device, every array of a tuple-valued one; an op is counted once,
 which is exact here: the model has one layer period, so no collective sits in a loop run more than once; an op
@@ -31,9 +31,10 @@ least an expert-parallel step with FSDP moves, in the same units:
   experts whole, any other weight whole; the tiny model does not rematerialise, so once) and its gradient
   reduce-scattered back to its shard;
 - the gradient of a weight, or of a weight's shard, that is the same on several devices holding different
-  tokens, all-reduced over them: a dense weight's shard is the same on both `expert` devices of its `data`
-  index (`all-reduce of shards`), a weight held whole is the same everywhere (`all-reduce`). A routed
-  expert's gradient sums over `data` only (its tokens reach it by the all-to-all).
+  tokens, all-reduced over them: the router bias and loads, split over `expert` only, are the same on both
+  `data` devices (`all-reduce of shards`), a leaf held whole is the same everywhere (`all-reduce`). A dense
+  weight is split over every device (its gradient only reduce-scattered); a routed expert's gradient sums
+  over `data` only (its tokens reach it by the all-to-all).
 
 `moved_by_kind` and `minimum_by_kind` give the bytes and op counts per collective kind next to the ratio.
 """

@@ -4,7 +4,9 @@ all-to-all (dropless, or with a capacity: then the all-to-alls carry the slot gr
 drops), and a tiny hero-shaped MoE (latent, shared and sigmoid-combined experts, local and global layers,
 router-bias balancing) trains through Levanter's `Trainer` on the train step's data=2 x expert=2 layout as on
 one device, each device holding half the experts (and half their width, FSDP over `data`), with no collective
-but the two all-to-alls carrying anything of the batch's size (activations, router logits)."""
+but the two all-to-alls carrying anything of the batch's size (activations, router logits). On data=1 x expert=4
+and data=2 x expert=2 each device holds a quarter of every weight, of its AdamW moments and of its gradient, the
+dense ones split over every device."""
 
 from __future__ import annotations
 
@@ -107,6 +109,38 @@ def test_a_tiny_hero_shaped_moe_trains_on_data2_x_expert2_as_on_one_device() -> 
     assert not [shape for shape in gathered if shape.startswith(("f32[256,32]", "f32[256,16]"))], gathered
     logits = [op for op in moving if 256 in dims(op["shape"]) or math.prod(dims(op["shape"])) == 256 * 8]
     assert not logits, four["collectives"]
+
+
+ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+DENSE = (*ATTENTION, "token_embeddings", "lm_head", "transformer.norm", "layernorm", "mlp.gate.", "mlp.shared.")
+ROUTED = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3000)  # six short runs through Levanter's trainer: ~3 minutes on 2 busy cores
+def test_every_weight_its_moments_and_gradient_are_split_over_every_device_and_train_as_on_one_device() -> None:
+    """On data=1 x expert=4 and data=2 x expert=2, for a latent and a plain MoE (whose routed experts read
+    d_model: `embed` there would meet `experts`), each device holds a quarter of every weight, of its AdamW
+    moments and of its gradient: dense weights (attention, embeddings, LM head, norms, router, shared experts,
+    latent projections) over data x expert, routed experts over `expert` and FSDP over `data`. Only the router
+    bias and loads (carried, not trained) are split over `expert` alone. The losses are the one-device run's.
+    (With dense weights FSDP over `data` alone, as before issue 35, a device held them whole on data=1 x
+    expert=4 and half of them on data=2 x expert=2.)"""
+    one = {run["model"]: run for run in result(str(HERE / "expert_parallel_run.py"), "1", "layout")}
+    four = result(str(HERE / "expert_parallel_run.py"), "4", "layout")
+    cases = [(run["mesh"]["data"], run["model"]) for run in four]  # data=1 x expert=4, then data=2 x expert=2
+    assert cases == [(1, "latent"), (1, "plain"), (2, "latent"), (2, "plain")]
+    for run in four:
+        label = f"{run['mesh']} {run['model']}"
+        assert run["losses"] == pytest.approx(one[run["model"]]["losses"], abs=1e-4), label
+        trained = [path for path in run["params"] if ".balance." not in path]
+        kinds = DENSE + ROUTED + (("mlp.latent_in", "mlp.latent_out") if run["model"] == "latent" else ())
+        assert all(any(kind in path for path in trained) for kind in kinds), (label, trained)
+        for part in ("params", "mu", "nu", "grads"):
+            shares = {path: math.prod(held) / math.prod(whole) for path, (whole, held) in run[part].items()}
+            assert {path: shares[path] for path in trained if shares[path] != 0.25} == {}, (label, part)
+        carried = [held[-1] / whole[-1] for path, (whole, held) in run["params"].items() if ".balance.bias" in path]
+        assert set(carried) == {1 / run["mesh"]["expert"]}, label
 
 
 def dims(shape: str) -> list[int]:

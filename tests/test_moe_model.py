@@ -71,7 +71,7 @@ def skewed_model(config: MoeConfig) -> MoeLMHeadModel:
     shifted = (embeddings + 0.5 * hax.named(direction, config.Embed)).rearrange(embeddings.axes)
     gate = moe_blocks(model).gate.weight
     favoured = (jnp.arange(EXPERTS) < 2).astype(jnp.float32)
-    skew = hax.named(jnp.einsum("e,d->ed", favoured, direction), (config.Experts, config.Embed))
+    skew = hax.named(jnp.einsum("e,d->ed", favoured, direction), (config.RouterExperts, config.Embed))
     model = eqx.tree_at(lambda m: m.embeddings.token_embeddings.weight, model, shifted)
     return eqx.tree_at(lambda m: moe_blocks(m).gate.weight, model, (gate + skew).rearrange(gate.axes))
 
@@ -428,7 +428,7 @@ def test_capacity_keeps_each_experts_first_tokens_of_each_sequence_and_drops_the
 
     factor = 0.5
     tokens = np.asarray(x.array).reshape(-1, D_MODEL)
-    logits = block.gate(x).rearrange((sequences, position, config.Experts)).array.reshape(-1, EXPERTS)
+    logits = block.gate(x).rearrange((sequences, position, config.RouterExperts)).array.reshape(-1, EXPERTS)
     chosen, weights, _ = (np.asarray(a) for a in block._select(logits.astype(jnp.float32)))
     capacity = int(np.ceil(factor * SEQ * TOP_K / EXPERTS))
     gate, up, down = (np.asarray(p.weight.rearrange(("experts", p.In, p.Out)).array)

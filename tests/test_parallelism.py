@@ -14,7 +14,7 @@ from levanter.utils.mesh import MeshConfig
 
 from executor import storage
 from experiments import hero_535b
-from steps.model.levanter_config import trainer_mesh
+from steps.model.levanter_config import trainer_mesh, uneven_splits
 from steps.model.model_size import flops_per_token, ladder_shape
 from steps.train.hardware import HARDWARE
 from steps.train.parallelism import (
@@ -89,7 +89,7 @@ def test_a_plan_whose_mesh_splits_a_dimension_unevenly_is_refused_naming_the_ste
     # The published 11 racks x EP64: a data axis of 11 divides neither d_model 6144 nor the experts' width.
     plan = plan_parallelism(ladder_shape(6144, 48), 11_264, HARDWARE["gb200"], 704, capacity_factor=1.15)
     assert plan.mesh == {"data": 11, "expert": 64} and plan.fits and not plan.as_json()["buildable"]
-    uneven = r"train/d6144: the mesh .*'data': 11.*d_model over data \(6144 by 11\)"
+    uneven = r"train/d6144: the mesh .*'data': 11.*d_model over data x expert \(6144 by 704\)"
     with pytest.raises(PlanDoesNotFitError, match=uneven):
         refuse_unless_fits("train/d6144", plan)
 
@@ -133,19 +133,24 @@ def test_full_train_and_evaluate_steps_carry_their_plans_mesh_and_the_tiny_ones_
 
 
 def test_a_plans_mesh_becomes_levanters_batch_fsdp_and_expert_split() -> None:
-    shape = ladder_shape(768, 8)  # latent experts: their hidden `mlp` axis is FSDP-split over `data`
+    shape = ladder_shape(768, 8)
     mesh = trainer_mesh({"data": 2, "expert": 4}, shape, 8)
     assert mesh.axis_shapes(8, 1)[0] == {"data": 2, "replica": 1, "model": 1, "expert": 4}
     assert mesh.resolved_compute_mapping["batch"] == ("data", "expert")
     assert mesh.resolved_compute_mapping["experts"] == "expert"
+    assert "embed" not in mesh.resolved_compute_mapping  # dense weights are gathered where they are used
+    # Dense weights over every device; routed experts over `expert`, their hidden `mlp` axis FSDP over `data`.
     params = mesh.resolved_param_mapping
-    assert (params["embed"], params["experts"], params["mlp"]) == ("data", "expert", "data")
-    assert "mlp" not in trainer_mesh({"data": 2}, dataclasses.replace(shape, latent_dim=None), 2).param_mapping
+    assert (params["embed"], params["experts"], params["mlp"]) == (("data", "expert"), "expert", "data")
     assert trainer_mesh(None, shape, 8) == MeshConfig()
     with pytest.raises(ValueError, match=r"holds 4 devices but the run has 8"):
         trainer_mesh({"data": 2, "expert": 2}, shape, 8)
     with pytest.raises(ValueError, match=r"must map axes among \('data', 'expert'\)"):
         trainer_mesh({"data": 2, "tensor": 4}, shape, 8)
-    uneven = r"splits d_model over data \(768 by 5\), expert_width over data \(384 by 5\) unevenly"
+    uneven = r"splits d_model over data x expert \(768 by 5\), expert_width over data \(384 by 5\) unevenly"
     with pytest.raises(ValueError, match=uneven):
         trainer_mesh({"data": 5}, shape, 5)
+    # d_model splits over every device: 768 by data 2 x expert 256 is uneven, by each axis alone it is not.
+    assert uneven_splits(dataclasses.replace(shape, n_experts=256), {"data": 2, "expert": 256}) == [
+        "d_model over data x expert (768 by 512)"
+    ]

@@ -82,7 +82,7 @@ class EvaluateConfig:
     bits per byte move by up to about 1% with it)."""
     mesh: Mapping[str, int] | None = None
     """The plan's device mesh, `{"data": D, "expert": E}`, the train step's layout (`TrainConfig.mesh`): the
-    model is loaded FSDP over `data` with its routed experts split over `expert`, and each device scores its
+    model is loaded FSDP over every device with its routed experts split over `expert`, and each device scores its
     share of every batch. None: Levanter's default, every device on `data`. Plain."""
     max_batches: int | None = None
     """Cap per component, in batches of `batch_size` (None: the whole split). Versioned: it changes the figures."""

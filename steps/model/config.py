@@ -121,8 +121,20 @@ class MoeArchitecture(Qwen3MoeConfig):
 
     @property
     def ExpertIn(self) -> Axis:  # noqa: N802
-        """What routed experts read and write: the latent, or d_model."""
-        return self.Embed if self.expert_latent_dim is None else self.Latent
+        """What routed experts read and write: the latent, or d_model under a name of its own (`expert_embed`).
+
+        The mesh splits `embed` over every device and `experts` over `expert` (steps/model/levanter_config.py),
+        and one array cannot split two of its axes over the same mesh axis: an expert weight holding both
+        could not be laid out. Renamed, its d_model axis is left whole and the block renames the tokens'."""
+        if self.expert_latent_dim is None:
+            return Axis(name="expert_embed", size=self.hidden_dim)
+        return self.Latent
+
+    @property
+    def RouterExperts(self) -> Axis:  # noqa: N802
+        """The router gate's output: the experts under a name of their own, so that the gate (d_model x
+        experts) splits on d_model over every device, as `ExpertIn` says; its logits are renamed `Experts`."""
+        return Axis(name="router_experts", size=self.num_experts)
 
     @property
     def local_kv_heads(self) -> int:

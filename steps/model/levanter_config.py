@@ -13,12 +13,24 @@ same tree (the bias and expert loads are carried even when balancing is off) and
 training did. It holds exactly the weights steps/model/model_size.py counts for the shape.
 
 Layout: `trainer_mesh` turns a plan's mesh (`{"data": D, "expert": E}`, steps/train/parallelism.py) into
-Levanter's `MeshConfig`: the batch splits over data x expert (every device its own sequences), dense weights
-are FSDP-sharded over `data` (their `embed` axis: Levanter's own default), and routed experts split over
-`expert` (their `experts` axis) and FSDP over `data` within an expert group (their `embed` input, or with
-latent experts their hidden `mlp` axis, since `latent` meets `embed` in the latent projections and one
-array cannot split two of its axes over the same mesh axis). Without a mesh, Levanter's default (all
-devices on `data`) is kept, so the tiny runs are laid out as before.
+Levanter's `MeshConfig`. Every device holds its own sequences and a 1/(D x E) share of every weight, its
+gradient and its AdamW moments:
+
+    what                                        its axis   split over
+    the batch (compute)                         batch      data x expert
+    dense weights: attention, embeddings,       embed      data x expert
+      LM head, norms, router, shared experts,
+      latent projections
+    routed experts                              experts    expert (E groups of n_experts / E)
+                                                mlp        data (FSDP within a group)
+    router bias and loads (carried, untrained)  experts    expert
+
+Dense weights are FSDP: the compute mapping leaves `embed` whole, so each is gathered where it is used. JAX
+cannot split two axes of one array over the same mesh axis, and haliax maps axes by name, so no array may
+hold both `embed` and `experts`: the router's output is `router_experts`, and routed experts without a latent
+read d_model as `expert_embed` (steps/model/config.py). Each split must be even (`uneven_splits`): d_model by
+D x E, n_experts by E, the experts' width by D. Without a mesh, Levanter's default (all devices on `data`,
+`embed` over them) is kept, so the tiny runs are laid out as before.
 
 Data: each component is a tokenize step's output (`train/` and `validation/` Levanter caches); Levanter
 opens `<cache_dir>/<split>` itself and, with `auto_build_caches=False`, never tokenizes at run time.
@@ -120,12 +132,11 @@ def trainer_mesh(mesh: Mapping[str, int] | None, shape: MoeShape, devices: int) 
     uneven = uneven_splits(shape, mesh)
     if uneven:
         raise ValueError(f"mesh {dict(mesh)} splits {', '.join(uneven)} unevenly; choose sizes that divide them")
-    routed_fsdp = {"mlp": "data"} if shape.latent_dim is not None else {}
     return MeshConfig(
         axes={"data": data, "expert": expert},
         compute_mapping={"batch": ("data", "expert")},
         shared_mapping={"experts": "expert"},
-        param_mapping={"embed": "data", **routed_fsdp},
+        param_mapping={"embed": ("data", "expert"), "mlp": "data"},
     )
 
 
@@ -133,9 +144,11 @@ def uneven_splits(shape: MoeShape, mesh: Mapping[str, int]) -> list[str]:
     """The dimensions `trainer_mesh`'s layout would split unevenly over `mesh` (JAX refuses those), as
     "name (size by parts)"; empty when the mesh can be built for `shape`."""
     data, expert = mesh.get("data", 1), mesh.get("expert", 1)
-    split = {"d_model over data": (shape.d_model, data), "experts over expert": (shape.n_experts, expert)}
-    if shape.latent_dim is not None:
-        split["expert_width over data"] = (shape.expert_width, data)
+    split = {
+        "d_model over data x expert": (shape.d_model, data * expert),
+        "experts over expert": (shape.n_experts, expert),
+        "expert_width over data": (shape.expert_width, data),
+    }
     return [f"{name} ({size} by {parts})" for name, (size, parts) in split.items() if size % parts]
 
 

@@ -14,6 +14,9 @@ the bias travels through Levanter's trainer):
   router and the shared experts read d_model;
 - shared experts: n SwiGLUs of width w summed are exactly one SwiGLU of width n*w (the hidden units
   concatenate), so they are held as one `LlamaMlp`;
+- axis names of their own for the router's output (`router_experts`, renamed `experts` on the logits) and,
+  without a latent, the routed experts' d_model (`expert_embed`): the mesh splits `embed` over every device
+  and `experts` over `expert` (steps/model/levanter_config.py), so no array may hold both;
 - the router z-loss and the HF load-balancing loss as per-layer loss terms.
 
 Dropless, the token permutation is Levanter's (a per-shard sort under `shard_map`, grouped matmuls), written
@@ -180,7 +183,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
     @staticmethod
     def init(config: MoeArchitecture, *, key: jax.Array) -> MoeBlock:
         k_gate, k_experts, k_shared, k_in, k_out = jrandom.split(key, 5)
-        gate = hnn.Linear.init(config.Embed, config.Experts, key=k_gate, use_bias=False)
+        gate = hnn.Linear.init(config.Embed, config.RouterExperts, key=k_gate, use_bias=False)
         activation = config.activation_function.to_fn()
         latent_in = latent_out = None
         if config.expert_latent_dim is not None:
@@ -275,9 +278,9 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         return self._forward(x, mesh, key)
 
     def _router_replicated(self, mesh: Any) -> MoeBlock:
-        """This block with its router weight and bias whole on every device: they share the `experts` axis
-        with the routed experts, which the mesh splits, and split they would make XLA gather every token to
-        compute expert-split logits. They are small (d_model x experts); the tokens are not."""
+        """This block with its router weight (stored split on d_model over every device) and bias (over `expert`)
+        whole on every device: from either split XLA could all-reduce partial logits or gather every token for
+        expert-split ones. Both are small (d_model x experts); the tokens are not."""
         assert self.balance is not None
 
         def whole(leaf: NamedArray) -> NamedArray:
@@ -297,11 +300,15 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         if expert_parallel_size(mesh) > 1:
             x_flat = hax.named(shard_tokens(mesh, x_flat.array), x_flat.axes)
         token = x_flat.resolve_axis("token")
-        logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rearrange((token, config.Experts))
+        logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rename({config.RouterExperts: config.Experts})
+        logits = logits.rearrange((token, config.Experts))
         chosen, weights, next_bias = self._select(logits.array, mesh)
         load = jnp.bincount(chosen.reshape(-1), length=config.num_experts).astype(jnp.float32)
 
-        x_experts = x_flat if self.latent_in is None else self.latent_in(x_flat, key=k_in)
+        if self.latent_in is None:  # the experts read d_model under their own axis name (`ExpertIn`)
+            x_experts = x_flat.rename({config.Embed: config.ExpertIn})
+        else:
+            x_experts = self.latent_in(x_flat, key=k_in)
         x_experts = x_experts.rearrange((token, config.ExpertIn))
         capacity = self._capacity(x, token)
         if expert_parallel_size(mesh) > 1:
@@ -310,7 +317,9 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             out = self._experts_with_capacity(x_experts, chosen, weights, capacity)
         else:
             out = self._routed_on_every_device(x_experts, chosen, weights, token, k_experts)
-        if self.latent_out is not None:
+        if self.latent_out is None:
+            out = out.rename({config.ExpertIn: config.Embed})
+        else:
             out = self.latent_out(out, key=k_out)
         if self.shared is not None:
             out = out + self.shared(x_flat, key=k_shared)

@@ -191,8 +191,8 @@ class TrainConfig:
     """What the backward pass recomputes: "none", "layer" or "period" (steps/model/config.py); the memory plan
     chooses it with the microbatch (steps/train/parallelism.py). Plain: it changes memory and time, not results."""
     mesh: Mapping[str, int] | None = None
-    """The plan's device mesh, `{"data": D, "expert": E}` over all D x E devices: the batch split over both,
-    dense weights FSDP over `data`, routed experts split over `expert` (steps/model/levanter_config.py's
+    """The plan's device mesh, `{"data": D, "expert": E}` over all D x E devices: the batch and the dense weights
+    (FSDP) split over both, routed experts over `expert` and FSDP over `data` (steps/model/levanter_config.py's
     `trainer_mesh`). None: Levanter's default, every device on `data`. Plain: layout, not what is computed."""
     peak_flops_per_device: float | None = None
     """Dense bf16 peak FLOP/s of one device (steps/train/hardware.py); `mfu` in metrics.jsonl divides by it
