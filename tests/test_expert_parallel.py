@@ -180,9 +180,10 @@ def test_a_tiny_hero_shaped_moe_trains_on_data2_x_expert2_as_on_one_device() -> 
     assert four["losses"] == pytest.approx(one["losses"], abs=1e-4)
     # Half the experts per device (split over `expert`), half their hidden width (FSDP over `data`).
     assert four["expert_bytes_per_device"] * 4 == four["expert_bytes"] == one["expert_bytes_per_device"]
-    routed_copies = 8 * 32 // 4 * 2  # a device's tokens (batch 8 x 32 positions over 4 devices) x top-2
-    dispatches = [op for op in four["collectives"] if op["op"] == "all-to-all"]
-    assert any(op["shape"] == f"f32[1,{routed_copies},16]" for op in dispatches), four["collectives"]
+    # Dropless, in rounds of a device's slot grid: a destination's block is its 4 experts x 2 sequences (8 x 32
+    # positions over 4 devices) x 10 slots (1.25 x a fair share of 32 x top-2 / 8) of the latent 16.
+    dispatches = {op["shape"] for op in four["collectives"] if op["op"] == "all-to-all"}
+    assert dispatches == {"f32[1,4,20,16]"}, four["collectives"]
     # No collective gathers the batch's activations (256 tokens x d_model 32, or x the latent 16) onto a device,
     # nor its router logits or scores (256 tokens x 8 experts, in any layout): top-k runs on each device's own
     # tokens and the bias rule's quantile all-reduces counts per expert. (A psum XLA keeps over a mesh axis of
