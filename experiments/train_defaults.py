@@ -93,7 +93,8 @@ class Recipe:
     router_aux_loss_coef: float | None = None
     router_z_loss_weight: float = 1e-4
     capacity_factor: float | None = 1.15
-    """Tokens an expert takes per batch, as a multiple of a fair share (the hero's 1.15; None: dropless)."""
+    """Tokens an expert takes per sequence, as a multiple of a fair share (the hero's 1.15; None: dropless), in
+    training, in the train steps' evals and in the evaluate steps (which also score dropless)."""
     router_combine: str = "softmax"
     """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py)."""
     router_combine_sum: float = 1.0
@@ -130,7 +131,8 @@ def _mesh(plan: ParallelismPlan | None) -> dict[str, int] | None:
 
 
 def versioned_unless_default(config_type: type, **values: Any) -> dict[str, Any]:
-    """Config fields added after runs were made with their defaults (the combine rule, the compute dtype):
+    """Config fields added after runs were made with their defaults (the combine rule, the compute dtype, the
+    evaluate step's capacity factor):
     versioned only where a recipe changes them, so that those runs keep their hashes."""
     defaults = {spec.name: spec.default for spec in dataclasses.fields(config_type)}
     return {name: versioned(value) for name, value in values.items() if value != defaults[name]}
@@ -257,7 +259,10 @@ def default_evaluate(
             mesh=_mesh(rung.plan(recipe, training=False)),
             eval_suite_path=None if eval_suite is None else output_path_of(eval_suite),
             **versioned_unless_default(
-                EvaluateConfig, router_combine=recipe.router_combine, router_combine_sum=recipe.router_combine_sum
+                EvaluateConfig,
+                router_combine=recipe.router_combine,
+                router_combine_sum=recipe.router_combine_sum,
+                capacity_factor=recipe.capacity_factor,
             ),
         ),
         resources=rung.resources,

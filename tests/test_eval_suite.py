@@ -160,7 +160,9 @@ EVAL_BATCH, EVAL_BATCHES, TRAIN_BATCH, SEQ_LEN = 4, 2, 8, 64
 def test_train_and_evaluate_score_the_suite_on_the_same_sequences_whatever_the_train_batch(tokenizer, tmp_path):
     """The train step logs each subset's loss and the suite's macro loss (the unweighted mean) at every eval; the
     evaluate step's `macro_loss` is that same figure at the end, and its cell's loss the train step's last one:
-    both read eval batch x eval batches sequences, not train batch x eval batches as Levanter would by default."""
+    both read eval batch x eval batches sequences, not train batch x eval batches as Levanter would by default,
+    and both score with the run's expert capacity (a fair share per sequence here, so some copies are dropped:
+    the evaluate step reports their share, and the same weights scored dropless)."""
     from test_training_bad_input import run_through_executor
 
     from executor import THIS_OUTPUT_PATH
@@ -188,7 +190,8 @@ def test_train_and_evaluate_score_the_suite_on_the_same_sequences_whatever_the_t
     config = TrainConfig(shape=shape, tokenizer_path=tokenizer, components={"cell": cell}, output_path=THIS_OUTPUT_PATH,
                          num_train_steps=4, train_batch_size=TRAIN_BATCH, learning_rate=1e-2, steps_per_eval=2,
                          max_eval_batches=EVAL_BATCHES, eval_batch_size=EVAL_BATCH, eval_suite_path=suite,
-                         checkpoint_every_steps=4, watch_interval=100, hf_export=False)  # fmt: skip
+                         checkpoint_every_steps=4, watch_interval=100, hf_export=False,
+                         capacity_factor=1.0)  # fmt: skip
     status, message, output = run_through_executor(tmp_path / "prefix", "train/suite", train, config)
     assert status == "SUCCESS", message
     evals = [record for record in read_metrics(str(output)) if SUITE_MACRO_LOSS in record]
@@ -199,13 +202,17 @@ def test_train_and_evaluate_score_the_suite_on_the_same_sequences_whatever_the_t
         assert all(f"eval/suite/{name}/bpb" in record for name in subsets) and "eval/cell/loss" in record
     evaluated = EvaluateConfig(checkpoint_path=str(output / "checkpoints"), shape=shape, tokenizer_path=tokenizer,
                                components={"cell": cell}, output_path=str(tmp_path / "evaluate"),
-                               batch_size=EVAL_BATCH, max_batches=EVAL_BATCHES, eval_suite_path=suite)  # fmt: skip
+                               batch_size=EVAL_BATCH, max_batches=EVAL_BATCHES, eval_suite_path=suite,
+                               capacity_factor=1.0)  # fmt: skip
     results = evaluate(evaluated)
     assert results["metric"] == "eval_suite" and set(results["suite"]) == set(subsets)
     assert results["macro_loss"] == pytest.approx(evals[-1][SUITE_MACRO_LOSS], rel=1e-3)
     assert results["macro_loss"] == pytest.approx(float(np.mean([s["loss"] for s in results["suite"].values()])))
     assert results["components_macro_loss"] == pytest.approx(evals[-1]["eval/cell/loss"], rel=1e-3)
     assert results["components"]["cell"]["loss"] != pytest.approx(results["macro_loss"], rel=1e-3)
+    assert 0 < results["dropped_fraction"] < 0.5 and 0 < results["components"]["cell"]["dropped_fraction"] < 0.5
+    assert set(results["dropless"]["suite"]) == set(subsets)
+    assert results["dropless"]["macro_loss"] != pytest.approx(results["macro_loss"], rel=1e-4)
 
 
 def test_the_run_view_and_the_band_alert_follow_the_suites_macro_loss() -> None:

@@ -21,7 +21,7 @@ from levanter.utils.tree_utils import inference_mode
 
 from steps.model.levanter_config import qwen3_moe_config
 from steps.model.model_size import MoeShape
-from steps.model.moe_block import MoeBlock, RouterBalance, balanced_bias, column_quantile
+from steps.model.moe_block import DROPPED_COPIES, MoeBlock, RouterBalance, balanced_bias, column_quantile
 from steps.model.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, _dropped_fraction, router_figures
 from steps.train.parallelism import precision_policy
 
@@ -415,7 +415,7 @@ def test_capacity_keeps_each_experts_first_tokens_of_each_sequence_and_drops_the
     nothing from it: per sequence, so a device holding some of the batch's sequences (expert parallelism,
     tests/test_expert_parallel.py) or a microbatch drops what the whole batch on one device drops."""
     config = tiny_config(num_shared_experts=0, shared_expert_intermediate_dim=0)
-    block = MoeBlock.init(config, key=jax.random.PRNGKey(0))  # training mode: evaluation is always dropless
+    block = MoeBlock.init(config, key=jax.random.PRNGKey(0))
     sequences, position = hax.Axis("batch", 3), hax.Axis("position", SEQ)
     x = hax.random.normal(jax.random.PRNGKey(1), (sequences, position, config.Embed))
 
@@ -433,12 +433,13 @@ def test_capacity_keeps_each_experts_first_tokens_of_each_sequence_and_drops_the
     capacity = int(np.ceil(factor * SEQ * TOP_K / EXPERTS))
     gate, up, down = (np.asarray(p.weight.rearrange(("experts", p.In, p.Out)).array)
                       for p in (block.experts.gate_proj, block.experts.up_proj, block.experts.down_proj))  # fmt: skip
-    expected, served, drops = np.zeros_like(tokens), np.zeros((sequences.size, EXPERTS), dtype=int), 0
+    expected, served = np.zeros_like(tokens), np.zeros((sequences.size, EXPERTS), dtype=int)
+    drops = np.zeros(sequences.size * SEQ, dtype=int)
     for token in range(sequences.size * SEQ):
         for slot in range(TOP_K):
             expert, sequence = chosen[token, slot], token // SEQ
             served[sequence, expert] += 1
-            drops += served[sequence, expert] > capacity
+            drops[token] += served[sequence, expert] > capacity
             if served[sequence, expert] <= capacity:
                 hidden = np.asarray(jax.nn.silu(tokens[token] @ gate[expert])) * (tokens[token] @ up[expert])
                 expected[token] += weights[token, slot] * (hidden @ down[expert])
@@ -449,6 +450,15 @@ def test_capacity_keeps_each_experts_first_tokens_of_each_sequence_and_drops_the
     # more, a lower bound: a sequence cannot lend its unused slots to another).
     dropped = np.maximum(served[0] - capacity, 0).sum() / (SEQ * TOP_K)
     assert float(_dropped_fraction(jnp.asarray(served[:1], jnp.float32), factor)[0]) == dropped
+    # Evaluation drops as training does, and says which tokens lost copies.
     evaluating = dataclasses.replace(block, config=dataclasses.replace(config, capacity_factor=factor))
-    evaluated = eqx.filter_jit(lambda b, x: b(x)[0].array)(inference_mode(evaluating, True), x)
-    np.testing.assert_allclose(np.asarray(evaluated), dropless, rtol=1e-5, atol=1e-6)  # eval drops nothing
+
+    @eqx.filter_jit
+    def evaluate(block: MoeBlock) -> tuple[jax.Array, hax.NamedArray]:
+        out, extras = block(x)
+        return out.array, extras[DROPPED_COPIES]
+
+    evaluated, dropped_copies = evaluate(inference_mode(evaluating, True))
+    np.testing.assert_allclose(np.asarray(evaluated), expected.reshape(dropless.shape), rtol=1e-4, atol=1e-5)
+    assert dropped_copies.axes == (sequences, position)
+    np.testing.assert_array_equal(np.asarray(dropped_copies.array).reshape(-1), drops)

@@ -237,6 +237,37 @@ def test_evaluate_scores_the_final_checkpoint_as_the_train_steps_own_eval(data, 
     assert bpbs[0] != pytest.approx(bpbs[1], rel=1e-3), "code and docstrings have different bytes per token"
 
 
+def test_evaluate_with_a_capacity_counts_what_it_drops_and_scores_the_same_weights_dropless(
+    data, killed_and_resumed, tmp_path
+):
+    """The run (trained dropless) scored with an expert capacity: half a fair share per sequence serves at most
+    half of each sequence's copies (4 experts x 16 slots of 128), so at least half are dropped and the loss
+    moves (this tiny model scores about as well without half its routed copies); room for every copy (factor
+    experts / top-k: 64 slots) drops none and scores as dropless. Either way the `dropless` panel holds the
+    plain evaluation's figures."""
+    vocab = load_tokenizer(data["tokenizer"]).get_vocab_size()
+    fields = dict(checkpoint_path=str(killed_and_resumed["output_path"] / "checkpoints"), shape=tiny_shape(vocab),
+                  tokenizer_path=data["tokenizer"], components={source: data[source] for source in SOURCES},
+                  batch_size=8, max_batches=EVAL_BATCHES)  # fmt: skip
+    plain = evaluate(EvaluateConfig(**fields, output_path=str(tmp_path / "plain")))
+    half, roomy = (evaluate(EvaluateConfig(**fields, output_path=str(tmp_path / f"capacity-{factor}"),
+                                           capacity_factor=factor)) for factor in (0.5, 2.0))  # fmt: skip
+    assert "dropped_fraction" not in plain and "dropless" not in plain
+    for results in (half, roomy):
+        assert results["dropless"]["macro_loss"] == pytest.approx(plain["macro_loss"], rel=1e-6)
+        for source in SOURCES:
+            for figure in ("loss", "bpb"):
+                dropless = results["dropless"]["components"][source][figure]
+                assert dropless == pytest.approx(plain["components"][source][figure], rel=1e-6)
+    assert half["capacity_factor"] == 0.5 and 0.5 <= half["dropped_fraction"] < 1
+    for source in SOURCES:
+        assert half["components"][source]["dropped_fraction"] >= 0.5
+        assert half["components"][source]["loss"] != pytest.approx(plain["components"][source]["loss"], rel=1e-3)
+        assert roomy["components"][source]["dropped_fraction"] == 0
+        assert roomy["components"][source]["loss"] == pytest.approx(plain["components"][source]["loss"], rel=1e-5)
+    assert roomy["dropped_fraction"] == 0
+
+
 def test_evaluate_refuses_a_missing_checkpoint(data, tmp_path):
     vocab = load_tokenizer(data["tokenizer"]).get_vocab_size()
     config = EvaluateConfig(checkpoint_path=str(tmp_path / "none"), shape=tiny_shape(vocab),

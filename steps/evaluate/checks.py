@@ -17,7 +17,9 @@ class NonFiniteResultError(ValueError):
 
 
 def check_finite_results(label: str, results: Mapping[str, Any]) -> None:
-    """Refuse results whose macro or per-component figures are NaN or infinite."""
+    """Refuse results whose macro or per-component figures, dropless ones included, are NaN or infinite."""
+    if "dropless" in results:
+        check_finite_results(f"{label} (dropless)", {**results["dropless"], "checkpoint": results["checkpoint"]})
     scored = {
         **results["components"],
         **{f"suite/{name}": by_figure for name, by_figure in results.get("suite", {}).items()},

@@ -24,22 +24,33 @@ summed loss (in bits) by the UTF-8 bytes its target tokens decode to. Both come 
 At scale it loads the model on the plan's mesh (`mesh`, the train step's layout) and splits each batch over
 every device.
 
+A model trained with an expert capacity (`capacity_factor`, the hero's 1.15) is scored with it, as the train
+step's own evals score it: each expert serves at most that many of each sequence's token copies, the rest are
+dropped. `dropped_fraction` is the share of token -> expert assignments (K per token and MoE layer) past
+capacity, over every scored sequence and per cache (a second pass, which skips the LM head). The same weights
+are then scored without the cap, as `dropless` (Marin's `eval_dropless/`): what the model does when no token
+is dropped. Under expert parallelism both send each device's slot grid, never a buffer of S x its copies
+(steps/model/expert_parallel.py).
+
 Output: `results.json` = {"checkpoint": path, "step": s, "metric": "eval_suite" or "components",
 "suite": {subset: {"loss", "bpb"}}, "components": {name: {"loss", "bpb"}}, "macro_loss", "macro_bpb",
-"components_macro_loss", "components_macro_bpb"}.
+"components_macro_loss", "components_macro_bpb"}; with a capacity factor also "capacity_factor",
+"dropped_fraction", a "dropped_fraction" beside each cache's loss, and "dropless": {"suite", "components",
+"macro_loss", "macro_bpb", "components_macro_loss", "components_macro_bpb"}.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import haliax as hax
 import jax
 import jax.numpy as jnp
 from haliax import Axis
-from levanter.eval import LossFnOutput, TaggedEvaluator
+from levanter.eval import EvalResult, LossFnOutput, TaggedEvaluator
 from levanter.models.lm_model import LmExample, LmHeadModel
 from levanter.trainer import TrainerConfig
 from levanter.utils.tree_utils import inference_mode
@@ -49,6 +60,7 @@ from steps.evaluate.checks import check_finite_results
 from steps.model.checkpoints import latest_checkpoint, load_model
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape
+from steps.model.moe_model import MoeLMHeadModel, with_capacity_factor
 from steps.tokenize.eval_suite import SUITE_PREFIX, load_suite
 from steps.tokenize.tokenize import load_components
 
@@ -90,6 +102,9 @@ class EvaluateConfig:
     """The train step's gate of the chosen experts' outputs (TrainConfig.router_combine). Versioned."""
     router_combine_sum: float = 1.0
     """The train step's sum of the chosen experts' weights (TrainConfig.router_combine_sum). Versioned."""
+    capacity_factor: float | None = None
+    """The train step's expert capacity (TrainConfig.capacity_factor): scored with it, its dropped fraction, and
+    scored dropless too (module docstring). None: dropless only. Versioned."""
 
 
 def evaluate(config: EvaluateConfig) -> dict:
@@ -102,6 +117,7 @@ def evaluate(config: EvaluateConfig) -> dict:
         router_aux_loss_coef=None,
         router_combine=config.router_combine,
         router_combine_sum=config.router_combine_sum,
+        capacity_factor=config.capacity_factor,
         step=label,
     )
     caches = dict(config.components)
@@ -117,20 +133,28 @@ def evaluate(config: EvaluateConfig) -> dict:
     max_examples = config.max_batches * config.batch_size if config.max_batches is not None else None
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.compute_axis_mapping):
         model = load_model(model_config, checkpoint, Axis("vocab", len(data.the_tokenizer)), trainer)
-        evaluator = TaggedEvaluator(
-            EvalBatch=Axis("batch", config.batch_size),
-            tagged_eval_sets=tagged_sets,
-            loss_fn=_per_position_loss,
-            tokenizer=data.the_tokenizer,
-            axis_mapping=trainer.compute_axis_mapping,
-            max_examples_per_dataset=max_examples,
-        )
-        result = evaluator.evaluate(model)
-    assert result.tag_micro_bpb is not None  # TaggedEvaluator computes it whenever it has a tokenizer
-    scored = {name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
-              for name in caches}  # fmt: skip
-    results = {"checkpoint": checkpoint, "step": int(checkpoint.rstrip("/").rsplit("step-", 1)[-1]),
-               **_macro_figures(scored)}  # fmt: skip
+
+        def scored_by(loss_fn: Callable, tokenizer: Any = data.the_tokenizer) -> TaggedEvaluator:
+            return TaggedEvaluator(
+                EvalBatch=Axis("batch", config.batch_size),
+                tagged_eval_sets=tagged_sets,
+                loss_fn=loss_fn,
+                tokenizer=tokenizer,
+                axis_mapping=trainer.compute_axis_mapping,
+                max_examples_per_dataset=max_examples,
+            )
+
+        scored = _scores(scored_by(_per_position_loss).evaluate(model), caches)
+        results = {"checkpoint": checkpoint, "step": int(checkpoint.rstrip("/").rsplit("step-", 1)[-1])}
+        if config.capacity_factor is not None:
+            drops = scored_by(_dropped_share, tokenizer=None).evaluate(model)
+            for name in caches:
+                scored[name]["dropped_fraction"] = float(drops.tag_micro_losses[name])
+            dropless = _scores(scored_by(_per_position_loss).evaluate(with_capacity_factor(model, None)), caches)
+            figures = _macro_figures(dropless)
+            results |= {"capacity_factor": config.capacity_factor, "dropped_fraction": float(drops.micro_avg_loss),
+                        "dropless": {name: value for name, value in figures.items() if name != "metric"}}  # fmt: skip
+    results |= _macro_figures(scored)
     check_finite_results(label, results)
     storage.write_json_atomic(storage.join(config.output_path, RESULTS_FILE), results)
     logger.info("%s: macro loss %.4f, macro bpb %.4f", label, results["macro_loss"], results["macro_bpb"])
@@ -148,6 +172,13 @@ def _trainer(config: EvaluateConfig, label: str) -> TrainerConfig:
     except ValueError as error:
         raise ValueError(f"{label}: {error}; fix the step's mesh") from error
     return TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size // devices, mesh=mesh)
+
+
+def _scores(result: EvalResult, caches: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """Each cache's loss and bits per byte."""
+    assert result.tag_micro_bpb is not None  # TaggedEvaluator computes it whenever it has a tokenizer
+    return {name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
+            for name in caches}  # fmt: skip
 
 
 def _macro_figures(scored: dict[str, dict[str, float]]) -> dict:
@@ -174,3 +205,16 @@ def _per_position_loss(model: LmHeadModel, batch: LmExample) -> LossFnOutput:
     per_pos_loss = model.compute_next_token_loss(batch, reduction=None, reduction_axis=()).array
     per_pos_token_id = jnp.roll(batch.tokens.array, -1, axis=-1)
     return per_pos_loss, batch.loss_weight.array, per_pos_token_id
+
+
+def _dropped_share(model: MoeLMHeadModel, batch: LmExample) -> LossFnOutput:
+    """Per position, the share of its token's expert assignments (K per MoE layer) dropped past capacity, as the
+    "loss" `TaggedEvaluator` averages: weight 1 on every position of a scored sequence (the last one too: it
+    is routed like the others), 0 on the all-zero sequences that pad a last batch."""
+    model = inference_mode(model, True)
+    dropped = model.dropped_copies(batch.tokens, batch.attn_mask)
+    assert dropped is not None, "only a model with a capacity_factor drops copies"
+    config = model.transformer.config
+    share = dropped.rearrange(batch.tokens.axes).array / (config.num_experts_per_tok * config.num_layers)
+    scored = jnp.sum(batch.loss_weight.array, axis=-1, keepdims=True) > 0
+    return share, jnp.broadcast_to(scored, share.shape).astype(share.dtype), batch.tokens.array

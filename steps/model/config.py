@@ -48,9 +48,9 @@ class MoeArchitecture(Qwen3MoeConfig):
     use_qk_norm: bool = False
     """RMS-normalise queries and keys per head (Qwen3's default is on; see the module docstring)."""
     capacity_factor: float | None = None
-    """Each routed expert takes at most ceil(factor x tokens x top_k / experts) tokens of a batch, the rest
-    are dropped (their routed output is zero); None: dropless grouped matmuls (steps/model/moe_block.py). Training
-    only: evaluation (`inference_mode`) is dropless, like the evaluate step."""
+    """Each routed expert takes at most ceil(factor x seq_len x top_k / experts) tokens of each sequence, the rest
+    are dropped (their routed output is zero); None: dropless (steps/model/moe_block.py). In training and in
+    evaluation (`inference_mode`) alike: the evaluate step scores with it and, with the same weights, without."""
     router_combine: str = "softmax"
     """How the chosen experts' outputs are weighted: "softmax" (Qwen3's: the softmax over all experts' logits,
     read at the chosen ones) or "sigmoid" (the hero's: each chosen expert's sigmoid(logit) on its own). With

@@ -3,25 +3,32 @@
 On a mesh with an `expert` axis of size S > 1, each device holds `E / S` of a layer's routed experts and its
 own slice of the tokens (tokens split over every mesh axis, `data` and `expert`). A device:
 
-1. packs its token copies (one per chosen expert) into a send buffer `[S, rows, feature]`, row block s for
-   the experts of device s;
-2. exchanges the buffers with one `all_to_all` over `expert` (row block s goes to device s of its group);
+1. packs its token copies (one per chosen expert) into a send buffer, the **slot grid** `[experts, groups,
+   slots]` (GShard's and Marin's grug `ep_fixed_all_to_all` layout): each expert takes at most `slots` copies
+   from each group of `tokens` consecutive tokens (a sequence), the first ones in token order. Experts-major,
+   so device s's experts are one contiguous block of rows and a row's place says its expert;
+2. exchanges the grids with one `all_to_all` over `expert` (block s goes to device s of its group);
 3. runs its experts on what it received;
 4. sends the outputs back by the reverse `all_to_all`, and sums each token's copies weighted by its gates.
 
 No collective carries the whole token batch: the two all-to-alls move each device's own routed copies
-(tests/test_expert_parallel.py reads the compiled HLO). How the send buffer is sized:
+(tests/test_expert_parallel.py reads the compiled HLO). The grid is `E x groups x slots` rows of `feature`
+per device, about the capacity factor times its copies (tokens x K), whatever S. Two ways to use it:
 
-- **dropless** (`capacity=None`): every copy it has per destination (C = tokens x K rows each, with the local
-  expert of each row sent alongside), the worst case of every copy going to one device: S times the copies;
-- **capacity** (`CapacityGroups`, GShard's and Marin's grug `ep_fixed_all_to_all` layout): each expert takes
-  at most `slots` copies from each group of `tokens` consecutive tokens (a sequence), the first ones in token
-  order; the rest are dropped (no output from that expert). The buffer is the slot grid
-  `[experts, groups, slots]`, experts-major, so a destination's rows are one contiguous block and a row's
-  place says its expert: `E x groups x slots` rows = capacity factor x the copies, not S x. The same grid
-  (`capacity_slots`, `dispatch`, `combine`) serves the layer on one device (steps/model/moe_block.py), so a
-  token is dropped on a mesh exactly when it is on one device: a group is a sequence, and a device holds
-  whole sequences, whatever the mesh or the microbatch.
+- **capacity** (`dropless=False`): one pass; a copy past its expert's slots in its group is dropped (no
+  output from that expert) and counted (`routed_experts` returns each token's dropped copies);
+- **dropless**: the same pass in rounds, round r serving each (expert, group) cell's copies of rank
+  [r x slots, (r + 1) x slots). Every device of an expert group must run each all-to-all, so all run as many
+  rounds as the fullest cell of the group needs (a `pmax`): one or two for a balanced router, more for a
+  skewed one, each in the same grid-sized buffers. Sending every copy in one buffer sized for the worst
+  case (all of a device's copies to one destination) would take S x copies rows per buffer (69 GB at EP64
+  for the d2048 rung's evaluate step), and `ragged_all_to_all`, which sends only what each destination
+  gets, is not implemented by XLA's CPU backend. The rounds' gradient is computed round by round too
+  (`_in_rounds`: a while loop's trip count is not known to reverse-mode autodiff).
+
+The same grid (`copy_ranks`, `grid_rows`, `dispatch`, `combine`) serves the layer on one device
+(steps/model/moe_block.py), so a token is dropped on a mesh exactly when it is on one device: a group is a
+sequence, and a device holds whole sequences, whatever the mesh or the microbatch.
 """
 
 from __future__ import annotations
@@ -49,15 +56,19 @@ class CapacityGroups(NamedTuple):
     """Copies an expert takes from one group (`capacity_groups`)."""
 
 
+Mlp = tuple[jax.Array, jax.Array, jax.Array]
+"""A device's local experts' (gate, up, down) weights."""
+
+
 def capacity_groups(capacity_factor: float, group_tokens: int, top_k: int, experts: int) -> CapacityGroups:
     """An expert's slots per group: `capacity_factor` x its fair share of the group's copies, rounded up."""
     return CapacityGroups(group_tokens, max(1, math.ceil(capacity_factor * group_tokens * top_k / experts)))
 
 
-def capacity_slots(chosen: jax.Array, capacity: CapacityGroups, experts: int) -> jax.Array:
-    """Each copy's row in the slot grid `[experts, groups, slots]` (flattened), for `chosen` (tokens, K): the
-    j-th copy (in token order) of a group sent to expert e gets row (e x groups + group) x slots + j while
-    j < slots; a dropped copy gets the row one past the grid's end, which `dispatch` and `combine` skip."""
+def copy_ranks(chosen: jax.Array, capacity: CapacityGroups, experts: int) -> tuple[jax.Array, jax.Array]:
+    """Each copy's cell of the slot grid and its rank in the cell, for `chosen` (tokens, K) flattened: copy
+    i (token i // K) of group g sent to expert e lies in cell e x groups + g, and is the j-th of that cell's
+    copies in token order."""
     tokens, top_k = chosen.shape
     if tokens % capacity.tokens:
         raise ValueError(
@@ -69,8 +80,28 @@ def capacity_slots(chosen: jax.Array, capacity: CapacityGroups, experts: int) ->
     order = jnp.argsort(cell, stable=True)  # by (expert, group), token order within each
     counts = jnp.bincount(cell, length=experts * groups)
     rank_sorted = jnp.arange(cell.size) - (jnp.cumsum(counts) - counts)[cell[order]]
-    rank = jnp.zeros_like(cell).at[order].set(rank_sorted)
-    return jnp.where(rank < capacity.slots, cell * capacity.slots + rank, experts * groups * capacity.slots)
+    return cell, jnp.zeros_like(cell).at[order].set(rank_sorted)
+
+
+def grid_rows(cell: jax.Array, rank: jax.Array, slots: int, cells: int, first: jax.Array | int = 0) -> jax.Array:
+    """Each copy's row in the slot grid `[cells, slots]` (flattened) when the copies of rank [first, first +
+    slots) of each cell are served: row cell x slots + rank - first; any other copy gets the row one past
+    the grid's end, which `dispatch` and `combine` skip."""
+    served = (rank >= first) & (rank < first + slots)
+    return jnp.where(served, cell * slots + rank - first, cells * slots)
+
+
+def capacity_slots(chosen: jax.Array, capacity: CapacityGroups, experts: int) -> tuple[jax.Array, jax.Array]:
+    """Each copy's row in the slot grid `[experts, groups, slots]` with capacity (the first `slots` copies
+    of each cell kept), and each token's dropped copies (tokens,)."""
+    cell, rank = copy_ranks(chosen, capacity, experts)
+    cells = experts * (chosen.shape[0] // capacity.tokens)
+    return grid_rows(cell, rank, capacity.slots, cells), dropped_copies(rank, capacity, chosen.shape[1])
+
+
+def dropped_copies(rank: jax.Array, capacity: CapacityGroups, top_k: int) -> jax.Array:
+    """Each token's copies past their expert's capacity (tokens,), from the copies' ranks in their cells."""
+    return jnp.sum((rank >= capacity.slots).reshape(-1, top_k), axis=-1)
 
 
 def dispatch(x: jax.Array, slots: jax.Array, rows: int) -> jax.Array:
@@ -141,6 +172,12 @@ def local_top_k(mesh: Mesh | None, scores: jax.Array, k: int) -> tuple[jax.Array
     return shard_map(per_device, mesh=mesh, in_specs=tokens, out_specs=(tokens, tokens))(scores)
 
 
+DROPLESS_ROUND_FACTOR = 1.25
+"""The slot grid of a dropless layer's rounds, as a capacity factor: a balanced router's fullest cell rarely
+passes 1.25 x a fair share, so one round mostly serves every copy; a skewed router takes more rounds, never
+a bigger buffer."""
+
+
 def routed_experts(
     mesh: Mesh,
     x: jax.Array,
@@ -149,21 +186,26 @@ def routed_experts(
     gate_up: tuple[jax.Array, jax.Array],
     down: jax.Array,
     activation: Callable[[jax.Array], jax.Array],
-    capacity: CapacityGroups | None = None,
-) -> jax.Array:
-    """The weighted sum over each token's chosen experts of their SwiGLU outputs, experts split over `expert`;
-    dropless, or each expert taking at most `capacity.slots` copies of each group (module docstring).
+    capacity: CapacityGroups,
+    dropless: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """The weighted sum over each token's chosen experts of their SwiGLU outputs, experts split over `expert`,
+    and each token's dropped copies: with `capacity`'s slot grid each expert takes at most `capacity.slots`
+    copies of each group, or (`dropless`) every copy, in as many rounds of that grid as needed (module
+    docstring).
 
     `x` (tokens, feature), `chosen` and `weights` (tokens, K), `gate_up` = (gate, up) weights (E, feature,
     width), `down` (E, width, feature)."""
     tokens = P(token_axes(mesh))
     experts = P(EXPERT_AXIS)
-    run = partial(_local, activation=activation, shards=expert_parallel_size(mesh), capacity=capacity)
+    run = partial(
+        _local, activation=activation, shards=expert_parallel_size(mesh), capacity=capacity, dropless=dropless
+    )
     sharded = shard_map(
         run,
         mesh=mesh,
         in_specs=(tokens, tokens, tokens, experts, experts, experts),
-        out_specs=tokens,
+        out_specs=(tokens, tokens),
         check_vma=False,
     )
     return sharded(x, chosen, weights, gate_up[0], gate_up[1], down)
@@ -179,58 +221,84 @@ def _local(
     *,
     activation: Callable[[jax.Array], jax.Array],
     shards: int,
-    capacity: CapacityGroups | None,
-) -> jax.Array:
-    """One device's part: dispatch its copies, run its experts on what arrives, send the outputs back."""
-    if capacity is not None:
-        return _local_with_capacity(x, chosen, weights, (gate, up, down), activation, shards, capacity)
-    local_experts = gate.shape[0]
-    copies, feature = chosen.size, x.shape[-1]
-    flat = chosen.reshape(-1)
-    order = jnp.argsort(flat, stable=True)  # by expert, hence by destination device
-    sorted_experts = flat[order]
-    destination = sorted_experts // local_experts
-    per_destination = jnp.bincount(destination, length=shards)
-    slot = jnp.arange(copies) - (jnp.cumsum(per_destination) - per_destination)[destination]
-    send = jnp.zeros((shards, copies, feature), x.dtype).at[destination, slot].set(x[order // chosen.shape[1]])
-    # The local expert of each row, `local_experts` marking an empty row (sorted last on arrival).
-    send_expert = jnp.full((shards, copies), local_experts, jnp.int32)
-    send_expert = send_expert.at[destination, slot].set(sorted_experts % local_experts)
-    received = jax.lax.all_to_all(send, EXPERT_AXIS, 0, 0, tiled=True)
-    received_expert = jax.lax.all_to_all(send_expert, EXPERT_AXIS, 0, 0, tiled=True).reshape(-1)
-    rows = received.reshape(-1, feature)
-    by_expert = jnp.argsort(received_expert, stable=True)
-    group_sizes = jnp.bincount(received_expert, length=local_experts + 1)[:local_experts].astype(jnp.int32)
-    grouped = rows[by_expert]
-    hidden = activation(jax.lax.ragged_dot(grouped, gate, group_sizes)) * jax.lax.ragged_dot(grouped, up, group_sizes)
-    out_grouped = jax.lax.ragged_dot(hidden, down, group_sizes)
-    valid = (received_expert[by_expert] < local_experts)[:, None]
-    out_rows = jnp.zeros_like(rows).at[by_expert].set(jnp.where(valid, out_grouped, 0))
-    returned = jax.lax.all_to_all(out_rows.reshape(shards, copies, feature), EXPERT_AXIS, 0, 0, tiled=True)
-    out_sorted = returned[destination, slot]  # in `order`
-    out_copies = jnp.zeros((copies, feature), x.dtype).at[order].set(out_sorted)
-    return jnp.einsum("tkf,tk->tf", out_copies.reshape(*chosen.shape, feature), weights.astype(x.dtype))
+    capacity: CapacityGroups,
+    dropless: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """One device's part: its copies through the slot grid, once (capacity) or in rounds (dropless)."""
+    experts = gate.shape[0] * shards
+    cells = experts * (x.shape[0] // capacity.tokens)
+    cell, rank = copy_ranks(chosen, capacity, experts)
+    serve = partial(_serve, activation=activation, shards=shards, slots=capacity.slots, cells=cells)
+    if not dropless:
+        return serve(x, weights, (gate, up, down), cell, rank, 0), dropped_copies(rank, capacity, chosen.shape[1])
+    # The rank of the fullest cell's last copy says its rounds; every device of the group runs the most.
+    rounds = jax.lax.pmax(jnp.max(rank) // capacity.slots + 1, EXPERT_AXIS)
+    return _in_rounds(serve, x, weights, (gate, up, down), cell, rank, rounds), jnp.zeros(chosen.shape[0], jnp.int32)
 
 
-def _local_with_capacity(
+def _serve(
     x: jax.Array,
-    chosen: jax.Array,
     weights: jax.Array,
-    mlp: tuple[jax.Array, jax.Array, jax.Array],
+    mlp: Mlp,
+    cell: jax.Array,
+    rank: jax.Array,
+    round_: jax.Array | int,
+    *,
     activation: Callable[[jax.Array], jax.Array],
     shards: int,
-    capacity: CapacityGroups,
+    slots: int,
+    cells: int,
 ) -> jax.Array:
-    """One device's part with capacity: its slot grid is the send buffer, expert-major, so device s's block is
-    rows [s, s + 1) x (E / S) x groups x slots and a row's place names its local expert (nothing else is sent)."""
+    """Round `round_` of the slot grid: the copies of rank [round x slots, (round + 1) x slots) of each cell sent
+    to their experts and back, summed per token by their gates (the others add nothing). The grid is the send
+    buffer, experts-major, so device s's block is rows [s, s + 1) x (E / S) x groups x slots and a row's place
+    names its local expert (nothing else is sent)."""
     local_experts, feature = mlp[0].shape[0], x.shape[-1]
-    experts = local_experts * shards
-    slots = capacity_slots(chosen, capacity, experts)
-    grid_rows = experts * (x.shape[0] // capacity.tokens) * capacity.slots
-    send = dispatch(x, slots, grid_rows).reshape(shards, local_experts, -1, feature)
+    rows = grid_rows(cell, rank, slots, cells, round_ * slots)
+    send = dispatch(x, rows, cells * slots).reshape(shards, local_experts, -1, feature)
     received = jax.lax.all_to_all(send, EXPERT_AXIS, 0, 0, tiled=True)  # (source, local expert, row, feature)
     by_expert = received.transpose(1, 0, 2, 3).reshape(local_experts, -1, feature)
     out = swiglu_experts(by_expert, *mlp, activation)
     out = out.reshape(local_experts, shards, -1, feature).transpose(1, 0, 2, 3)
     returned = jax.lax.all_to_all(out, EXPERT_AXIS, 0, 0, tiled=True)
-    return combine(returned.reshape(grid_rows, feature), slots, weights)
+    return combine(returned.reshape(cells * slots, feature), rows, weights)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _in_rounds(
+    serve: Callable[..., jax.Array],
+    x: jax.Array,
+    weights: jax.Array,
+    mlp: Mlp,
+    cell: jax.Array,
+    rank: jax.Array,
+    rounds: jax.Array,
+) -> jax.Array:
+    """Every copy served: the sum of `rounds` rounds of `serve`, accumulated in float32."""
+
+    def add_round(round_: jax.Array, total: jax.Array) -> jax.Array:
+        return total + serve(x, weights, mlp, cell, rank, round_).astype(jnp.float32)
+
+    return jax.lax.fori_loop(0, rounds, add_round, jnp.zeros(x.shape, jnp.float32)).astype(x.dtype)
+
+
+def _in_rounds_forward(serve: Callable[..., jax.Array], *inputs: jax.Array | Mlp) -> tuple[jax.Array, tuple]:
+    return _in_rounds(serve, *inputs), inputs
+
+
+def _in_rounds_backward(serve: Callable[..., jax.Array], saved: tuple, d_out: jax.Array) -> tuple:
+    """The rounds' gradient, round by round: each round recomputed and pulled back, so the backward pass holds
+    one round's buffers at a time, as the forward does."""
+    x, weights, mlp, cell, rank, rounds = saved
+    differentiable = (x, weights, mlp)
+
+    def add_round(round_: jax.Array, total: tuple) -> tuple:
+        _, pull_back = jax.vjp(lambda x, w, m: serve(x, w, m, cell, rank, round_), *differentiable)
+        return jax.tree.map(lambda sum_, grad: sum_ + grad.astype(jnp.float32), total, pull_back(d_out))
+
+    zeros = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, jnp.float32), differentiable)
+    grads = jax.lax.fori_loop(0, rounds, add_round, zeros)
+    return (*jax.tree.map(lambda grad, leaf: grad.astype(leaf.dtype), grads, differentiable), None, None, None)
+
+
+_in_rounds.defvjp(_in_rounds_forward, _in_rounds_backward)

@@ -19,11 +19,14 @@ the bias travels through Levanter's trainer):
   and `experts` over `expert` (steps/model/levanter_config.py), so no array may hold both;
 - the router z-loss and the HF load-balancing loss as per-layer loss terms.
 
-Dropless, the token permutation is Levanter's (a per-shard sort under `shard_map`, grouped matmuls), written
-once here for any feature axis: Levanter's own `_permute`/`_unpermute` are fixed to d_model. With a
-`capacity_factor` (training only) each expert serves at most capacity factor x its fair share of each
-sequence's copies, in a slot grid shared with the expert-parallel layer (steps/model/expert_parallel.py), so
-one device and any mesh or microbatch drop the same copies.
+Dropless on one device, the token permutation is Levanter's (a per-shard sort under `shard_map`, grouped
+matmuls), written once here for any feature axis: Levanter's own `_permute`/`_unpermute` are fixed to d_model.
+With a `capacity_factor` each expert serves at most capacity factor x its fair share of each sequence's
+copies, in training and in evaluation alike (a model is scored as it was trained), in a slot grid shared with
+the expert-parallel layer (steps/model/expert_parallel.py), so one device and any mesh or microbatch drop the
+same copies. Under expert parallelism a dropless layer serves every copy in rounds of that grid. In
+evaluation (`inference_mode`) with a capacity, each token's dropped copies are an extra output
+(`DROPPED_COPIES`, (batch, position)), which the model sums over layers (steps/model/moe_model.py).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from levanter.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
 
 from steps.model.config import MoeArchitecture
 from steps.model.expert_parallel import (
+    DROPLESS_ROUND_FACTOR,
     CapacityGroups,
     capacity_groups,
     capacity_slots,
@@ -66,6 +70,7 @@ from steps.model.expert_parallel import (
 ROUTER_Z_LOSS = "router_z_loss"
 LOAD_BALANCING_LOSS = "load_balancing_loss"
 STATE_CARRY = "router_state_carry"
+DROPPED_COPIES = "router_dropped_copies"
 
 
 class RouterBalance(hq.CustomGradientAccumulation):
@@ -289,9 +294,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         block = eqx.tree_at(lambda b: b.gate.weight, self, whole(self.gate.weight))
         return eqx.tree_at(lambda b: b.balance.bias, block, whole(self.balance.bias))
 
-    def _forward(
-        self, x: NamedArray, mesh: Any, key: jax.Array | None
-    ) -> tuple[NamedArray, dict[str, NamedArray]]:
+    def _forward(self, x: NamedArray, mesh: Any, key: jax.Array | None) -> tuple[NamedArray, dict[str, NamedArray]]:
         assert self.balance is not None
         config = self.config
         squash_axes = [x.resolve_axis(name) for name in ("batch", config.max_Pos.name) if x.has_axis(name)]
@@ -310,11 +313,12 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         else:
             x_experts = self.latent_in(x_flat, key=k_in)
         x_experts = x_experts.rearrange((token, config.ExpertIn))
-        capacity = self._capacity(x, token)
+        grid, dropless = self._slot_grid(x, token), config.capacity_factor is None
+        dropped = None
         if expert_parallel_size(mesh) > 1:
-            out = self._expert_parallel(mesh, x_experts, chosen, weights, capacity)
-        elif capacity is not None:
-            out = self._experts_with_capacity(x_experts, chosen, weights, capacity)
+            out, dropped = self._expert_parallel(mesh, x_experts, chosen, weights, grid, dropless)
+        elif not dropless:
+            out, dropped = self._experts_with_capacity(x_experts, chosen, weights, grid)
         else:
             out = self._routed_on_every_device(x_experts, chosen, weights, token, k_experts)
         if self.latent_out is None:
@@ -329,17 +333,20 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             STATE_CARRY: self.balance.carry_term(hax.named(next_bias, config.Experts), hax.named(load, config.Experts))
         }
         if self.inference:
+            if not dropless:
+                assert dropped is not None
+                extras[DROPPED_COPIES] = hax.unflatten_axis(hax.named(dropped, token), token, squash_axes)
             return out, extras
         return out, {**extras, **self._loss_terms(logits, load, token)}
 
-    def _capacity(self, x: NamedArray, token: Axis) -> CapacityGroups | None:
-        """The expert capacity while training with `capacity_factor` (evaluation sees every token, as the
-        evaluate step): counted per sequence, so what is dropped never depends on the mesh or the microbatch."""
+    def _slot_grid(self, x: NamedArray, token: Axis) -> CapacityGroups:
+        """The slot grid: the expert capacity with `capacity_factor`, or the grid a dropless expert-parallel
+        layer serves its copies through in rounds (`DROPLESS_ROUND_FACTOR`). Counted per sequence, so what is
+        dropped never depends on the mesh or the microbatch."""
         config = self.config
-        if config.capacity_factor is None or self.inference:
-            return None
+        factor = DROPLESS_ROUND_FACTOR if config.capacity_factor is None else config.capacity_factor
         group = x.resolve_axis(config.max_Pos.name).size if x.has_axis(config.max_Pos.name) else token.size
-        return capacity_groups(config.capacity_factor, group, config.num_experts_per_tok, config.num_experts)
+        return capacity_groups(factor, group, config.num_experts_per_tok, config.num_experts)
 
     def _expert_weights(self) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The routed experts' (gate, up, down) weights as (experts, in, out) arrays."""
@@ -356,12 +363,16 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         x_experts: NamedArray,
         chosen: jax.Array,
         weights: jax.Array,
-        capacity: CapacityGroups | None,
-    ) -> NamedArray:
-        """The routed experts split over the mesh's `expert` axis (steps/model/expert_parallel.py)."""
+        grid: CapacityGroups,
+        dropless: bool,
+    ) -> tuple[NamedArray, jax.Array]:
+        """The routed experts split over the mesh's `expert` axis (steps/model/expert_parallel.py), and each
+        token's dropped copies."""
         gate, up, down = self._expert_weights()
-        out = routed_experts(mesh, x_experts.array, chosen, weights, (gate, up), down, self.experts.act, capacity)
-        return hax.named(out, x_experts.axes).rearrange((x_experts.axes[0], self.config.ExpertIn))
+        out, dropped = routed_experts(
+            mesh, x_experts.array, chosen, weights, (gate, up), down, self.experts.act, grid, dropless
+        )
+        return hax.named(out, x_experts.axes).rearrange((x_experts.axes[0], self.config.ExpertIn)), dropped
 
     def _routed_on_every_device(
         self, x_experts: NamedArray, chosen: jax.Array, weights: jax.Array, token: Axis, key: jax.Array | None
@@ -381,17 +392,18 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
 
     def _experts_with_capacity(
         self, x_experts: NamedArray, chosen: jax.Array, weights: jax.Array, capacity: CapacityGroups
-    ) -> NamedArray:
+    ) -> tuple[NamedArray, jax.Array]:
         """The routed experts where each device holds them all, with capacity, Switch-style: each expert serves
         the first `capacity.slots` copies of each sequence that chose it, in a slot grid (experts, groups, slots)
         run as one batched dense matmul; the others are dropped and get a zero output. The same grid as the
-        expert-parallel layer's (steps/model/expert_parallel.py), so both drop the same copies."""
+        expert-parallel layer's (steps/model/expert_parallel.py), so both drop the same copies. Also each
+        token's dropped copies."""
         experts, feature = self.config.num_experts, x_experts.axes[-1].size
-        slots = capacity_slots(chosen, capacity, experts)
+        slots, dropped = capacity_slots(chosen, capacity, experts)
         rows = dispatch(x_experts.array, slots, experts * (chosen.shape[0] // capacity.tokens) * capacity.slots)
         gate, up, down = self._expert_weights()
         out = swiglu_experts(rows.reshape(experts, -1, feature), gate, up, down, self.experts.act)
-        return hax.named(combine(out.reshape(-1, feature), slots, weights), x_experts.axes)
+        return hax.named(combine(out.reshape(-1, feature), slots, weights), x_experts.axes), dropped
 
     def _loss_terms(self, logits: NamedArray, load: jax.Array, token: Axis) -> dict[str, NamedArray]:
         """The router z-loss and HF Qwen3-MoE's load-balancing loss (as Levanter's block computes it), when on."""

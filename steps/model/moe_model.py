@@ -49,9 +49,11 @@ norms and logs them apart (`router_figures`, layers numbered in depth order). Th
 found by 32 rounds of counting rather than by sorting (`column_quantile`): with tokens sharded across
 data-parallel devices a sort moves every logit (an all-to-all), where counting all-reduces one number per
 expert per round; on one CPU it is also 13x faster at 65,536 tokens x 64 experts (29 vs 394 ms).
-Routing is dropless (grouped matmuls over every assignment) unless the config sets `capacity_factor`
-(the hero's 1.15; steps/model/moe_block.py): then each expert serves a capped number of tokens per sequence
-as one batched matmul (under expert parallelism too), and `router/dropped_fraction` is logged. In eval
+Routing is dropless (grouped matmuls over every assignment; under expert parallelism, rounds of a slot grid)
+unless the config sets `capacity_factor` (the hero's 1.15; steps/model/moe_block.py): then each expert serves
+a capped number of tokens per sequence as one batched matmul (under expert parallelism too), in training and
+in eval alike, and `router/dropped_fraction` is logged; in eval `dropped_copies` counts them per position, and
+`with_capacity_factor` gives the same weights without the cap (the evaluate step scores both). In eval
 (`inference_mode`) the z-loss and the HF load-balancing loss are left out of the loss, so eval losses are pure
 cross-entropy.
 Levanter's inherited Qwen3-MoE HF converter would drop most of the above: steps/model/hf_export.py writes (and
@@ -60,6 +62,7 @@ loads back) the whole model instead, and the train step uses it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +82,7 @@ from levanter.models.qwen3_moe import Qwen3MoeLMHeadModel
 from levanter.utils.jax_utils import zeros_like_tree
 
 from steps.model.config import MoeArchitecture
-from steps.model.moe_block import RouterBalance
+from steps.model.moe_block import DROPPED_COPIES, RouterBalance
 from steps.model.moe_layers import MoeTransformer
 
 logger = logging.getLogger(__name__)
@@ -118,9 +121,25 @@ class MoeLMHeadModel(Qwen3MoeLMHeadModel):
         key: jax.Array | None = None,
         pos_ids: NamedArray | None = None,
     ) -> tuple[NamedArray, NamedArray | float]:
-        x = self.embeddings.embed(input_ids)
-        x, extras = self.transformer(x, attn_mask=attn_mask, key=key, pos_ids=pos_ids)
-        return x, sum(extras.values(), start=0.0)
+        x, extras = self.transformer(self.embeddings.embed(input_ids), attn_mask=attn_mask, key=key, pos_ids=pos_ids)
+        return x, sum((term for name, term in extras.items() if name != DROPPED_COPIES), start=0.0)
+
+    def dropped_copies(self, input_ids: NamedArray, attn_mask: AttentionMask | None = None) -> NamedArray | None:
+        """Each position's token copies past their expert's capacity, summed over layers, (batch, position), in
+        `inference_mode` with a `capacity_factor` (None otherwise): what the evaluate step's dropped fraction
+        counts. The layers' forward pass without the LM head."""
+        _, extras = self.transformer(self.embeddings.embed(input_ids), attn_mask=attn_mask, key=None)
+        return extras.get(DROPPED_COPIES)
+
+
+def with_capacity_factor(model: MoeLMHeadModel, capacity_factor: float | None) -> MoeLMHeadModel:
+    """`model`'s weights under its config with another `capacity_factor` (None: dropless), e.g. to score a model
+    trained with a capacity both ways. The factor is a static field of every layer, so the tree is rebuilt from
+    the new config's (equal but for that field) around the same leaves."""
+    config = dataclasses.replace(model.transformer.config, capacity_factor=capacity_factor)
+    assert isinstance(config, MoeConfig)
+    template = eqx.filter_eval_shape(config.build, model.Vocab, key=jrandom.PRNGKey(0))
+    return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(model))
 
 
 def router_balances(tree: Any) -> list[RouterBalance]:

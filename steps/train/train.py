@@ -152,8 +152,9 @@ class TrainConfig:
     router_z_loss_weight: float = 0.0
     """Weight of the router z-loss: logsumexp(router logits)^2, mean over tokens, summed over layers. Versioned."""
     capacity_factor: float | None = None
-    """Tokens an expert takes per batch, as a multiple of a fair share; the rest are dropped (the hero: 1.15).
-    None: dropless. Capacity runs the experts as one batched matmul, much faster on CPU. Versioned."""
+    """Tokens an expert takes per sequence, as a multiple of a fair share; the rest are dropped (the hero: 1.15),
+    in training and in the periodic evals. None: dropless. Capacity runs the experts as one batched matmul, much
+    faster on CPU. Versioned."""
     router_combine: str = "softmax"
     """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py). Versioned."""
     router_combine_sum: float = 1.0
