@@ -148,3 +148,9 @@ class RouterStatePolicy(jmp.Policy):
     def cast_to_compute(self, x: Any) -> Any:
         cast = super().cast_to_compute
         return jax.tree.map(lambda node: node if is_router_state(node) else cast(node), x, is_leaf=is_router_state)
+
+    def __eq__(self, other: object) -> bool:
+        # Equal to jmp's policy of the same dtypes (either way round: Python asks the subclass first). Levanter's
+        # config encoder writes a policy as its dtypes and checks that jmp reads back an equal one.
+        dtypes = (self.param_dtype, self.compute_dtype, self.output_dtype)
+        return isinstance(other, jmp.Policy) and dtypes == (other.param_dtype, other.compute_dtype, other.output_dtype)
