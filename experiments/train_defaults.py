@@ -213,7 +213,9 @@ def default_train(
         resources=rung.resources,
         # 2: the model holds local/global layer periods and latent experts, without QK-norm: checkpoints of
         # earlier runs have another tree and cannot be resumed.
-        code_version="2",
+        # 3: the router bias is read from the whole batch's excess histogram (steps/model/router_balance.py), not
+        # averaged over microbatches' quantiles: another bias, so other losses; the router state's tree changed.
+        code_version="3",
     )
 
 

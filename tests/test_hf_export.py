@@ -40,8 +40,8 @@ from steps.model.hf_export import (
     shard_plan,
 )
 from steps.model.model_size import MoeShape, total_params
-from steps.model.moe_block import RouterBalance
 from steps.model.moe_model import MoeLMHeadModel
+from steps.model.router_balance import ExcessBin, RouterBalance
 
 pytestmark = pytest.mark.training
 
@@ -50,7 +50,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def with_router_state(model: MoeLMHeadModel, seed: int) -> MoeLMHeadModel:
-    """Every layer's router bias random (it changes routing) and its loads positive, as after training."""
+    """Every layer's router bias random (it changes routing) and its loads positive, as after training, with an
+    empty histogram (so the model routes by this bias, as a settled state does)."""
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), 64))
 
     def fill(node: object) -> object:
@@ -104,7 +105,7 @@ def expected_shapes(shape: MoeShape) -> dict[str, tuple[int, ...]]:
             f"{layer}.mlp.shared.down_proj.weight": (d, shared),
             f"{layer}.mlp.balance.bias": (experts,),
             f"{layer}.mlp.balance.load": (experts,),
-            f"{layer}.mlp.balance.estimates": (),
+            f"{layer}.mlp.balance.excess": (experts, ExcessBin.size),
         }
         for expert in range(experts):
             prefix = f"{layer}.mlp.experts.{expert}"
@@ -192,6 +193,30 @@ def test_round_trip_gives_identical_logits_and_router_state(model: MoeLMHeadMode
         is_leaf=lambda node: isinstance(node, RouterBalance),
     )
     assert not np.allclose(np.asarray(logits(unbiased)), np.asarray(logits(model)))
+
+
+def test_an_export_holds_the_bias_the_model_routes_by_next(model: MoeLMHeadModel, tokenizer: str, tmp_path: Path):
+    """A trained model's router state holds the last batch's histogram, which moves the bias the next batch is
+    routed by; the export writes that bias with an empty histogram: the same routing, from the bias alone."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(6), 64))
+
+    def count(node: object) -> object:
+        if not isinstance(node, RouterBalance):
+            return node
+        return dataclasses.replace(node, excess=hax.random.randint(next(keys), node.excess.axes, 0, 5) * 1.0)
+
+    counted = jax.tree.map(count, model, is_leaf=lambda node: isinstance(node, RouterBalance))
+    export_model(counted, str(tmp_path), tokenizer)
+    loaded = load_hf_export(str(tmp_path))
+    tokens = batches(1)[0].tokens
+    logits = eqx.filter_jit(lambda m: m(tokens).array)
+    np.testing.assert_array_equal(np.asarray(logits(loaded)), np.asarray(logits(counted)))
+    assert not np.allclose(np.asarray(logits(loaded)), np.asarray(logits(model)))  # the histogram moved the bias
+    layers = zip(counted.transformer.layers_in_order(), loaded.transformer.layers_in_order(), strict=True)
+    for trained, restored in layers:
+        expected = np.asarray(trained.mlp.balance.routing_bias().array)
+        np.testing.assert_allclose(np.asarray(restored.mlp.balance.bias.array), expected, rtol=1e-6, atol=1e-7)
+        assert not np.any(np.asarray(restored.mlp.balance.excess.array))
 
 
 def test_a_tied_bfloat16_model_round_trips_in_bfloat16(tokenizer: str, tmp_path: Path) -> None:

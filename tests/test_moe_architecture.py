@@ -25,9 +25,9 @@ from test_moe_model import BATCH, SEQ, VOCAB, Vocab, batches, loss_fn, mesh  # n
 
 from steps.model.levanter_config import qwen3_moe_config
 from steps.model.model_size import MoeShape, active_params, ladder_shape, total_params
-from steps.model.moe_block import RouterBalance
 from steps.model.moe_layers import windowed_backend
 from steps.model.moe_model import MoeConfig, MoeLMHeadModel, MoeWatchConfig, router_figures
+from steps.model.router_balance import RouterBalance
 
 pytestmark = pytest.mark.training
 

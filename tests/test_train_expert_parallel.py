@@ -36,6 +36,7 @@ RUNNER = textwrap.dedent("""
     from haliax import Axis
     from steps.model.checkpoints import latest_checkpoint, load_model
     from steps.model.model_size import MoeShape
+    from steps.model.router_balance import settled
     from steps.train.train import TrainConfig, levanter_config, train
     from steps.train.train_metrics import read_metrics
     fields = json.loads(sys.argv[2])
@@ -48,8 +49,9 @@ RUNNER = textwrap.dedent("""
         model = load_model(run.model, checkpoint, Axis("vocab", config.shape.vocab_size), run.trainer)
         experts = model.transformer.periods.stacked.global_layer.mlp.experts.gate_proj.weight
         shards = experts.array.addressable_shards
-    # Every layer's trained weights, gathered, for the test to hold the step's HF export against.
-    layers = [leaf for layer in model.transformer.layers_in_order()
+    # Every layer's trained weights, gathered, for the test to hold the step's HF export against (which holds
+    # the router state settled: the bias the next step would route by, no histogram).
+    layers = [leaf for layer in settled(model).transformer.layers_in_order()
               for leaf in jax.tree.leaves(eqx.filter(layer, eqx.is_inexact_array))]
     np.savez(config.output_path + "/trained_layers.npz", *(np.asarray(leaf) for leaf in layers))
     print("RESULT " + json.dumps({

@@ -43,11 +43,13 @@ The folder holds:
       model.layers.i.mlp.shared.down_proj.weight         (d_model, n_shared*shared_width)    as one SwiGLU
       model.layers.i.mlp.balance.bias                    (experts): router bias, added to logits for top-k
       model.layers.i.mlp.balance.load                    (experts): tokens per expert in the last batch
-      model.layers.i.mlp.balance.estimates               (): batch estimates the bias averages
+      model.layers.i.mlp.balance.excess                  (experts, 258): zero; the bias is settled
 
   These are Levanter's own state-dict names (Qwen3-MoE's HF names, plus our modules' field names), so the
   export and the loader are the same mapping read both ways. The weights (all but `balance.*`) add up to
-  steps/model/model_size.py's `total_params`.
+  steps/model/model_size.py's `total_params`. The router state is written settled
+  (steps/model/router_balance.py): `bias` is the bias the model routes by next, and the histogram the
+  training run would have read it from is left empty, so a reader needs only the bias.
 - the tokenizer files of the run (`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`).
 
 Host memory holds one weights file (and one layer) at a time; the model itself is loaded whole on the
@@ -83,6 +85,7 @@ from executor import storage
 from steps.model.checkpoints import latest_checkpoint, load_model
 from steps.model.moe_layers import MoePeriod, MoeTransformer
 from steps.model.moe_model import MoeConfig, MoeLMHeadModel
+from steps.model.router_balance import settled
 from steps.tokenize.train_tokenizer import SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 logger = logging.getLogger(__name__)
@@ -143,7 +146,7 @@ def export_model(
     writer = jax.process_index() == 0
     if writer:
         storage.delete(storage.join(folder, CONFIG_FILE))
-    parts = _parts(model)
+    parts = _parts(settled(model))
     sizes: dict[str, int] = {}
     owner: dict[str, int] = {}
     kept: dict[str, np.ndarray] | None = {}  # every tensor, until they outgrow one file

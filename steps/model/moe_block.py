@@ -5,8 +5,9 @@ Levanter's `Qwen3MoeSparseMoeBlock`, subclassed. What it adds (steps/model/moe_m
 the bias travels through Levanter's trainer):
 
 - routing by the top K of logits + stop_gradient(bias), the gate weights from the logits alone (softmax, or
-  the hero's sigmoid renormalised to `router_combine_sum`: `combine_weights`); with
-  balancing on, the top K+1 are taken and `balanced_bias` gives the next bias (`RouterBalance` carries it);
+  the hero's sigmoid renormalised to `router_combine_sum`: `combine_weights`); with balancing on, the top K+1
+  are taken and each expert's excess over the (K+1)-th score is counted into the histogram the next bias is
+  read from (steps/model/router_balance.py; `RouterBalance` carries it);
 - **latent experts** (`expert_latent_dim`): the layer projects each token once, d_model -> latent, routes the
   latent through its experts' SwiGLUs, sums the top-k outputs in the latent, and projects once back,
   latent -> d_model. Both projections are shared by all routed experts of the layer and applied once per
@@ -31,15 +32,12 @@ evaluation (`inference_mode`) with a capacity, each token's dropped copies are a
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from functools import partial
-from typing import Any, Self
+from typing import Any
 
 import equinox as eqx
 import haliax as hax
 import haliax.nn as hnn
-import haliax.quantization as hq
 import jax
 import jax.numpy as jnp
 import jax.random as jrandom
@@ -66,41 +64,12 @@ from steps.model.expert_parallel import (
     swiglu_experts,
     token_axes,
 )
+from steps.model.router_balance import RouterBalance, excess_histogram
 
 ROUTER_Z_LOSS = "router_z_loss"
 LOAD_BALANCING_LOSS = "load_balancing_loss"
 STATE_CARRY = "router_state_carry"
 DROPPED_COPIES = "router_dropped_copies"
-
-
-class RouterBalance(hq.CustomGradientAccumulation):
-    """One layer's router bias and last-batch expert loads: carried by the gradient, never trained."""
-
-    bias: NamedArray
-    """Added to the router logits before top-k selection (Experts)."""
-    load: NamedArray
-    """Token-to-expert assignments of the last batch (Experts)."""
-    estimates: NamedArray
-    """How many (micro)batch estimates `bias` averages (scalar); the weight for `accumulate`."""
-
-    @staticmethod
-    def init(experts: Axis) -> RouterBalance:
-        return RouterBalance(hax.zeros(experts), hax.zeros(experts), hax.named(jnp.ones(()), ()))
-
-    def accumulate(self, other: Self) -> Self:
-        # `self` is zero on the first microbatch (estimates 0), which makes this the identity then.
-        estimates = self.estimates + other.estimates
-        bias = (self.bias * self.estimates + other.bias * other.estimates) / estimates
-        return dataclasses.replace(self, bias=bias, load=self.load + other.load, estimates=estimates)
-
-    def carry_term(self, bias: NamedArray, load: NamedArray) -> NamedArray:
-        """A loss term of value 0 whose gradient with respect to this state is (bias, load, 1)."""
-
-        def carry(leaf: NamedArray, value: NamedArray) -> NamedArray:
-            product = hax.sum(leaf * jax.lax.stop_gradient(value))
-            return product - jax.lax.stop_gradient(product)
-
-        return carry(self.bias, bias) + carry(self.load, load) + carry(self.estimates, hax.ones_like(self.estimates))
 
 
 def combine_weights(logits: jax.Array, chosen: jax.Array, config: MoeArchitecture) -> jax.Array:
@@ -116,61 +85,6 @@ def combine_weights(logits: jax.Array, chosen: jax.Array, config: MoeArchitectur
     if config.norm_topk_prob:
         weights = weights / weights.sum(-1, keepdims=True) * config.router_combine_sum
     return weights
-
-
-def balanced_bias(logits: jax.Array, threshold: jax.Array, top_k: int) -> jax.Array:
-    """The rule: minus the (1 - K/E) quantile over tokens of (logit - threshold) per expert, centred.
-
-    `logits` is (tokens, experts); `threshold` is (tokens,), the (K+1)-th largest biased score."""
-    num_experts = logits.shape[-1]
-    margin = column_quantile(logits - threshold[:, None], 1.0 - top_k / num_experts)
-    return -(margin - jnp.mean(margin))
-
-
-def column_quantile(values: jax.Array, q: float) -> jax.Array:
-    """`jnp.quantile(values, q, axis=0)` (linear interpolation between order statistics) for float32 `values`
-    of shape (tokens, columns), found by counting instead of sorting.
-
-    A sort along the token axis, which is sharded across data-parallel devices, makes XLA move every logit
-    (an all-to-all of tokens x experts per layer and step: gigabytes at hero scale) and then sort it. Here
-    each order statistic is found by bisection on the 32-bit order-preserving integer key of its float: 32
-    rounds of "how many tokens lie at or below the midpoint", each a sum over tokens, i.e. an all-reduce of
-    one count per column. 32 rounds pin the key exactly, so each order statistic is the array's own element
-    and only numpy's interpolation between two of them can round apart (tests/test_moe_model.py checks it
-    against numpy, and the collectives on four devices)."""
-    tokens, columns = values.shape
-    position = q * (tokens - 1)
-    rank = math.floor(position)
-    fraction = position - rank
-    keys = _order_keys(values.astype(jnp.float32))
-
-    def halve(_: int, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        low, high = bounds  # the rank-th smallest key of each column lies in [low, high]
-        middle = low + (high - low) // 2
-        enough = jnp.sum(keys <= middle[None, :], axis=0) >= rank + 1
-        return jnp.where(enough, low, middle + 1), jnp.where(enough, middle, high)
-
-    everything = (jnp.zeros(columns, jnp.uint32), jnp.full(columns, 0xFFFFFFFF, jnp.uint32))
-    key, _ = jax.lax.fori_loop(0, 32, halve, everything)
-    lower = _from_order_keys(key)
-    if fraction == 0:
-        return lower
-    # The next order statistic: the same value if it repeats, else the smallest value above it.
-    repeats = jnp.sum(keys <= key[None, :], axis=0) >= rank + 2
-    above = jnp.min(jnp.where(keys > key[None, :], keys, jnp.uint32(0xFFFFFFFF)), axis=0)
-    upper = jnp.where(repeats, lower, _from_order_keys(above))
-    return lower + (upper - lower) * fraction
-
-
-def _order_keys(values: jax.Array) -> jax.Array:
-    """float32 -> uint32 with the same order: flip all bits of negatives, set the sign bit of the rest."""
-    bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
-    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
-
-
-def _from_order_keys(keys: jax.Array) -> jax.Array:
-    bits = jnp.where(keys >> 31 == 1, keys & jnp.uint32(0x7FFFFFFF), ~keys)
-    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 class MoeBlock(Qwen3MoeSparseMoeBlock):
@@ -198,28 +112,30 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         shared = None
         if config.num_shared_experts:
             shared = LlamaMlp.init(config.Embed, config.shared_mlp_axis, activation, key=k_shared)
-        balance = RouterBalance.init(config.Experts)
+        balance = RouterBalance.init(config.Experts, config.num_experts_per_tok)
         return MoeBlock(
             config, gate, experts, balance=balance, shared=shared, latent_in=latent_in, latent_out=latent_out
         )
 
-    def _select(self, logits: jax.Array, mesh: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(chosen experts (tokens, K), gate weights (tokens, K), next bias) from f32 logits (tokens, E).
+    def _select(self, logits: jax.Array, mesh: Any = None) -> tuple[jax.Array, jax.Array, RouterBalance]:
+        """(chosen experts (tokens, K), gate weights (tokens, K), the router state this batch leaves) from f32
+        logits (tokens, E).
 
-        Top-k runs on each device's own tokens and the bias rule's quantile only sums counts over tokens,
-        so under expert parallelism no collective carries the logits (tokens x experts)."""
+        Top-k runs on each device's own tokens and the excess histogram only counts over tokens, so under
+        expert parallelism no collective carries the logits (tokens x experts)."""
         assert self.balance is not None
         top_k = self.config.num_experts_per_tok
-        bias = jax.lax.stop_gradient(self.balance.bias.array.astype(jnp.float32))
-        scores = jax.lax.stop_gradient(logits) + bias
+        bias = jax.lax.stop_gradient(self.balance.routing_bias())
+        scores = jax.lax.stop_gradient(logits) + bias.array
+        excess = None
         if self.config.router_bias_balancing:
             top_scores, chosen = local_top_k(mesh, scores, top_k + 1)
-            next_bias = balanced_bias(jax.lax.stop_gradient(logits), top_scores[:, top_k], top_k)
+            excess = excess_histogram(scores - top_scores[:, top_k:])
             chosen = chosen[:, :top_k]
         else:
             _, chosen = local_top_k(mesh, scores, top_k)
-            next_bias = bias
-        return chosen, combine_weights(logits, chosen, self.config), next_bias
+        load = jnp.bincount(chosen.reshape(-1), length=self.config.num_experts).astype(jnp.float32)
+        return chosen, combine_weights(logits, chosen, self.config), self.balance.counted(bias, load, excess)
 
     def _permute(
         self, x_flat: NamedArray, topk_idx_flat: NamedArray, token_repeat: Axis
@@ -283,16 +199,16 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         return self._forward(x, mesh, key)
 
     def _router_replicated(self, mesh: Any) -> MoeBlock:
-        """This block with its router weight (stored split on d_model over every device) and bias (over `expert`)
-        whole on every device: from either split XLA could all-reduce partial logits or gather every token for
-        expert-split ones. Both are small (d_model x experts); the tokens are not."""
+        """This block with its router weight (stored split on d_model over every device) and its router state
+        (split over `expert`) whole on every device: from either split XLA could all-reduce partial logits or gather
+        every token for expert-split ones. Both are small (d_model x experts, experts x bins); the tokens are not."""
         assert self.balance is not None
 
         def whole(leaf: NamedArray) -> NamedArray:
             return hax.named(replicated(mesh, leaf.array), leaf.axes)
 
         block = eqx.tree_at(lambda b: b.gate.weight, self, whole(self.gate.weight))
-        return eqx.tree_at(lambda b: b.balance.bias, block, whole(self.balance.bias))
+        return eqx.tree_at(lambda b: b.balance, block, jax.tree.map(whole, self.balance, is_leaf=hax.is_named_array))
 
     def _forward(self, x: NamedArray, mesh: Any, key: jax.Array | None) -> tuple[NamedArray, dict[str, NamedArray]]:
         assert self.balance is not None
@@ -305,8 +221,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         token = x_flat.resolve_axis("token")
         logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rename({config.RouterExperts: config.Experts})
         logits = logits.rearrange((token, config.Experts))
-        chosen, weights, next_bias = self._select(logits.array, mesh)
-        load = jnp.bincount(chosen.reshape(-1), length=config.num_experts).astype(jnp.float32)
+        chosen, weights, carried = self._select(logits.array, mesh)
 
         if self.latent_in is None:  # the experts read d_model under their own axis name (`ExpertIn`)
             x_experts = x_flat.rename({config.Embed: config.ExpertIn})
@@ -329,15 +244,13 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             out = out + self.shared(x_flat, key=k_shared)
         out = hax.unflatten_axis(out, axis=token, new_axes=squash_axes)
 
-        extras = {
-            STATE_CARRY: self.balance.carry_term(hax.named(next_bias, config.Experts), hax.named(load, config.Experts))
-        }
+        extras = {STATE_CARRY: self.balance.carry_term(carried)}
         if self.inference:
             if not dropless:
                 assert dropped is not None
                 extras[DROPPED_COPIES] = hax.unflatten_axis(hax.named(dropped, token), token, squash_axes)
             return out, extras
-        return out, {**extras, **self._loss_terms(logits, load, token)}
+        return out, {**extras, **self._loss_terms(logits, carried.load.array, token)}
 
     def _slot_grid(self, x: NamedArray, token: Axis) -> CapacityGroups:
         """The slot grid: the expert capacity with `capacity_factor`, or the grid a dropless expert-parallel

@@ -12,12 +12,14 @@ rewritten for any feature axis, the latent included); this module and its two pa
   configs (Levanter's qwen3_moe model ignores them, and so does this one).
 - **Latent experts** (`expert_latent_dim`; steps/model/moe_block.py): a layer's routed experts work inside a
   latent, between a d_model -> latent and a latent -> d_model projection shared by all of them.
-- **Aux-loss-free router-bias balancing** (`router_bias_balancing`). Tokens are routed by the top K of
-  router logits + stop_gradient(bias); the gate weights come from the logits alone. With the option on, the
-  top K+1 are taken and the (K+1)-th score is the token's threshold; per expert, the (1 - K/E) quantile of
-  (logit - threshold) over the batch is the margin by which the expert would have to be lowered so that a
-  fraction K/E of tokens (a fair share) clears the threshold; the next step's bias is minus that quantile,
-  centred per layer. The bias is never trained by gradients.
+- **Aux-loss-free router-bias balancing** (`router_bias_balancing`; steps/model/router_balance.py). Tokens are
+  routed by the top K of router logits + stop_gradient(bias); the gate weights come from the logits alone.
+  With the option on, the top K+1 are taken and the (K+1)-th score is the token's threshold; per expert, the
+  (1 - K/E) quantile over the batch of (biased score - threshold) is how far the expert would have to be
+  lowered so that a fraction K/E of tokens (a fair share) clears the threshold; the next step's bias is the
+  bias minus that quantile, centred per layer. The quantile is read from a histogram of the whole batch,
+  which adds up over microbatches and devices, so the microbatch size does not change what a step trains.
+  The bias is never trained by gradients.
 - **Shared experts** (`num_shared_experts` SwiGLU MLPs of width `shared_expert_intermediate_dim` on
   d_model, on every token, added to the routed output).
 - **Router z-loss** (`router_z_loss_weight`): weight x mean over tokens of logsumexp(router logits)^2,
@@ -28,27 +30,28 @@ comes from, counts no such weights, and the model holds exactly the weights it c
 (`total_trainable_params` is the calculator's figure).
 
 How the bias reaches the next step inside Levanter's functional trainer: each MoE block holds a
-`RouterBalance` (bias, and the tokens each expert received in the last batch) that is a Haliax
-`CustomGradientAccumulation`. Levanter's train step takes such modules out of the optimizer's view and
-*overwrites* them with their gradient (`haliax.quantization.apply_updates`), which is how its FP8 scaling
-state travels. The block adds to the loss a term that is exactly zero in value but whose gradient with
-respect to the state is the state's next value (`x * sg(v) - sg(x * v)` has gradient `v`). So:
+`RouterBalance` (the bias the last batch was routed by, that batch's excess histogram and the tokens each
+expert received) that is a Haliax `CustomGradientAccumulation`. Levanter's train step takes such modules out of
+the optimizer's view and *overwrites* them with their gradient (`haliax.quantization.apply_updates`), which is
+how its FP8 scaling state travels. The block adds to the loss a term that is exactly zero in value but whose
+gradient with respect to the state is the state's next value (`x * sg(v) - sg(x * v)` has gradient `v`). So:
 
-- the bias and loads are outside AdamW: no weight decay, no moments, no learning rate;
+- the bias, histogram and loads are outside AdamW: no weight decay, no moments, no learning rate;
 - under gradient accumulation Levanter does not average such modules but folds them with
-  `RouterBalance.accumulate`: loads add up, and the bias becomes the mean of the microbatches' estimates
-  (each microbatch's quantile is exact for that microbatch; their mean approximates the batch's);
+  `RouterBalance.accumulate`: histograms and loads add up and the bias (the same in every microbatch) is
+  kept, so the next bias is read from the whole batch's histogram, exactly as without microbatches;
+- the next step (or an evaluation) routes by `RouterBalance.routing_bias()`, the update applied to the carried
+  state, so it needs no finishing pass after the fold;
 - checkpoints hold them like any other leaf (one eqx tree), so a resumed run keeps its bias;
-- a bf16 compute policy casts them like every leaf: the bias and loads then pass through bf16 (about three
-  significant digits), enough to route and to log load ratios;
+- the train step's precision policy (`RouterStatePolicy`) keeps them in f32 under bf16 compute: counts stay
+  exact, and the bias as precise as the logits it is added to;
 - routing always adds the bias, so a model evaluated with the option off routes as it was trained; the
-  option only decides whether the bias is updated (off: its next value is its current value, zero).
+  option only decides whether the bias is updated (off: nothing is counted, the bias stays as it is, zero).
 
 The train step's `MoeWatchConfig` keeps these leaves out of Levanter's parameter, gradient and update
-norms and logs them apart (`router_figures`, layers numbered in depth order). The quantile is exact, but
-found by 32 rounds of counting rather than by sorting (`column_quantile`): with tokens sharded across
-data-parallel devices a sort moves every logit (an all-to-all), where counting all-reduces one number per
-expert per round; on one CPU it is also 13x faster at 65,536 tokens x 64 experts (29 vs 394 ms).
+norms and logs them apart (`router_figures`, layers numbered in depth order). Counting a histogram, rather
+than sorting, also keeps the logits where they are: with tokens sharded across data-parallel devices a sort
+moves every logit (an all-to-all), where a histogram all-reduces E x 258 counts per layer.
 Routing is dropless (grouped matmuls over every assignment; under expert parallelism, rounds of a slot grid)
 unless the config sets `capacity_factor` (the hero's 1.15; steps/model/moe_block.py): then each expert serves
 a capped number of tokens per sequence as one batched matmul (under expert parallelism too), in training and
@@ -82,8 +85,9 @@ from levanter.models.qwen3_moe import Qwen3MoeLMHeadModel
 from levanter.utils.jax_utils import zeros_like_tree
 
 from steps.model.config import MoeArchitecture
-from steps.model.moe_block import DROPPED_COPIES, RouterBalance
+from steps.model.moe_block import DROPPED_COPIES
 from steps.model.moe_layers import MoeTransformer
+from steps.model.router_balance import RouterBalance
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +154,8 @@ def router_balances(tree: Any) -> list[RouterBalance]:
 
 
 def router_figures(tree: Any) -> dict[str, jax.Array]:
-    """Router figures to log from a model (or its gradient: then loads are this step's, bias the next).
+    """Router figures to log from a model (or its gradient: then loads are this step's), with the bias the next
+    step routes by (`RouterBalance.routing_bias`).
 
     `router/bias/norm` (all layers), and per layer `router/layer_<i>/bias_norm`, `.../load_max_over_min`
     (inf when an expert got no token) and `.../load_max_over_mean`; `router/load/max_over_min` and
@@ -161,7 +166,7 @@ def router_figures(tree: Any) -> dict[str, jax.Array]:
     balances = router_balances(tree)
     if not balances:
         return {}
-    bias = jnp.stack([balance.bias.array for balance in balances])
+    bias = jnp.stack([balance.routing_bias().array for balance in balances])
     load = jnp.stack([balance.load.array for balance in balances])
     max_over_min = load.max(axis=-1) / load.min(axis=-1)
     max_over_mean = load.max(axis=-1) / load.mean(axis=-1)

@@ -34,6 +34,7 @@ import jmp
 
 from steps.model.levanter_config import uneven_splits
 from steps.model.model_size import MoeShape
+from steps.model.router_balance import RouterStatePolicy
 from steps.train.hardware import Hardware, hardware_profile
 from steps.train.memory_model import MemoryEstimate, memory_per_device
 
@@ -97,10 +98,11 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 
 def precision_policy(compute_dtype: str) -> jmp.Policy:
     """Levanter's mixed-precision policy: f32 master weights (so f32 gradients and AdamW moments), computed in
-    `compute_dtype` (jmp casts the parameters inside the loss)."""
+    `compute_dtype` (jmp casts the parameters inside the loss), the router state kept in f32 (its counts)."""
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
-    return jmp.get_policy(f"p=f32,c={compute_dtype}")
+    policy = jmp.get_policy(f"p=f32,c={compute_dtype}")
+    return RouterStatePolicy(policy.param_dtype, policy.compute_dtype, policy.output_dtype)
 
 
 class PlanDoesNotFitError(ValueError):
