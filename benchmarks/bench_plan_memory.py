@@ -1,12 +1,15 @@
 """The memory plan against the compiled program: `memory_per_device` over XLA's `memory_analysis()`, per shape.
 
-Each probe (steps/train/compiled_memory.py) is a scaled-down run with the hero's features: sliding-window local
+Each probe (`MemoryProbe`) is a scaled-down run with the hero's features: sliding-window local
 layers and global layers with their own KV widths (every 4th global), latent routed experts, two shared experts,
 router-bias balancing and the sigmoid combine; it varies what the plan prices: expert capacity or dropless, remat
 none / per layer / per period, microbatches, 1, 2 and 4 fake CPU devices on a data x expert mesh, train and eval.
 The plan's figure (steps/train/memory_model.py, f32, attention scores materialised as XLA's CPU attention does)
-is divided by the compiled train step's (or eval loss's) arguments + outputs + temporaries - aliased bytes, one
-device. A ratio above 1 is a plan that over-reserves; below 1, one that would run out of memory.
+is divided by the compiled program's arguments + outputs + temporaries - aliased bytes, one device: for training
+Levanter's own train step (`Trainer._jit_train_step_fn_no_hook`: microbatched loss and gradient, AdamW's update,
+the state donated) on the probe's batch and microbatch; for eval the evaluate step's per-position loss on one eval
+batch, the model in inference mode. The model is the real one, laid out as the train step lays it out
+(steps/model/levanter_config.py `trainer_mesh`), compiled without running. A ratio above 1 is a plan that over-reserves; below 1, one that would run out of memory.
 
     .venv/bin/python benchmarks/bench_plan_memory.py            # every probe, a few minutes
     .venv/bin/python benchmarks/bench_plan_memory.py --only ep  # the probes whose name holds "ep"
@@ -18,18 +21,117 @@ line printed is one JSON object: every probe's measured and planned bytes and ra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from steps.model.model_size import MoeShape  # noqa: E402
-from steps.train.compiled_memory import MemoryProbe  # noqa: E402
 from steps.train.memory_model import memory_per_device  # noqa: E402
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """One scaled-down run to compile: the model, its layout and its settings (the hero recipe's routing)."""
+
+    name: str
+    shape: MoeShape
+    mesh: dict[str, int] = field(default_factory=lambda: {"data": 1})
+    batch_size: int = 8
+    """Sequences per step (train) or per eval batch (eval), over all devices."""
+    microbatch: int | None = None
+    """Sequences per device per pass (None: the whole per-device batch)."""
+    remat: str = "layer"
+    capacity_factor: float | None = 1.15
+    training: bool = True
+    compute_dtype: str = "float32"
+
+    @property
+    def devices(self) -> int:
+        size = 1
+        for axis in self.mesh.values():
+            size *= axis
+        return size
+
+    @property
+    def per_device_microbatch(self) -> int:
+        return self.batch_size // self.devices if self.microbatch is None else self.microbatch
+
+    def as_json(self) -> dict:
+        return {**dataclasses.asdict(self), "shape": dataclasses.asdict(self.shape)}
+
+
+def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
+    """The compiled program's bytes per device (module docstring), by part and in `total`."""
+    import haliax as hax
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from levanter.models.lm_model import LmExample
+    from levanter.tracker import NoopConfig
+    from levanter.trainer import Trainer, TrainerConfig
+    from levanter.utils.tree_utils import inference_mode
+
+    from steps.evaluate.evaluate import _per_position_loss
+    from steps.model.levanter_config import qwen3_moe_config, trainer_mesh
+    from steps.train.parallelism import precision_policy
+
+    if jax.device_count() != probe.devices:
+        raise ValueError(f"probe {probe.name} needs {probe.devices} devices, this process has {jax.device_count()}")
+    model_config = qwen3_moe_config(
+        probe.shape,
+        tokenizer_path="unused",
+        router_aux_loss_coef=None,
+        router_bias_balancing=True,
+        router_z_loss_weight=1e-4,
+        capacity_factor=probe.capacity_factor,
+        router_combine="sigmoid",
+        router_combine_sum=2.5,
+        remat=probe.remat,
+        step=f"memory probe {probe.name}",
+    )
+    trainer_config = TrainerConfig(
+        id=probe.name,
+        mesh=trainer_mesh(probe.mesh, probe.shape, probe.devices),
+        train_batch_size=probe.batch_size,
+        per_device_parallelism=probe.per_device_microbatch,
+        mp=precision_policy(probe.compute_dtype),
+        require_accelerator=False,
+        tracker=NoopConfig(),
+    )
+
+    def loss(model, example, *, key=None):  # train_lm's
+        return model.compute_next_token_loss(example, key=key)
+
+    with Trainer(trainer_config, optax.adamw(1e-3), loss, add_default_hooks=False) as trainer:
+        vocab = hax.Axis("vocab", probe.shape.vocab_size)
+        state = trainer.initial_state(
+            jax.random.PRNGKey(0), model_init=lambda: model_config.build(vocab, key=jax.random.PRNGKey(1))
+        )
+        batch = hax.Axis("batch", probe.batch_size)
+        example = hax.vmap(LmExample.causal, batch)(hax.zeros((batch, model_config.max_Pos), dtype=jnp.int32))
+        example = hax.shard(example, trainer.compute_axis_mapping)
+        if probe.training:
+            compiled = trainer._jit_train_step_fn_no_hook.lower(state, (example,), {}).compile()
+        else:
+            model = inference_mode(state.model, True)
+            scored = hax.named_jit(_per_position_loss, axis_resources=trainer.compute_axis_mapping)
+            compiled = scored.lower(model, example).compile()
+    analysis = compiled.memory_analysis()
+    parts = {
+        "arguments": int(analysis.argument_size_in_bytes),
+        "outputs": int(analysis.output_size_in_bytes),
+        "temporaries": int(analysis.temp_size_in_bytes),
+        "aliased": int(analysis.alias_size_in_bytes),
+    }
+    return {**parts, "total": parts["arguments"] + parts["outputs"] + parts["temporaries"] - parts["aliased"]}
+
 
 BAND = (0.8, 1.25)
 """Where every ratio must lie (tests/test_plan_memory.py)."""
@@ -97,8 +199,6 @@ def measure(probes: list[MemoryProbe]) -> dict[str, dict[str, int]]:
 
 def compile_named(names: list[str]) -> None:
     """In a process with the right device count: compile each named probe and print its figures."""
-    from steps.train.compiled_memory import compiled_memory
-
     for probe in PROBES:
         if probe.name in names:
             print("COMPILED " + json.dumps([probe.name, compiled_memory(probe)]), flush=True)

@@ -1,7 +1,7 @@
 """`python -m executor wandb-sync <step output path>`: upload a train step's offline wandb runs.
 
 A train step runs wandb offline (its cluster may have no network) and leaves the run files under its
-output path, `wandb/wandb/offline-run-*` (steps/train/wandb_run.py names the run after the step and puts the
+output path, `wandb/wandb/offline-run-*` (steps/train/train_metrics.py names the run after the step and puts the
 step's name, hash and output path in its config; a fork carries wandb's `fork_from`). This command finds those
 folders, on a local disk or in a bucket (copied to a temporary folder first), and hands each to `wandb sync`,
 which uploads it when the network and WANDB_API_KEY allow. It knows nothing of training: the executor never

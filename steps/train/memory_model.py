@@ -2,7 +2,7 @@
 
 The plan (steps/train/parallelism.py) adds these up for a mesh, a microbatch, a remat policy and an expert capacity,
 and benchmarks/bench_plan_memory.py holds the sum against XLA's `compiled.memory_analysis()` of the real train step
-(steps/train/compiled_memory.py) on scaled-down shapes with the hero's features.
+(compiled in the benchmark itself) on scaled-down shapes with the hero's features.
 
 **State** (`T` = parameters one device holds; every weight, dense or routed, is sharded over the whole mesh):
 
