@@ -9,7 +9,8 @@ is divided by the compiled program's arguments + outputs + temporaries - aliased
 Levanter's own train step (`Trainer._jit_train_step_fn_no_hook`: microbatched loss and gradient, AdamW's update,
 the state donated) on the probe's batch and microbatch; for eval the evaluate step's per-position loss on one eval
 batch, the model in inference mode. The model is the real one, laid out as the train step lays it out
-(steps/model/levanter_config.py `trainer_mesh`), compiled without running. A ratio above 1 is a plan that over-reserves; below 1, one that would run out of memory.
+(steps/model/levanter_config.py `trainer_mesh`), compiled without running.
+A ratio above 1 is a plan that over-reserves; below 1, one that would run out of memory.
 
     .venv/bin/python benchmarks/bench_plan_memory.py            # every probe, a few minutes
     .venv/bin/python benchmarks/bench_plan_memory.py --only ep  # the probes whose name holds "ep"
@@ -210,7 +211,8 @@ def compare(probes: list[MemoryProbe]) -> dict:
     for probe in probes:
         compiled = measured[probe.name]["total"]
         planned = planned_bytes(probe)
-        rows.append({"probe": probe.name, "devices": probe.devices, "mesh": probe.mesh, "remat": probe.remat,
+        rows.append({"probe": probe.name, "devices": probe.devices, "mesh": probe.mesh,
+                     "remat": probe.remat if probe.training else "none",
                      "capacity_factor": probe.capacity_factor, "training": probe.training,
                      "compiled_bytes": compiled, "planned_bytes": planned,
                      "ratio": round(planned / compiled, 3)})  # fmt: skip

@@ -26,8 +26,9 @@ What the backward pass keeps depends on the remat policy (steps/model/moe_layers
   backward pass;
 - `none`: every layer's residuals.
 
-**Dispatch** (expert parallelism, `S` > 1): the all-to-all's send and receive buffers of one layer, each the slot
-grid of `capacity_factor x K` copies per token (steps/model/expert_parallel.py), never `S x` the copies.
+**Dispatch** (expert parallelism, `S` > 1, training): the backward all-to-all's received slot grids of one layer,
+each `capacity_factor x K` copies per token (steps/model/expert_parallel.py), never `S x` the copies
+(`dispatch_bytes`).
 
 An evaluation holds the parameters' shard and compute copy and one layer's forward working set, no gradients.
 """
@@ -66,11 +67,14 @@ class WorkingSetFactors:
     """The same for each layer of the period in its backward pass (remat `period`): XLA frees some as it goes."""
     forward: float
     """One layer's forward-only working set (evaluation), over the training working set."""
+    tail: float
+    """A tail period (layers not a multiple of `global_every`) runs outside the scan of periods, and XLA keeps its
+    working set apart from the scan's: this much more of a layer's working set, under remat."""
 
 
 FACTORS = WorkingSetFactors(
     stream=4.0, attention=2.0, scores=3.6, routed=1.5, dense_grouped=4.2, shared=2.0, head=0.8, kept_input=2.2,
-    residuals=1.6, period_residuals=0.9, forward=0.4,
+    residuals=1.6, period_residuals=0.9, forward=0.4, tail=0.6,
 )
 
 
@@ -129,31 +133,35 @@ def memory_per_device(
     tokens = microbatch * shape.seq_len
     widths = layer_widths(shape, capacity_factor, attention_scores)
     working = tokens * compute_bytes * working_set(widths)
+    # What a layer keeps: the grouped matmul's dense lowering is transient (one projection at a time), its result is
+    # the routed output; the same holds for an evaluation's forward pass.
+    kept = tokens * compute_bytes * working_set({**widths, "dense_grouped": 0})
     head = tokens * compute_bytes * FACTORS.head * shape.vocab_size
     if training:
-        activations = _kept_for_backward(shape, remat, tokens * compute_bytes, working) + working + head
-    else:  # the grouped matmul's dense lowering is one projection at a time, below the forward's peak
-        forward = working_set({**widths, "dense_grouped": 0})
-        activations = FACTORS.forward * tokens * compute_bytes * forward + head
+        activations = _kept_for_backward(shape, remat, tokens * compute_bytes, kept) + working + head
+    else:
+        activations = FACTORS.forward * kept + head
     return MemoryEstimate(
         parameters=math.ceil(shard + gathered),
         gradients=math.ceil(shard * (2 if microbatches > 1 else 1)) if training else 0,
         optimizer_state=math.ceil(shard * (MOMENT_BYTES / MASTER_BYTES + UPDATE_COPIES)) if training else 0,
         activations=math.ceil(activations),
-        dispatch=math.ceil(dispatch_bytes(shape, mesh, tokens, capacity_factor, compute_bytes)),
+        dispatch=math.ceil(dispatch_bytes(shape, mesh, tokens, capacity_factor, compute_bytes, training)),
     )
 
 
-def _kept_for_backward(shape: MoeShape, remat: str, token_bytes: int, working: float) -> float:
-    """What the backward pass keeps beyond one layer's working set, per remat policy (module docstring)."""
+def _kept_for_backward(shape: MoeShape, remat: str, token_bytes: int, kept: float) -> float:
+    """What the backward pass keeps beyond one layer's working set, per remat policy (module docstring); `kept` is
+    the working set without the grouped matmul's transient dense lowering."""
     if remat == "none":
-        return (shape.n_layers - 1) * FACTORS.residuals * working
-    kept = FACTORS.kept_input * token_bytes * shape.d_model
+        return (shape.n_layers - 1) * FACTORS.residuals * kept
+    inputs = FACTORS.kept_input * token_bytes * shape.d_model
+    period = shape.global_every if shape.sliding_window is not None else 1
+    tail = FACTORS.tail * kept if shape.n_layers % period else 0.0
     if remat == "layer":
-        return shape.n_layers * kept
+        return shape.n_layers * inputs + tail
     if remat == "period":
-        period = shape.global_every if shape.sliding_window is not None else 1
-        return math.ceil(shape.n_layers / period) * kept + (period - 1) * FACTORS.period_residuals * working
+        return math.ceil(shape.n_layers / period) * inputs + (period - 1) * FACTORS.period_residuals * kept + tail
     raise ValueError(f"unknown remat policy {remat!r}")
 
 
@@ -177,14 +185,23 @@ def working_set(widths: dict[str, float]) -> float:
 
 
 def dispatch_bytes(
-    shape: MoeShape, mesh: dict[str, int], tokens: int, capacity_factor: float | None, compute_bytes: int
+    shape: MoeShape,
+    mesh: dict[str, int],
+    tokens: int,
+    capacity_factor: float | None,
+    compute_bytes: int,
+    training: bool = True,
 ) -> float:
-    """The all-to-all's send and receive slot grids of one layer, forward and backward (zero without EP)."""
-    if mesh.get("expert", 1) == 1:
+    """What expert parallelism adds to one layer's working set (zero without EP): the slot grid the layer fills is
+    the all-to-all's send buffer on one device too (priced in the working set's routed copies), so EP adds the
+    received grids of the backward pass, two; in an evaluation the received grid takes the sent one's place (the
+    compiled eval on an expert mesh holds no more than on a data mesh). Dropless, the layer sends rounds of a grid
+    of K copies per token (one round at a time, steps/model/expert_parallel.py): K x tokens rows, never S x them."""
+    if mesh.get("expert", 1) == 1 or not training:
         return 0.0
     expert_in = shape.latent_dim or shape.d_model
     rows = tokens * shape.top_k * (capacity_factor or 1.0)
-    return 4 * rows * expert_in * compute_bytes
+    return 2 * rows * expert_in * compute_bytes
 
 
 def routed_params_per_expert(shape: MoeShape) -> int:
