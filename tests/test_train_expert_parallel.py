@@ -3,8 +3,9 @@ CPU devices, against the same step on one device: a tiny hero-shaped MoE (latent
 experts, router-bias balancing) trains five f32 steps with the same losses, and its routed experts are split
 over `expert` (each device holds half the experts, FSDP-split over `data` within its group: a quarter of their
 bytes). The evaluate step then scores the one-device run's checkpoint on that mesh (the model loaded FSDP with
-its experts split, each device scoring its share of every 8-sequence batch) with the one-device losses. Each run
-is a subprocess: JAX fixes the device count when it starts."""
+its experts split, each device scoring its share of every 8-sequence batch) with the one-device losses, with an
+expert capacity and dropless, and the same dropped fraction. Each run is a subprocess: JAX fixes the device count
+when it starts."""
 
 from __future__ import annotations
 
@@ -142,17 +143,23 @@ def test_the_train_step_on_a_data2_x_expert2_mesh_trains_as_on_one_device_with_e
 
 
 def test_evaluate_on_a_data2_x_expert2_mesh_scores_as_on_one_device(data, one_device_run, tmp_path):
+    """With an expert capacity (a fair share per sequence) and dropless, drops included."""
     fields = {"checkpoint_path": one_device_run["output_path"] + "/checkpoints", "tokenizer_path": data["tokenizer"],
               "components": {source: data[source] for source in SOURCES}, "max_batches": 2,
-              "router_combine": "sigmoid", "router_combine_sum": 2.5, "shape": one_device_run["shape"]}  # fmt: skip
+              "router_combine": "sigmoid", "router_combine_sum": 2.5, "shape": one_device_run["shape"],
+              "capacity_factor": 1.0}  # fmt: skip
     one = run_script(EVALUATOR, 1, {**fields, "output_path": str(tmp_path / "one")})
     # The same batch of 8 (2 sequences per device): Levanter's bits per byte move with the eval batch size
     # (0.1-0.7% here between 8 and 16, on one device as on four), the loss does not.
     four = run_script(EVALUATOR, 4, {**fields, "output_path": str(tmp_path / "four"), "batch_size": 8,
                                      "mesh": {"data": 2, "expert": 2}})  # fmt: skip
+    assert four["dropped_fraction"] == one["dropped_fraction"] > 0
     for source in SOURCES:
-        assert four["components"][source]["loss"] == pytest.approx(one["components"][source]["loss"], abs=1e-4)
-        assert four["components"][source]["bpb"] == pytest.approx(one["components"][source]["bpb"], abs=1e-4)
+        for panel in (four, four["dropless"]):
+            reference = (one if panel is four else one["dropless"])["components"][source]
+            assert panel["components"][source]["loss"] == pytest.approx(reference["loss"], abs=1e-4)
+            assert panel["components"][source]["bpb"] == pytest.approx(reference["bpb"], abs=1e-4)
+        assert four["components"][source]["dropped_fraction"] == one["components"][source]["dropped_fraction"]
 
 
 @pytest.fixture(scope="module")
