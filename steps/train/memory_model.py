@@ -12,8 +12,8 @@ and benchmarks/bench_plan_memory.py holds the sum against XLA's `compiled.memory
 - optimizer_state: AdamW's two f32 moments `8 T`, and the update's own temporaries (`UPDATE_COPIES`).
 
 **Activations**, for `tokens` = microbatch x sequence tokens on the device, in compute bytes. One layer's
-*working set* (what its forward and backward hold at once) is a sum of widths per token, each with a factor counted
-from the compiled program: the residual stream (`d_model`), queries, keys and values, attention scores (only where
+*working set* (what its forward and backward hold at once) is a sum of widths per token, each with a factor fitted
+to XLA's compiled buffers of the real train step on one CPU device (`FACTORS`; 18 shapes, README.md): the residual stream (`d_model`), queries, keys and values, attention scores (only where
 the kernel materialises heads x sequence scores: XLA's CPU attention; flash kernels keep none), the routed
 copies with their expert hidden units (capacity x K copies a token with a capacity; K copies dropless, plus the
 dense `[copies, experts x width]` that XLA lowers a grouped matmul to), the shared experts and the latent. The
@@ -25,6 +25,9 @@ What the backward pass keeps depends on the remat policy (steps/model/moe_layers
 - `period`: every period's input, and one period's layers' residuals besides the working set of the one in its
   backward pass;
 - `none`: every layer's residuals.
+
+A tail period (layers not a multiple of `global_every`) runs outside the scan of periods and keeps a working set
+of its own beside the scan's.
 
 **Dispatch** (expert parallelism, `S` > 1, training): the backward all-to-all's received slot grids of one layer,
 each `capacity_factor x K` copies per token (steps/model/expert_parallel.py), never `S x` the copies
