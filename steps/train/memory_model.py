@@ -11,14 +11,15 @@ and benchmarks/bench_plan_memory.py holds the sum against XLA's `compiled.memory
 - gradients: `4 T`, and the accumulator beside it when the batch runs as several microbatches;
 - optimizer_state: AdamW's two f32 moments `8 T`, and the update's own temporaries (`UPDATE_COPIES`).
 
-**Activations**, for `tokens` = microbatch x sequence tokens on the device, in compute bytes. One layer's
-*working set* (what its forward and backward hold at once) is a sum of widths per token, each with a factor
-fitted to XLA's compiled buffers of the real train step on one CPU device (`FACTORS`; 18 shapes, README.md):
-the residual stream (`d_model`), queries, keys and values, attention scores (only where the kernel materialises heads x sequence scores: XLA's CPU attention; flash kernels keep none), the routed
-copies with their expert hidden units (capacity x K copies a token with a capacity; K copies dropless, plus the
-dense `[copies, experts x width]` that XLA lowers a grouped matmul to), the shared experts and the latent. The
-loss head's logits are priced whole (`head` x vocabulary per token): on CPU Levanter's fused loss holds them once
-the vocabulary passes a few thousand; a kernel that streams vocabulary blocks holds less, so this over-reserves.
+**Activations**, for `tokens` = microbatch x sequence tokens on the device, in compute bytes. One layer's *working
+set* (what its forward and backward hold at once) is a sum of widths per token, each with a factor fitted to XLA's
+compiled buffers of the real train step on one CPU device (`FACTORS`; 18 shapes, README.md): the residual stream
+(`d_model`), queries, keys and values, attention scores (only where the kernel materialises heads x sequence scores:
+XLA's CPU attention; flash kernels keep none), the routed copies with their expert hidden units (capacity x K copies
+a token with a capacity; K copies dropless, plus the dense `[copies, experts x width]` that XLA lowers a grouped
+matmul to), the shared experts and the latent. The loss head's logits are priced whole (`head` x vocabulary per
+token): on CPU Levanter's fused loss holds them once the vocabulary passes a few thousand; a kernel that streams
+vocabulary blocks holds less, so this over-reserves.
 What the backward pass keeps depends on the remat policy (steps/model/moe_layers.py):
 
 - `layer`: every layer's input (`n_layers x d_model`), and one layer's working set;
