@@ -151,9 +151,7 @@ def evaluate(config: EvaluateConfig) -> dict:
             for name in caches:
                 scored[name]["dropped_fraction"] = float(drops.tag_micro_losses[name])
             dropless = _scores(scored_by(_per_position_loss).evaluate(with_capacity_factor(model, None)), caches)
-            figures = _macro_figures(dropless)
-            results |= {"capacity_factor": config.capacity_factor, "dropped_fraction": float(drops.micro_avg_loss),
-                        "dropless": {name: value for name, value in figures.items() if name != "metric"}}  # fmt: skip
+            results |= _capacity_figures(config.capacity_factor, drops, dropless)
     results |= _macro_figures(scored)
     check_finite_results(label, results)
     storage.write_json_atomic(storage.join(config.output_path, RESULTS_FILE), results)
@@ -179,6 +177,13 @@ def _scores(result: EvalResult, caches: Mapping[str, str]) -> dict[str, dict[str
     assert result.tag_micro_bpb is not None  # TaggedEvaluator computes it whenever it has a tokenizer
     return {name: {"loss": float(result.tag_micro_losses[name]), "bpb": float(result.tag_micro_bpb[name])}
             for name in caches}  # fmt: skip
+
+
+def _capacity_figures(capacity_factor: float, drops: EvalResult, dropless: dict[str, dict[str, float]]) -> dict:
+    """results.json's figures of a capacity: the factor, the share of assignments dropped over every cache, and
+    the dropless scores' panel."""
+    panel = {name: value for name, value in _macro_figures(dropless).items() if name != "metric"}
+    return {"capacity_factor": capacity_factor, "dropped_fraction": float(drops.micro_avg_loss), "dropless": panel}
 
 
 def _macro_figures(scored: dict[str, dict[str, float]]) -> dict:
