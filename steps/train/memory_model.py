@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from steps.model.expert_parallel import DROPLESS_ROUND_FACTOR
 from steps.model.model_size import MoeShape, total_params
 
 MASTER_BYTES, MOMENT_BYTES = 4, 8
@@ -200,11 +201,12 @@ def dispatch_bytes(
     the all-to-all's send buffer on one device too (priced in the working set's routed copies), so EP adds the
     received grids of the backward pass, two; in an evaluation the received grid takes the sent one's place (the
     compiled eval on an expert mesh holds no more than on a data mesh). Dropless, the layer sends rounds of a grid
-    of K copies per token (one round at a time, steps/model/expert_parallel.py): K x tokens rows, never S x them."""
+    of `DROPLESS_ROUND_FACTOR` x K copies per token (one round at a time, steps/model/expert_parallel.py), never S x
+    the copies."""
     if mesh.get("expert", 1) == 1 or not training:
         return 0.0
     expert_in = shape.latent_dim or shape.d_model
-    rows = tokens * shape.top_k * (capacity_factor or 1.0)
+    rows = tokens * shape.top_k * (capacity_factor or DROPLESS_ROUND_FACTOR)
     return 2 * rows * expert_in * compute_bytes
 
 
