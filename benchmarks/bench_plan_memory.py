@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from executor.cpu_devices import with_stand_in_flags  # noqa: E402
 from steps.model.model_size import MoeShape  # noqa: E402
 from steps.train.memory_model import memory_per_device  # noqa: E402
 
@@ -185,8 +186,9 @@ def measure(probes: list[MemoryProbe]) -> dict[str, dict[str, int]]:
     measured: dict[str, dict[str, int]] = {}
     for devices in sorted({probe.devices for probe in probes}):
         names = [probe.name for probe in probes if probe.devices == devices]
-        environment = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-                       "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}  # fmt: skip
+        # The stand-in hosts' flags (LLVM at -O1: compiles faster; buffers are assigned before LLVM runs).
+        flags = with_stand_in_flags(f"--xla_force_host_platform_device_count={devices}")
+        environment = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
         done = subprocess.run([sys.executable, __file__, "--compile", json.dumps(names)], env=environment,
                               capture_output=True, text=True, cwd=ROOT)  # fmt: skip
         results = [line for line in done.stdout.splitlines() if line.startswith("COMPILED ")]

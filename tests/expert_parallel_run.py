@@ -228,7 +228,7 @@ def layout_runs() -> list[dict]:
     for mesh in LAYOUT_MESHES if DEVICES > 1 else (None,):
         for name, shape in LAYOUT_SHAPES.items():
             hook = GradientLayout()
-            with training(config(None, shape), mesh, shape, [hook]) as (trainer, state, examples):
+            with training(config(1.15, shape), mesh, shape, [hook]) as (trainer, state, examples):
                 adam = jax.tree.leaves(state.opt_state, is_leaf=lambda node: hasattr(node, "mu"))
                 moments = next(node for node in adam if hasattr(node, "mu"))
                 found = {"params": layout(state.model), "mu": layout(moments.mu), "nu": layout(moments.nu)}

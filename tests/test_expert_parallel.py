@@ -178,14 +178,21 @@ def test_eval_on_ep2_and_ep4_equals_one_device_and_sends_the_slot_grid_not_s_tim
 @pytest.mark.slow
 @pytest.mark.timeout(3000)  # two runs through Levanter's trainer in subprocesses: 20 minutes on 2 busy cores
 def test_a_tiny_hero_shaped_moe_trains_on_data2_x_expert2_as_on_one_device() -> None:
-    one, four = (result(str(HERE / "expert_parallel_run.py"), str(devices)) for devices in (1, 4))
+    """With the hero's capacity factor 1.15 one device and the mesh run the same slot grid, so their sums differ
+    only in order. (Dropless, one device runs a grouped matmul and the mesh rounds of the grid: with router-bias
+    balancing on, their rounding differences flip a top-k choice within a few steps, 6e-4 to 4e-3 apart by step
+    5; the dropless layer itself equals one device's to 1e-6, test_eval_on_ep2_and_ep4_*.)"""
+    one, four = (result(str(HERE / "expert_parallel_run.py"), str(devices), "1.15") for devices in (1, 4))
     assert four["losses"] == pytest.approx(one["losses"], abs=1e-4)
     # Half the experts per device (split over `expert`), half their hidden width (FSDP over `data`).
     assert four["expert_bytes_per_device"] * 4 == four["expert_bytes"] == one["expert_bytes_per_device"]
-    # Dropless, in rounds of a device's slot grid: a destination's block is its 4 experts x 2 sequences (8 x 32
-    # positions over 4 devices) x 10 slots (1.25 x a fair share of 32 x top-2 / 8) of the latent 16.
+    # The slot grid: a destination's block is its 4 experts x 2 sequences (8 x 32 positions over 4 devices) x 10
+    # slots (ceil(1.15 x a fair share of 32 x top-2 / 8)) of the latent 16.
+    # XLA also moves small per-token arrays between the layouts of the grid's indices by all-to-alls; none carries
+    # more than the grid.
     dispatches = {op["shape"] for op in four["collectives"] if op["op"] == "all-to-all"}
-    assert dispatches == {"f32[1,4,20,16]"}, four["collectives"]
+    assert "f32[1,4,20,16]" in dispatches, four["collectives"]
+    assert all(math.prod(dims(shape)) <= 4 * 20 * 16 for shape in dispatches), dispatches
     # No collective gathers the batch's activations (256 tokens x d_model 32, or x the latent 16) onto a device,
     # nor its router logits or scores (256 tokens x 8 experts, in any layout): top-k runs on each device's own
     # tokens and the bias rule's quantile all-reduces counts per expert. (A psum XLA keeps over a mesh axis of
@@ -209,7 +216,8 @@ def test_every_weight_its_moments_and_gradient_are_split_over_every_device_and_t
     d_model: `embed` there would meet `experts`), each device holds a quarter of every weight, of its AdamW
     moments and of its gradient: dense weights (attention, embeddings, LM head, norms, router, shared experts,
     latent projections) over data x expert, routed experts over `expert` and FSDP over `data`. Only the router
-    bias and loads (carried, not trained) are split over `expert` alone. The losses are the one-device run's.
+    bias and loads (carried, not trained) are split over `expert` alone. The losses are the one-device run's (with
+    the hero's capacity, where both run the same slot grid).
     (With dense weights FSDP over `data` alone, as before issue 35, a device held them whole on data=1 x
     expert=4 and half of them on data=2 x expert=2.)"""
     one = {run["model"]: run for run in result(str(HERE / "expert_parallel_run.py"), "1", "layout")}

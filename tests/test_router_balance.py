@@ -45,21 +45,24 @@ def hard_excesses(tokens: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("tokens", [1, 7, 1000])
 @pytest.mark.parametrize("q", [0.1, 0.5, 1 - TOP_K / EXPERTS, 0.99])
 def test_the_histogram_quantile_lies_in_the_grid_bin_of_the_exact_one(tokens: int, q: float) -> None:
-    """Where the cumulative count first reaches q x count is the bin holding numpy's inverted-CDF quantile, and
-    the estimate interpolates inside it: within a bin's width, 1e-4 near 0 and 10% of the value far out."""
+    """Each excess is shared between the grid points around it, so the CDF the quantile is read from is numpy's
+    smeared by at most a bin: the estimate lies in the bin holding numpy's inverted-CDF quantile or one beside it,
+    within two bins' width of it (1e-4 apart near 0, 10% of the value far out)."""
     excess = hard_excesses(tokens)
     ours = np.asarray(jax.jit(excess_quantile, static_argnums=1)(excess_histogram(jnp.asarray(excess)), q))
     exact = np.quantile(excess, q, axis=0, method="inverted_cdf")
     upper = np.searchsorted(GRID, exact)  # the bin (GRID[upper - 1], GRID[upper]] holds the exact quantile
     slack = 1e-6 * np.abs(GRID)  # the grid in f32
-    assert np.all((GRID[upper - 1] - slack[upper - 1] <= ours) & (ours <= GRID[upper] + slack[upper])), (ours, exact)
-    assert np.all(np.abs(ours - exact) <= 1.1e-4 + 0.12 * np.abs(exact))
+    below, above = np.maximum(upper - 2, 0), np.minimum(upper + 1, GRID.size - 1)
+    assert np.all((GRID[below] - slack[below] <= ours) & (ours <= GRID[above] + slack[above])), (ours, exact)
+    assert np.all(np.abs(ours - exact) <= 2.2e-4 + 0.25 * np.abs(exact))
 
 
 def test_past_the_grid_the_quantile_is_clamped_and_an_empty_histogram_moves_nothing() -> None:
     excess = np.stack([np.full(10, 1e3), np.full(10, -1e3)], axis=1).astype(np.float32)
     clamped = np.asarray(excess_quantile(excess_histogram(jnp.asarray(excess)), 0.5))
-    np.testing.assert_array_equal(clamped, np.float32([GRID[-1], GRID[0]]))
+    # Counted at the grid's ends, read back within the end bins (the CDF is linear up to a point's mass).
+    assert GRID[-2] <= clamped[0] <= GRID[-1] and GRID[0] <= clamped[1] <= GRID[1], clamped
     bias = hax.random.normal(jax.random.PRNGKey(0), Experts)
     fresh = dataclasses.replace(RouterBalance.init(Experts, TOP_K), bias=bias)
     np.testing.assert_array_equal(np.asarray(fresh.routing_bias().array), np.asarray(bias.array))
@@ -71,8 +74,9 @@ def counted(excess: np.ndarray, load: np.ndarray, bias: NamedArray) -> RouterBal
 
 
 def test_microbatches_fold_into_the_whole_batchs_state() -> None:
-    """Levanter folds microbatches' states into a zero accumulator: counts add up, exactly, to the whole batch's,
-    and the bias (every microbatch's) is kept, so the next bias is the whole batch's, to the bit."""
+    """Levanter folds microbatches' states into a zero accumulator: masses add up to the whole batch's (to f32
+    rounding: the order of the additions differs), and the bias (every microbatch's) is kept, so the next bias is
+    the whole batch's to rounding."""
     excess = hard_excesses(1000, seed=1)
     load = np.random.default_rng(2).integers(0, 100, size=(1000, EXPERTS)).astype(np.float32)
     bias = hax.random.normal(jax.random.PRNGKey(3), Experts)
@@ -80,10 +84,11 @@ def test_microbatches_fold_into_the_whole_batchs_state() -> None:
     folded = jax.tree.map(jnp.zeros_like, whole)
     for part in np.split(np.arange(1000), [100, 101, 600]):  # uneven parts, one of a single token
         folded = folded.accumulate(counted(excess[part], load[part].sum(0), bias))
-    for leaf in ("bias", "load", "excess"):
+    for leaf in ("bias", "load"):
         np.testing.assert_array_equal(np.asarray(getattr(folded, leaf).array), np.asarray(getattr(whole, leaf).array))
+    np.testing.assert_allclose(np.asarray(folded.excess.array), np.asarray(whole.excess.array), rtol=1e-5, atol=1e-4)
     next_bias = np.asarray(whole.routing_bias().array)
-    np.testing.assert_array_equal(np.asarray(folded.routing_bias().array), next_bias)
+    np.testing.assert_allclose(np.asarray(folded.routing_bias().array), next_bias, rtol=0, atol=1e-5)
     assert not np.array_equal(next_bias, np.asarray(bias.array))
     # The quantile's mean is taken out: a bias that sums to 0 still does (the rule centres it per layer).
     centred = counted(excess, load.sum(0), bias - hax.mean(bias))
@@ -107,7 +112,7 @@ def test_the_carried_state_is_the_gradient_and_an_export_settles_it() -> None:
 def test_a_bf16_compute_policy_keeps_the_router_state_exact() -> None:
     """Levanter casts the model to the compute dtype inside the loss; jmp's own bf16 policy would round the
     bias and the gradient that carries the counts (bf16 holds integers exactly only up to 256). The train
-    step's policy keeps the router state f32: 2048 tokens' counts stay integers adding up to 2048 per expert."""
+    step's policy keeps the router state f32: 2048 tokens' masses add up to 2048 per expert (to f32 rounding)."""
     config = MoeConfig(max_seq_len=32, hidden_dim=32, intermediate_dim=64, moe_intermediate_dim=32, num_layers=1,
                        num_heads=2, head_dim=16, num_kv_heads=1, num_experts=EXPERTS, num_experts_per_tok=TOP_K,
                        router_aux_loss_coef=None, router_bias_balancing=True, gradient_checkpointing=False,
@@ -136,8 +141,8 @@ def test_a_bf16_compute_policy_keeps_the_router_state_exact() -> None:
     with hax.partitioning.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))):
         state = carried(model)
     counts = np.asarray(state.excess.array)
-    assert counts.dtype == np.float32 and np.array_equal(counts, np.round(counts)) and counts.max() > 256
-    np.testing.assert_array_equal(counts.sum(axis=1), np.full(EXPERTS, 64 * 32))
+    assert counts.dtype == np.float32 and counts.max() > 256
+    np.testing.assert_allclose(counts.sum(axis=1), np.full(EXPERTS, 64 * 32), rtol=0, atol=1e-2)
     assert float(state.load.array.sum()) == 64 * 32 * TOP_K
     np.testing.assert_array_equal(np.asarray(state.bias.array), np.asarray(bias.array))
 
@@ -154,20 +159,20 @@ HISTOGRAM_ON_DEVICES = textwrap.dedent("""
     sharded = jax.device_put(excess, NamedSharding(mesh, PartitionSpec("data", None)))
     compiled = jax.jit(excess_histogram).lower(sharded).compile()
     ops = re.findall(r"= (.+?) (all-gather|all-to-all|all-reduce|collective-permute)[a-z-]*\\(", compiled.as_text())
-    same = bool(np.array_equal(np.asarray(compiled(sharded)), np.asarray(excess_histogram(excess))))
+    same = bool(np.allclose(np.asarray(compiled(sharded)), np.asarray(excess_histogram(excess)), rtol=1e-5, atol=1e-3))
     print("RESULT " + json.dumps({"ops": sorted({f"{op} {shape}" for shape, op in ops}), "same": same}))
 """)
 
 
 def test_the_histogram_of_token_sharded_excesses_moves_counts_not_excesses() -> None:
     """Four CPU devices, tokens sharded as data parallelism shards them: each device counts its own tokens and
-    one all-reduce of the experts x bins counts sums them (no excess, tokens x experts, moves)."""
+    all-reduces of the experts x points masses sum them (no excess, tokens x experts, moves)."""
     done = subprocess.run([sys.executable, "-c", HISTOGRAM_ON_DEVICES], capture_output=True, text=True,
                           cwd=HERE.parent, timeout=300)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
-    assert result["ops"] and all(op.startswith("all-reduce ") and "[4128]" in op for op in result["ops"]), result
+    assert result["ops"] and all(op.startswith("all-reduce ") and "[4112]" in op for op in result["ops"]), result
     assert result["same"]
 
 

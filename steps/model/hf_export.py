@@ -43,7 +43,7 @@ The folder holds:
       model.layers.i.mlp.shared.down_proj.weight         (d_model, n_shared*shared_width)    as one SwiGLU
       model.layers.i.mlp.balance.bias                    (experts): router bias, added to logits for top-k
       model.layers.i.mlp.balance.load                    (experts): tokens per expert in the last batch
-      model.layers.i.mlp.balance.excess                  (experts, 258): zero; the bias is settled
+      model.layers.i.mlp.balance.excess                  (experts, 257): zero; the bias is settled
 
   These are Levanter's own state-dict names (Qwen3-MoE's HF names, plus our modules' field names), so the
   export and the loader are the same mapping read both ways. The weights (all but `balance.*`) add up to

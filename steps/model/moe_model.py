@@ -51,7 +51,7 @@ gradient with respect to the state is the state's next value (`x * sg(v) - sg(x 
 The train step's `MoeWatchConfig` keeps these leaves out of Levanter's parameter, gradient and update
 norms and logs them apart (`router_figures`, layers numbered in depth order). Counting a histogram, rather
 than sorting, also keeps the logits where they are: with tokens sharded across data-parallel devices a sort
-moves every logit (an all-to-all), where a histogram all-reduces E x 258 counts per layer.
+moves every logit (an all-to-all), where a histogram all-reduces E x 257 masses per layer.
 Routing is dropless (grouped matmuls over every assignment; under expert parallelism, rounds of a slot grid)
 unless the config sets `capacity_factor` (the hero's 1.15; steps/model/moe_block.py): then each expert serves
 a capped number of tokens per sequence as one batched matmul (under expert parallelism too), in training and

@@ -1,0 +1,248 @@
+"""Run by tests/test_expert_parallel.py and benchmarks/bench_train.py in a subprocess with N fake CPU devices:
+five AdamW steps of a tiny hero-shaped MoE through Levanter's own `Trainer` on the layout the train step gives it
+(`trainer_mesh`: one device, or data=2 x expert=2 with dense weights split over every device); prints the losses,
+the bytes of routed expert weights each device holds, the compiled step's collectives and the least an
+expert-parallel step moves (`minimum_collective_bytes`), as JSON.
+
+    python tests/expert_parallel_run.py 4 [capacity_factor]     # default: dropless
+    python tests/expert_parallel_run.py 4 layout                # `layout_runs`
+
+The step compiled is the trainer's own jitted train step (gradient under the compute mapping, optimizer update,
+state laid out by the parameter mapping), so its collectives are those the train step runs. `layout` trains the
+hero-shaped MoE and one whose routed experts read d_model (no latent) a few steps on data=1 x expert=4 and
+data=2 x expert=2 (one device: without a mesh), and reports the losses and, for every array of the weights,
+their AdamW moments and the step's gradients, its shape and the shape of the part one device holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from executor.cpu_devices import with_stand_in_flags
+
+DEVICES = int(sys.argv[1])
+os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={DEVICES}")
+
+import haliax as hax  # noqa: E402
+import jax  # noqa: E402
+from levanter.callbacks import JitCallback  # noqa: E402
+from levanter.checkpoint import CheckpointerConfig  # noqa: E402
+from levanter.models.lm_model import LmExample  # noqa: E402
+from levanter.optim.config import AdamConfig  # noqa: E402
+from levanter.tracker import NoopConfig  # noqa: E402
+from levanter.trainer import Trainer, TrainerConfig  # noqa: E402
+
+from steps.model.levanter_config import qwen3_moe_config, trainer_mesh  # noqa: E402
+from steps.model.model_size import MoeShape  # noqa: E402
+from steps.model.moe_model import MoeConfig  # noqa: E402
+from steps.train.parallelism import precision_policy  # noqa: E402
+
+STEPS, BATCH, VOCAB = 5, 8, 128
+SHAPE = MoeShape(d_model=32, n_layers=2, vocab_size=VOCAB, n_heads=4, head_dim=8, kv_heads_local=2,
+                 kv_heads_global=1, global_every=2, sliding_window=8, n_experts=8, top_k=2, expert_width=16,
+                 latent_dim=16, n_shared_experts=2, shared_width=16, seq_len=32)  # fmt: skip
+MESH = {"data": 2, "expert": 2}
+LAYOUT_MESHES = ({"data": 1, "expert": 4}, {"data": 2, "expert": 2})
+LAYOUT_SHAPES = {"latent": SHAPE, "plain": dataclasses.replace(SHAPE, latent_dim=None)}
+LAYOUT_STEPS = 3
+Batch, Vocab = hax.Axis("batch", BATCH), hax.Axis("vocab", VOCAB)
+
+
+def config(capacity_factor: float | None, shape: MoeShape = SHAPE) -> MoeConfig:
+    """The MoE as the train step builds it for `shape` (`qwen3_moe_config`), hero-style routing."""
+    return qwen3_moe_config(shape, tokenizer_path="unused", router_aux_loss_coef=None, step="expert_parallel_run",
+                            router_bias_balancing=False, router_z_loss_weight=1e-3, capacity_factor=capacity_factor,
+                            router_combine="sigmoid", router_combine_sum=2.5)  # fmt: skip
+
+
+def batches() -> list[LmExample]:
+    keys = jax.random.split(jax.random.PRNGKey(7), STEPS)
+    position = hax.Axis("position", SHAPE.seq_len)
+    return [hax.vmap(LmExample.causal, Batch)(hax.random.randint(key, (Batch, position), 0, VOCAB)) for key in keys]
+
+
+def trainer_config(scratch: str, mesh: dict[str, int] | None, shape: MoeShape) -> TrainerConfig:
+    """Levanter's trainer as steps/train/train.py configures it, for this run's devices."""
+    return TrainerConfig(
+        mesh=trainer_mesh(mesh, shape, DEVICES),
+        mp=precision_policy("float32"),
+        train_batch_size=BATCH,
+        num_train_steps=STEPS,
+        tracker=NoopConfig(),
+        id="expert-parallel-run",
+        log_dir=Path(scratch),
+        checkpointer=CheckpointerConfig(base_path=scratch),
+        require_accelerator=False,
+        log_jaxprs=False,
+        log_xla_hlo=False,
+    )
+
+
+def collectives(hlo: str) -> list[dict[str, Any]]:
+    """One entry per array a collective of `hlo` moves (XLA combines several into one op with a tuple result),
+    with the number of devices in its groups: XLA keeps collectives over mesh axes of size 1 (`model`,
+    `replica`: a psum inside `shard_map`), which move nothing."""
+    op = re.compile(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|reduce-scatter|"
+                    r"collective-permute)(?:-start)?\(")  # fmt: skip
+    found = []
+    for line in hlo.splitlines():
+        match = op.search(line)
+        if match:
+            shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", match.group(1))
+            found += [{"op": match.group(2), "shape": shape, "group": group_size(line)} for shape in shapes]
+    return found
+
+
+def group_size(line: str) -> int:
+    """Devices per replica group of the collective on HLO `line`, in any of XLA's three notations."""
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", line)
+    if named:
+        sizes = {name: int(size) for name, size in re.findall(r"'([^']+)'=(\d+)", named.group(1))}
+        return math.prod(sizes[name.strip("'")] for name in named.group(2).split(","))
+    iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+    if iota:
+        return int(iota.group(1))
+    listed = re.search(r"replica_groups=\{\{([^}]*)\}", line)
+    return len(listed.group(1).split(",")) if listed else DEVICES
+
+
+def minimum_collective_bytes(model: object) -> dict[str, int]:
+    """The least an expert-parallel step moves, by kind, in the units `collectives` counts (each op's result on
+    one device):
+
+    - the routed copies' all-to-alls (to the experts and back, forward and backward), exactly tokens x K rows;
+    - each weight split over devices gathered once to what a device computes with (a routed expert's local
+      experts whole, any other weight whole; no rematerialisation here), and its gradient reduce-scattered
+      back to its shard over the token axes it is split over;
+    - the gradient of a weight (or of its shard) that is the same on several devices holding different tokens,
+      all-reduced over them: the router bias and loads are split over `expert` only, the same on both `data`
+      devices (`all-reduce of shards`), a leaf held whole is the same everywhere (`all-reduce`). Dense weights
+      are split over every device, so theirs is a reduce-scatter alone; a routed expert's gradient sums only
+      over `data`: its tokens reach it by the all-to-all."""
+    copies = BATCH * SHAPE.seq_len // DEVICES * SHAPE.top_k
+    feature = SHAPE.latent_dim or SHAPE.d_model
+    minimum = {"all-to-all": 4 * SHAPE.n_layers * copies * feature * 4, "all-gather": 0, "reduce-scatter": 0,
+               "all-reduce of shards": 0, "all-reduce": 0}  # fmt: skip
+    for path, leaf in jax.tree_util.tree_leaves_with_path(model):
+        if not isinstance(leaf, jax.Array):
+            continue
+        held = leaf.addressable_shards[0].data.nbytes
+        routed = ".experts." in jax.tree_util.keystr(path)
+        needed = leaf.nbytes // MESH["expert"] if routed else leaf.nbytes
+        split = set(jax.tree.leaves(tuple(leaf.sharding.spec)))  # type: ignore[attr-defined]
+        summed = {"data"} if routed else set(MESH)
+        if held < needed:
+            minimum["all-gather"] += needed
+        if split & summed:
+            minimum["reduce-scatter"] += held
+        if summed - split:
+            minimum["all-reduce" if held == leaf.nbytes else "all-reduce of shards"] += held
+    return minimum
+
+
+@contextmanager
+def training(
+    model_config: MoeConfig, mesh: dict[str, int] | None, shape: MoeShape, hooks: Sequence[JitCallback] = ()
+) -> Iterator[tuple[Trainer, Any, list[LmExample]]]:
+    """Levanter's trainer for `model_config` on `mesh`, with `hooks` every step; its initial state and the batches,
+    laid out by the trainer's mappings."""
+    optimizer = AdamConfig(learning_rate=1e-2, weight_decay=0.1, warmup=0.0, lr_schedule="constant").build(STEPS)
+
+    def loss_function(model, example: LmExample, *, key=None):  # train_lm's, without its logsumexp term
+        return model.compute_next_token_loss(example, key=key)
+
+    with tempfile.TemporaryDirectory(prefix="expert-parallel-run-") as scratch:
+        trainer = Trainer(trainer_config(scratch, mesh, shape), optimizer, loss_function, add_default_hooks=False)
+        for hook in hooks:
+            trainer.add_hook(hook, every=1)
+        with trainer:
+            state = trainer.initial_state(
+                jax.random.PRNGKey(1), model_init=lambda: model_config.build(Vocab, key=jax.random.PRNGKey(0))
+            )
+            yield trainer, state, [hax.shard(example, trainer.compute_axis_mapping) for example in batches()]
+
+
+def run(capacity_factor: float | None) -> dict:
+    with training(config(capacity_factor), MESH if DEVICES > 1 else None, SHAPE) as (trainer, state, examples):
+        hlo, minimum = "", {}
+        if DEVICES > 1:  # one device has no collectives: its step is compiled once, by training
+            # The trainer's jitted step without hooks: what `train_step` runs when no hook is due.
+            hlo = trainer._jit_train_step_fn_no_hook.lower(state, (examples[0],), {}).compile().as_text()
+            minimum = minimum_collective_bytes(state.model)
+        losses = []
+        for example in examples:
+            info = trainer.train_step(state, example)
+            state = info.state
+            losses.append(float(info.loss))
+        experts = state.model.transformer.periods.stacked.global_layer.mlp.experts.gate_proj.weight.array
+        expert_bytes_per_device = experts.addressable_shards[0].data.nbytes
+    return {
+        "minimum_collective_bytes": sum(minimum.values()),
+        "minimum_by_kind": minimum,
+        "losses": losses,
+        "expert_bytes_per_device": expert_bytes_per_device,
+        "expert_bytes": experts.nbytes,
+        "collectives": collectives(hlo),
+    }
+
+
+def layout(tree: Any) -> dict[str, list[list[int]]]:
+    """Every array of `tree` by its path: [its shape, the shape of the part each device holds]."""
+    return {
+        jax.tree_util.keystr(path).removesuffix("[<flat index 0>]"): [
+            list(leaf.shape),
+            list(leaf.sharding.shard_shape(leaf.shape)),
+        ]
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        if isinstance(leaf, jax.Array)
+    }
+
+
+class GradientLayout(JitCallback):
+    """The layout of the gradients the trainer's jitted step hands its hooks (as Levanter's watch gets them), on
+    the first step."""
+
+    def __init__(self) -> None:
+        self.gradients: dict[str, list[list[int]]] = {}
+
+    def inside_step(self, state: Any, inside_info: Any) -> Any:
+        return inside_info.grads
+
+    def on_step(self, step_info: Any, cb_info: Any) -> None:
+        self.gradients = self.gradients or layout(cb_info)
+
+
+def layout_runs() -> list[dict]:
+    """`LAYOUT_STEPS` steps of each of `LAYOUT_SHAPES` on each of `LAYOUT_MESHES` (one device: without a mesh): the
+    losses and the layouts of the weights, their AdamW moments (`mu`, `nu`) and the first step's gradients."""
+    runs = []
+    for mesh in LAYOUT_MESHES if DEVICES > 1 else (None,):
+        for name, shape in LAYOUT_SHAPES.items():
+            hook = GradientLayout()
+            with training(config(None, shape), mesh, shape, [hook]) as (trainer, state, examples):
+                adam = jax.tree.leaves(state.opt_state, is_leaf=lambda node: hasattr(node, "mu"))
+                moments = next(node for node in adam if hasattr(node, "mu"))
+                found = {"params": layout(state.model), "mu": layout(moments.mu), "nu": layout(moments.nu)}
+                losses = []
+                for example in examples[:LAYOUT_STEPS]:
+                    info = trainer.train_step(state, example)
+                    state = info.state
+                    losses.append(float(info.loss))
+            runs.append({"mesh": mesh, "model": name, "losses": losses, **found, "grads": hook.gradients})
+    return runs
+
+
+if __name__ == "__main__":
+    if sys.argv[2:] == ["layout"]:
+        print("RESULT " + json.dumps(layout_runs()))
+    else:
+        print("RESULT " + json.dumps(run(float(sys.argv[2]) if len(sys.argv) > 2 else None)))
