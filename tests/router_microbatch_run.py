@@ -52,7 +52,7 @@ def losses(microbatches: int) -> list[float]:
                                     router_combine_sum=2.5)  # fmt: skip
     # The random router is unbalanced, so the bias moves from the first step whatever the learning rate. A small
     # one keeps the float noise of summing the batch's gradients in another order (which Adam amplifies where a
-    # gradient is near zero) a few 1e-6 of loss: with balancing off, microbatches differ by 3e-6 over 5 steps.
+    # gradient is near zero) near 1e-6 of loss: with balancing off, microbatches differ by 1e-6 over 5 steps.
     optimizer = AdamConfig(learning_rate=3e-3, weight_decay=0.1, warmup=0.0, lr_schedule="constant").build(STEPS)
 
     def loss_function(model, example: LmExample, *, key=None):
