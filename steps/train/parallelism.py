@@ -45,9 +45,6 @@ MAX_EXPERT_PARALLEL = 64
 REMAT_CHOICES = ("layer", "period")
 """What the plan recomputes when keeping everything does not fit: the two cost the same recompute (one forward)."""
 
-__all__ = ["MemoryEstimate", "memory_per_device"]
-
-
 @dataclass(frozen=True)
 class ParallelismPlan:
     """Where a run's devices, tokens and weights go, what it recomputes, and whether it fits. Plain: never versioned."""
