@@ -22,7 +22,6 @@ line printed is one JSON object: every probe's measured and planned bytes and ra
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -65,8 +64,6 @@ class MemoryProbe:
     def per_device_microbatch(self) -> int:
         return self.batch_size // self.devices if self.microbatch is None else self.microbatch
 
-    def as_json(self) -> dict:
-        return {**dataclasses.asdict(self), "shape": dataclasses.asdict(self.shape)}
 
 
 def compiled_memory(probe: MemoryProbe) -> dict[str, int]:

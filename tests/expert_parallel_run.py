@@ -24,7 +24,6 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from executor.cpu_devices import with_stand_in_flags
@@ -35,16 +34,14 @@ os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device
 import haliax as hax  # noqa: E402
 import jax  # noqa: E402
 from levanter.callbacks import JitCallback  # noqa: E402
-from levanter.checkpoint import CheckpointerConfig  # noqa: E402
 from levanter.models.lm_model import LmExample  # noqa: E402
 from levanter.optim.config import AdamConfig  # noqa: E402
-from levanter.tracker import NoopConfig  # noqa: E402
 from levanter.trainer import Trainer, TrainerConfig  # noqa: E402
+from scratch_trainer import scratch_trainer_config  # noqa: E402
 
 from steps.model.levanter_config import qwen3_moe_config, trainer_mesh  # noqa: E402
 from steps.model.model_size import MoeShape  # noqa: E402
 from steps.model.moe_model import MoeConfig  # noqa: E402
-from steps.train.parallelism import precision_policy  # noqa: E402
 
 STEPS, BATCH, VOCAB = 5, 8, 128
 SHAPE = MoeShape(d_model=32, n_layers=2, vocab_size=VOCAB, n_heads=4, head_dim=8, kv_heads_local=2,
@@ -72,19 +69,7 @@ def batches() -> list[LmExample]:
 
 def trainer_config(scratch: str, mesh: dict[str, int] | None, shape: MoeShape) -> TrainerConfig:
     """Levanter's trainer as steps/train/train.py configures it, for this run's devices."""
-    return TrainerConfig(
-        mesh=trainer_mesh(mesh, shape, DEVICES),
-        mp=precision_policy("float32"),
-        train_batch_size=BATCH,
-        num_train_steps=STEPS,
-        tracker=NoopConfig(),
-        id="expert-parallel-run",
-        log_dir=Path(scratch),
-        checkpointer=CheckpointerConfig(base_path=scratch),
-        require_accelerator=False,
-        log_jaxprs=False,
-        log_xla_hlo=False,
-    )
+    return scratch_trainer_config(scratch, "expert-parallel-run", trainer_mesh(mesh, shape, DEVICES), BATCH, STEPS)
 
 
 def collectives(hlo: str) -> list[dict[str, Any]]:

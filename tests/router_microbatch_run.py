@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import tempfile
-from pathlib import Path
 
 from executor.cpu_devices import with_stand_in_flags
 
@@ -22,15 +21,13 @@ os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device
 
 import haliax as hax  # noqa: E402
 import jax  # noqa: E402
-from levanter.checkpoint import CheckpointerConfig  # noqa: E402
 from levanter.models.lm_model import LmExample  # noqa: E402
 from levanter.optim.config import AdamConfig  # noqa: E402
-from levanter.tracker import NoopConfig  # noqa: E402
-from levanter.trainer import Trainer, TrainerConfig  # noqa: E402
+from levanter.trainer import Trainer  # noqa: E402
+from scratch_trainer import scratch_trainer_config  # noqa: E402
 
 from steps.model.levanter_config import qwen3_moe_config, trainer_mesh  # noqa: E402
 from steps.model.model_size import MoeShape  # noqa: E402
-from steps.train.parallelism import precision_policy  # noqa: E402
 
 STEPS, BATCH, VOCAB = 5, 16, 128
 SHAPE = MoeShape(d_model=32, n_layers=2, vocab_size=VOCAB, n_heads=4, head_dim=8, kv_heads_local=1,
@@ -59,20 +56,9 @@ def losses(microbatches: int) -> list[float]:
         return model.compute_next_token_loss(example, key=key)
 
     with tempfile.TemporaryDirectory(prefix="router-microbatch-run-") as scratch:
-        config = TrainerConfig(
-            mesh=trainer_mesh({"data": 2, "expert": 2} if DEVICES == 4 else None, SHAPE, DEVICES),
-            mp=precision_policy("float32"),
-            train_batch_size=BATCH,
-            per_device_parallelism=BATCH // DEVICES // microbatches if microbatches > 1 else -1,
-            num_train_steps=STEPS,
-            tracker=NoopConfig(),
-            id="router-microbatch-run",
-            log_dir=Path(scratch),
-            checkpointer=CheckpointerConfig(base_path=scratch),
-            require_accelerator=False,
-            log_jaxprs=False,
-            log_xla_hlo=False,
-        )
+        mesh = trainer_mesh({"data": 2, "expert": 2} if DEVICES == 4 else None, SHAPE, DEVICES)
+        parallelism = BATCH // DEVICES // microbatches if microbatches > 1 else -1
+        config = scratch_trainer_config(scratch, "router-microbatch-run", mesh, BATCH, STEPS, parallelism)
         trainer = Trainer(config, optimizer, loss_function, add_default_hooks=False)
         with trainer:
             state = trainer.initial_state(

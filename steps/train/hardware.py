@@ -40,8 +40,6 @@ class Hardware:
     fast_domain_devices: int
     """Devices joined by the fast interconnect (NVLink, ICI): the largest expert-parallel group."""
     is_gpu: bool = True
-    flash_attention: bool = True
-    """Its attention kernels keep no heads x sequence scores (flash / splash); XLA's CPU attention keeps them."""
 
 
 HARDWARE = {
