@@ -27,6 +27,12 @@ logger = logging.getLogger(__name__)
 INTERRUPT_GRACE_S = 30.0
 """After Ctrl-C, how long to wait for interrupted steps to record FAILED and free their leases."""
 
+WAKE_S = 0.5
+"""The loop never blocks longer than this. The kernel may deliver Ctrl-C's SIGINT to any thread (a step's, a
+lease renewer's); Python only runs the handler, and raises KeyboardInterrupt, once the main thread runs again.
+A main thread blocked without a timeout until a step ends saw the Ctrl-C only then (never, for a step waiting
+on something the user meant to stop)."""
+
 
 def schedule(
     steps: list[PlannedStep],
@@ -40,9 +46,9 @@ def schedule(
     try:
         while run.ready or run.running or run.delayed:
             run.submit_ready(limit)
-            timeout = max(0.0, run.delayed[0][0] - time.monotonic()) if run.delayed else None
+            timeout = min(WAKE_S, max(0.0, run.delayed[0][0] - time.monotonic())) if run.delayed else WAKE_S
             if not run.running:
-                time.sleep(timeout or 0)
+                time.sleep(timeout)
                 continue
             finished, _ = wait(run.running, timeout=timeout, return_when=FIRST_COMPLETED)
             for future in finished:

@@ -7,6 +7,7 @@ it, so the test exercises the executor's Ctrl-C handling however the test suite 
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -22,6 +23,7 @@ def gate_step(gate: str, records: str) -> ExecutorStep:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test dumps every thread's stack if we hang
     logging.basicConfig(level=logging.INFO)
     prefix, gate = sys.argv[1], sys.argv[2]
     backend = sys.argv[3] if len(sys.argv) > 3 else "local"

@@ -134,6 +134,9 @@ def test_each_evaluate_step_agrees_with_its_train_steps_last_eval(hero_run: Hero
         for subset, figures in results["suite"].items():
             assert figures["loss"] == pytest.approx(last_eval[f"eval/suite/{subset}/loss"], rel=0.02), (rung, subset)
         assert results["macro_loss"] == pytest.approx(last_eval["eval/suite/macro_loss"], rel=0.02)
+        last_drops = [record for record in records if "eval/dropped_fraction" in record][-1]  # the recipe's capacity
+        assert last_drops["step"] == last_eval["step"]
+        assert results["dropped_fraction"] == pytest.approx(last_drops["eval/dropped_fraction"], rel=0.02, abs=1e-4)
         assert results["macro_loss"] == pytest.approx(float(np.mean([f["loss"] for f in results["suite"].values()])))
         losses = [figures["loss"] for figures in results["components"].values()]
         assert results["components_macro_loss"] == pytest.approx(float(np.mean(losses)))

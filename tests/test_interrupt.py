@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,12 @@ def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend, parent_ign
     try:
         wait_until(lambda: read_status(output) == "RUNNING", "the step to run")
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=120) != 0
+        try:
+            assert process.wait(timeout=120) != 0
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            pytest.fail("the run did not end after Ctrl-C:\n" + (tmp_path / "run.log").read_text())
     finally:
         process.kill()
         log.close()

@@ -60,7 +60,7 @@ from steps.evaluate.checks import check_finite_results
 from steps.model.checkpoints import latest_checkpoint, load_model
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape
-from steps.model.moe_model import MoeLMHeadModel, with_capacity_factor
+from steps.model.moe_model import dropped_share, with_capacity_factor
 from steps.tokenize.eval_suite import SUITE_PREFIX, load_suite
 from steps.tokenize.tokenize import load_components
 
@@ -147,7 +147,7 @@ def evaluate(config: EvaluateConfig) -> dict:
         scored = _scores(scored_by(_per_position_loss).evaluate(model), caches)
         results = {"checkpoint": checkpoint, "step": int(checkpoint.rstrip("/").rsplit("step-", 1)[-1])}
         if config.capacity_factor is not None:
-            drops = scored_by(_dropped_share, tokenizer=None).evaluate(model)
+            drops = scored_by(dropped_share, tokenizer=None).evaluate(model)
             for name in caches:
                 scored[name]["dropped_fraction"] = float(drops.tag_micro_losses[name])
             dropless = _scores(scored_by(_per_position_loss).evaluate(with_capacity_factor(model, None)), caches)
@@ -210,16 +210,3 @@ def _per_position_loss(model: LmHeadModel, batch: LmExample) -> LossFnOutput:
     per_pos_loss = model.compute_next_token_loss(batch, reduction=None, reduction_axis=()).array
     per_pos_token_id = jnp.roll(batch.tokens.array, -1, axis=-1)
     return per_pos_loss, batch.loss_weight.array, per_pos_token_id
-
-
-def _dropped_share(model: MoeLMHeadModel, batch: LmExample) -> LossFnOutput:
-    """Per position, the share of its token's expert assignments (K per MoE layer) dropped past capacity, as the
-    "loss" `TaggedEvaluator` averages: weight 1 on every position of a scored sequence (the last one too: it
-    is routed like the others), 0 on the all-zero sequences that pad a last batch."""
-    model = inference_mode(model, True)
-    dropped = model.dropped_copies(batch.tokens, batch.attn_mask)
-    assert dropped is not None, "only a model with a capacity_factor drops copies"
-    config = model.transformer.config
-    share = dropped.rearrange(batch.tokens.axes).array / (config.num_experts_per_tok * config.num_layers)
-    scored = jnp.sum(batch.loss_weight.array, axis=-1, keepdims=True) > 0
-    return share, jnp.broadcast_to(scored, share.shape).astype(share.dtype), batch.tokens.array

@@ -83,6 +83,7 @@ from levanter.models.llama import LlamaEmbedding
 from levanter.models.lm_model import LmConfig
 from levanter.models.qwen3_moe import Qwen3MoeLMHeadModel
 from levanter.utils.jax_utils import zeros_like_tree
+from levanter.utils.tree_utils import inference_mode
 
 from steps.model.config import MoeArchitecture
 from steps.model.moe_block import DROPPED_COPIES
@@ -134,6 +135,20 @@ class MoeLMHeadModel(Qwen3MoeLMHeadModel):
         counts. The layers' forward pass without the LM head."""
         _, extras = self.transformer(self.embeddings.embed(input_ids), attn_mask=attn_mask, key=None)
         return extras.get(DROPPED_COPIES)
+
+
+def dropped_share(model: MoeLMHeadModel, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per position of an `LmExample`, the share of its token's expert assignments (K per MoE layer) dropped past
+    capacity, as the "loss" Levanter's `TaggedEvaluator` averages (its `LossFnOutput`): weight 1 on every
+    position of a scored sequence (the last one too: it is routed like the others), 0 on the all-zero sequences
+    that pad a last batch. The evaluate step and the train step's periodic evals report its mean."""
+    model = inference_mode(model, True)
+    dropped = model.dropped_copies(batch.tokens, batch.attn_mask)
+    assert dropped is not None, "only a model with a capacity_factor drops copies"
+    config = model.transformer.config
+    share = dropped.rearrange(batch.tokens.axes).array / (config.num_experts_per_tok * config.num_layers)
+    scored = jnp.sum(batch.loss_weight.array, axis=-1, keepdims=True) > 0
+    return share, jnp.broadcast_to(scored, share.shape).astype(share.dtype), batch.tokens.array
 
 
 def with_capacity_factor(model: MoeLMHeadModel, capacity_factor: float | None) -> MoeLMHeadModel:

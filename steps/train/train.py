@@ -46,15 +46,22 @@ temporary MARIN_PREFIX) is set by `training_environment`, around the step, not r
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import jax
+import levanter.eval
+import levanter.tracker
+from levanter.callbacks import StepInfo
 from levanter.checkpoint import CheckpointerConfig
 from levanter.distributed import DistributedConfig
+from levanter.eval import TaggedEvaluator
 from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
 from levanter.trainer import TrainerConfig
@@ -65,7 +72,7 @@ from steps.model.config import REMAT_POLICIES
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape, flops_per_token
-from steps.model.moe_model import MoeWatchConfig
+from steps.model.moe_model import MoeWatchConfig, dropped_share
 from steps.tokenize.eval_suite import load_suite
 from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
@@ -229,6 +236,7 @@ def train(config: TrainConfig) -> None:
             with (
                 divergence_explained(label, config.output_path, config.learning_rate),
                 damaged_checkpoint_set_aside(label, config.output_path),
+                periodic_evals_count_drops(config.capacity_factor),
             ):
                 train_lm.main(run)
             if config.hf_export:
@@ -238,6 +246,51 @@ def train(config: TrainConfig) -> None:
         finally:
             close_log_files(run.trainer.log_dir)
             keep_local_folder(str(run.trainer.log_dir), config.output_path, "logs")
+
+
+@contextmanager
+def periodic_evals_count_drops(capacity_factor: float | None) -> Iterator[None]:
+    """With an expert capacity, each periodic eval also logs the share of expert assignments it dropped:
+    `eval/dropped_fraction` over every eval set and `eval/<tag>/dropped_fraction` per set, the figures the
+    evaluate step writes to results.json (`dropped_share`, on the same sequences). Levanter's `train_lm` builds
+    its eval callback itself, so its builder is wrapped for the length of the run; it costs one forward pass
+    (without the LM head) per eval batch."""
+    if capacity_factor is None:
+        yield
+        return
+    build = levanter.eval.cb_tagged_lm_evaluate
+
+    def with_drops(*args: Any, **kwargs: Any) -> Callable[[StepInfo], None]:
+        scores = build(*args, **kwargs)
+        given = inspect.signature(build).bind(*args, **kwargs).arguments
+        mp = given.get("mp")
+
+        def loss_fn(model: Any, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+            return dropped_share(model if mp is None else mp.cast_to_compute(model), batch)
+
+        drops = TaggedEvaluator(
+            EvalBatch=given["EvalBatch"],
+            tagged_eval_sets=given["tagged_eval_sets"],
+            loss_fn=loss_fn,
+            tokenizer=None,
+            device_mesh=given.get("device_mesh"),
+            axis_mapping=given.get("axis_mapping"),
+            max_examples_per_dataset=given.get("max_examples_per_dataset"),
+        )
+
+        def scores_and_drops(step: StepInfo) -> None:
+            scores(step)
+            result = drops.evaluate(step.model)
+            figures = {f"eval/{tag}/dropped_fraction": float(share) for tag, share in result.tag_micro_losses.items()}
+            levanter.tracker.log({"eval/dropped_fraction": float(result.micro_avg_loss), **figures}, step=step.step)
+
+        return scores_and_drops
+
+    levanter.eval.cb_tagged_lm_evaluate = with_drops
+    try:
+        yield
+    finally:
+        levanter.eval.cb_tagged_lm_evaluate = build
 
 
 COMPILE_ONCE_BELOW_STEPS = 1000
