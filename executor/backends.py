@@ -254,6 +254,25 @@ def check_backend(name: str, prefix: str, shared_filesystem: bool = False) -> No
         )
 
 
+def check_gang_storage(steps: Iterable[tuple[str, str, ResourceConfig | None]], shared_filesystem: bool) -> None:
+    """Refuse a gang of real hosts (`hosts` > 1 without stand-in CPU devices) whose output is a folder on this
+    machine's disk: each host would write its checkpoint shards, logs and metrics to its own disk, and a resume on
+    another set of hosts would find a fraction of a checkpoint. `steps` are (label, output path, resources)."""
+    if shared_filesystem:
+        return
+    for label, output_path, resources in steps:
+        if resources is None or resources.hosts < 2 or resources.cpu_devices_per_host is not None:
+            continue
+        if storage.on_local_disk(output_path):
+            raise ConfigError(
+                f"{label} runs as a gang of {resources.hosts} hosts, but its output {output_path} is a folder on this "
+                "machine's disk: each host would write its share of every checkpoint to its own disk. Use an "
+                "object-store prefix (gs://..., s3://...), or, if this folder is mounted on every host (NFS, a "
+                "shared volume), pass --shared_filesystem true (Executor(..., shared_filesystem=True)); nothing was "
+                "run or written"
+            )
+
+
 def make_backend(name: str, max_concurrent: int | None, steps: Iterable[StepKind] = ()) -> Backend:
     """The backend `name`; `steps` (the resources and function module of each step it will run) let the local
     one set up this process's JAX devices, and a local Ray start their workers, before any step runs."""

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from executor import storage
-from executor.backends import check_backend, make_backend
+from executor.backends import check_backend, check_gang_storage, make_backend
 from executor.errors import ConfigError, StepFailedError
 from executor.explain import ExplainReport, explain
 from executor.lease import LeaseSettings, new_worker_id
@@ -128,10 +128,13 @@ class Executor:
         if dry_run:
             self._print_dry_run(plan, show_all)
             return
+        to_run = [decision for decision in self.decisions if decision.action != "skip"]
+        check_gang_storage(
+            [(d.planned.label, d.planned.output_path, d.planned.step.resources) for d in to_run], self.shared_filesystem
+        )
         storage.write_json_atomic(
             self.executor_info_path, experiment_record(plan, caller=caller, description=description)
         )
-        to_run = [decision for decision in self.decisions if decision.action != "skip"]
         for decision in self.decisions:
             if decision.action == "skip":
                 logger.info("%s: SUCCESS already, skipping (%s)", decision.planned.label, decision.planned.output_path)

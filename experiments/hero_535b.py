@@ -77,6 +77,7 @@ from steps.model.model_size import MoeShape, ladder_shape
 from steps.scaling.ladder import SUITE_MACRO_LOSS
 from steps.train.hardware import HARDWARE, Hardware, host_resources
 from steps.train.parallelism import ParallelismPlan, refuse_unless_fits
+from steps.train.step_time import StepTimeEstimate, domains_used, estimate_step_time
 
 logger = logging.getLogger(__name__)
 
@@ -448,7 +449,7 @@ def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
     """The plan as JSON rows: every step's name, hash, output path and action; train steps add their figures,
     train and evaluate steps their parallelism plan (hardware, hosts, devices, mesh, microbatch, memory, fits)."""
     figures = {step: rung.figures() for rung, step in dag.trains.values()}
-    plans = step_plans(dag)
+    plans, estimates = step_plans(dag), step_time_estimates(dag)
     entries = []
     for decision in executor.decisions:
         planned = decision.planned
@@ -462,8 +463,37 @@ def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
         entry.update(figures.get(planned.step, {}))
         if planned.step in plans:
             entry.update(plans[planned.step].as_json())
+        if planned.step in estimates:
+            entry["step_time_estimate"] = estimates[planned.step].as_json()
         entries.append(entry)
     return entries
+
+
+def step_time_estimates(dag: HeroDag) -> dict[ExecutorStep, StepTimeEstimate]:
+    """Every planned train step's roofline step-time estimate (steps/train/step_time.py)."""
+    estimates = {}
+    for rung, step in dag.trains.values():
+        plan = rung.plan(dag.recipe)
+        if plan is not None and rung.hardware is not None:
+            estimates[step] = estimate_step_time(rung.shape, plan, rung.hardware)
+    return estimates
+
+
+def print_estimate(plan: ParallelismPlan, hardware: Hardware, estimate: StepTimeEstimate, flops: float) -> None:
+    """The layout over fast domains, each collective's axis and bytes, and the roofline estimate beside the plan."""
+    domains, per_domain = domains_used(plan, hardware)
+    print(f"          layout: {domains} fast domain(s) of {hardware.fast_domain_devices} {hardware.name}s, {per_domain}"
+          f" devices used in each; 'expert' inside a domain, 'data' {'across' if domains > 1 else 'inside'} them")
+    for collective in estimate.collectives:
+        where = "crosses domains" if collective.crosses_domains else "inside a domain"
+        print(f"            {collective.name:<36} on {collective.axis:<13} {where:<15} "
+              f"{collective.fast_bytes / 1e9:9.2f} GB fast + {collective.slow_bytes / 1e9:7.2f} GB slow per device"
+              f"{'' if collective.overlapped else ', on the critical path'}")
+    terms = ", ".join(f"{name} {seconds:.3g}" for name, seconds in estimate.terms_s().items())
+    hours = flops / (estimate.mfu * plan.devices * hardware.peak_flops_per_device) / 3600
+    print(f"          estimate (roofline, not measured): {estimate.step_s:.3g} s/step ({terms}; "
+          f"{estimate.serial_s:.3g} s with nothing overlapped), {estimate.tokens_per_s:.3g} tokens/s, "
+          f"MFU at most {estimate.mfu:.0%}, {hours:,.1f} hours")
 
 
 def print_totals(scale: Scale, dag: HeroDag) -> None:
@@ -478,7 +508,7 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
             f"active, {rung.tokens:.3g} tokens, {rung.flops:.2g} FLOPs"
         )
         plan, hours = rung.plan(dag.recipe), rung.hours(PLANNING_MFU)
-        if plan is not None and hours is not None:
+        if plan is not None and hours is not None and rung.hardware is not None:
             memory = plan.memory
             print(
                 f"          {plan.hosts} hosts x {plan.devices // plan.hosts} {plan.hardware} = {plan.devices} devices,"
@@ -489,6 +519,7 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
                 f"{memory.activations / 1e9:.1f}, dispatch {memory.dispatch / 1e9:.1f})"
                 f"{'' if plan.fits else ' DOES NOT FIT'}, {hours:,.1f} hours"
             )
+            print_estimate(plan, rung.hardware, estimate_step_time(rung.shape, plan, rung.hardware), rung.flops)
             device_hours += hours * plan.devices
         total_tokens += rung.tokens
         total_flops += rung.flops

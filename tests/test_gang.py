@@ -30,6 +30,7 @@ from gang_steps import GlobalSumConfig, global_sum
 from test_steps_train import build_data, checkpoint_steps, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, storage
+from executor.backends import check_gang_storage
 from executor.cpu_devices import stand_in_environment, with_stand_in_flags
 from executor.dashboard.step_view import live_state
 from executor.errors import ConfigError
@@ -96,6 +97,25 @@ def test_gang_stand_in_hosts_keep_the_tiny_hero_dags_hashes():
 def test_gang_resources_refuse_nonsense(bad):
     with pytest.raises(ConfigError):
         ResourceConfig(**bad)
+
+
+def test_gang_of_real_hosts_on_a_local_prefix_is_refused_before_any_host_starts(tmp_path):
+    """Each real host would write its checkpoint shards to its own disk: refused, naming the step and the prefix,
+    before a lease, a status or the experiment record is written; stand-in hosts (one machine) and a prefix
+    vouched for as shared (`shared_filesystem`) are not refused."""
+    step = ExecutorStep(name="train/racks", fn=global_sum, config=GlobalSumConfig(output_path=THIS_OUTPUT_PATH),
+                        resources=host_resources(HARDWARE["gb200"], hosts=16))  # fmt: skip
+    prefix = tmp_path / "runs"
+    with pytest.raises(ConfigError) as refused:
+        Executor(prefix=str(prefix)).run([step])
+    message = str(refused.value)
+    assert "train/racks" in message and str(prefix) in message and "16 hosts" in message
+    assert "gs://" in message and "--shared_filesystem true" in message
+    assert not prefix.exists() or not any(path.is_file() for path in prefix.rglob("*")), list(prefix.rglob("*"))
+    label, output_path = "train/racks-0123abcd", str(prefix / "train" / "racks-0123abcd")
+    check_gang_storage([(label, output_path, step.resources)], shared_filesystem=True)
+    check_gang_storage([(label, output_path, STAND_IN)], shared_filesystem=False)
+    check_gang_storage([(label, "gs://bucket/train/racks-0123abcd", step.resources)], shared_filesystem=False)
 
 
 def test_gang_is_shown_live_on_the_step_page(tmp_path):

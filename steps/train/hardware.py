@@ -4,13 +4,19 @@ One profile per accelerator a run may be planned on. MFU is model FLOP/s over (p
 `peak_flops_per_device` is one GPU's or one TPU chip's dense bf16 peak, never a node's, so a run asking for
 8 devices is measured against 8 peaks (`mfu_denominator`).
 
-Figures are the vendors' published dense (no sparsity) bf16 peaks and HBM sizes:
+Figures are the vendors' published dense (no sparsity) bf16 peaks, HBM sizes and bandwidths (data sheets:
+NVIDIA GB200 NVL72 and H100 SXM, Google Cloud TPU v5p); a link's figure is what one device receives, one way:
 
-| profile | device | bf16 peak / device | HBM / device | devices / host | fast domain |
-|---|---|---|---|---|---|
-| `gb200` | B200 of a GB200 NVL72 rack | 2.5 PFLOP/s | 186 GB | 4 (a compute tray) | 72 (the NVLink rack) |
-| `h100` | H100 SXM 80 GB | 989 TFLOP/s | 80 GB | 8 | 8 (the NVLink node) |
-| `tpu_v5p` | TPU v5p chip | 459 TFLOP/s | 95 GB | 4 | 8,960 (the ICI pod) |
+| profile | device | bf16 peak | HBM | HBM speed | devices / host | fast domain | fast link | slow link |
+|---|---|---|---|---|---|---|---|---|
+| `gb200` | B200 (GB200 NVL72) | 2.5 PFLOP/s | 186 GB | 8 TB/s | 4 (a tray) | 72 (NVLink rack) | 900 GB/s | 50 GB/s |
+| `h100` | H100 SXM 80 GB | 989 TFLOP/s | 80 GB | 3.35 TB/s | 8 | 8 (NVLink node) | 450 GB/s | 50 GB/s |
+| `tpu_v5p` | TPU v5p chip | 459 TFLOP/s | 95 GB | 2.765 TB/s | 4 | 8,960 (ICI pod) | 300 GB/s | 6.25 GB/s |
+
+Fast link: NVLink 5 (1.8 TB/s per GPU both ways), NVLink 4 (900 GB/s both ways), ICI (4,800 Gb/s per chip over all
+its links, counted as half each way). Slow link, between fast domains: one 400 Gb/s InfiniBand NIC per GPU
+(ConnectX-7), and for TPU slices the data-center network, taken as 200 Gb/s per host (an assumption: Google
+publishes no per-chip figure). steps/train/step_time.py turns them into a step-time estimate.
 
 The fast domain bounds expert parallelism: the all-to-all that sends tokens to their experts' devices
 stays inside NVLink / ICI (steps/train/parallelism.py).
@@ -39,13 +45,19 @@ class Hardware:
     """Devices one host (one JAX process) drives."""
     fast_domain_devices: int
     """Devices joined by the fast interconnect (NVLink, ICI): the largest expert-parallel group."""
+    hbm_bytes_per_s: float
+    """Memory bandwidth of one device."""
+    fast_link_bytes_per_s: float
+    """What one device receives per second, one way, from devices of its own fast domain."""
+    slow_link_bytes_per_s: float
+    """What one device receives per second, one way, from devices of other fast domains."""
     is_gpu: bool = True
 
 
 HARDWARE = {
-    "gb200": Hardware("gb200", "GB200", 2.5e15, 186 * 10**9, 4, 72),
-    "h100": Hardware("h100", "H100", 989e12, 80 * 10**9, 8, 8),
-    "tpu_v5p": Hardware("tpu_v5p", "TPU-V5P", 459e12, 95 * 10**9, 4, 8960, is_gpu=False),
+    "gb200": Hardware("gb200", "GB200", 2.5e15, 186 * 10**9, 4, 72, 8e12, 900e9, 50e9),
+    "h100": Hardware("h100", "H100", 989e12, 80 * 10**9, 8, 8, 3.35e12, 450e9, 50e9),
+    "tpu_v5p": Hardware("tpu_v5p", "TPU-V5P", 459e12, 95 * 10**9, 4, 8960, 2.765e12, 300e9, 6.25e9, is_gpu=False),
 }
 """Every profile, by name."""
 

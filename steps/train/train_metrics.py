@@ -55,15 +55,32 @@ from levanter.tracker.wandb import WandbConfig
 
 from executor import storage
 from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
-from executor.status import INFO_FILE
+from executor.status import INFO_FILE, LINEAGE_FILE
 from steps.train.data_order import TokensSeen
 from steps.train.hardware import mfu_denominator
-from steps.train.lineage import lineage_of
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TOKENS_PER_SECOND = "throughput/tokens_per_second"
+CHECKPOINTS = "/checkpoints/"
+
+
+def lineage_of(checkpoint: str) -> dict[str, Any]:
+    """A fork's lineage: the parent run and step of a `<run>/checkpoints/step-N` path it starts from (None where the
+    path does not say). The run view (executor/dashboard/panels.py) draws the parent's loss up to that step beside
+    the fork's, and the wandb run's config carries the same two figures."""
+    checkpoint = checkpoint.rstrip("/")
+    parent, found, name = checkpoint.rpartition(CHECKPOINTS)
+    number = name.removeprefix("step-")
+    return {"parent": parent if found else None, "step": int(number) if number.isdigit() else None,
+            "checkpoint": checkpoint}  # fmt: skip
+
+
+def record_lineage(output_path: str, initialize_from: str | None) -> None:
+    """Write `lineage.json` (`lineage_of`) for a fork; nothing for a run that starts from scratch."""
+    if initialize_from is not None:
+        storage.write_json_atomic(storage.join(output_path, LINEAGE_FILE), lineage_of(initialize_from))
 
 
 def _plain(value: Any) -> Any:

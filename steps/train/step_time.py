@@ -1,0 +1,198 @@
+"""A roofline estimate of one train step's time, from its plan: what the MFU behind the hours could be.
+
+An estimate, never a measurement: each term is the least time the hardware's published peaks allow
+(steps/train/hardware.py), and what a real step loses besides (kernels below peak, load imbalance between
+experts, launch gaps, stragglers) is not in it, so it bounds the step time from below and the MFU from above.
+Marin's hero reached ~23% MFU on GB200 and its d2048 rung 13.6%; the README sets the estimates beside them.
+
+Per device and train step (`tokens` its share of the batch, `passes` its microbatches, `r` = 1 where the plan
+recomputes each layer's forward pass, remat "layer" or "period", else 0):
+
+- **matmul**: (model FLOPs + r x the layers' forward FLOPs) / bf16 peak; model FLOPs are steps/model/
+  model_size.py's (6 x active + the head + attention), the numerator of MFU.
+- **HBM**: bytes read and written / HBM bandwidth: the compute copy of every weight the device gathers, read
+  (2 + r) times a pass (forward, backward, recompute); each layer's working set (steps/train/memory_model.py)
+  written and read once, (2 + r) / 2 times a pass; the head's logits four times (written and read, forward and
+  backward); AdamW reading the master weights, gradient and two moments and writing three of them (28 bytes a
+  parameter it holds); with microbatches, the gradient accumulator read and written every pass.
+- **collectives** (`Collective`), each on its mesh axis, bytes received by one device: the routed copies'
+  all-to-all over `expert` (dispatch and combine, forward, backward and recompute: 2 (2 + r) a layer and pass,
+  capacity factor x K rows a token, the (E - 1) / E of them bound for other devices); the weights' all-gathers
+  over data x expert (dense: every device holds 1 / devices of them) and over `data` (each device's routed
+  experts: FSDP within the expert group), (2 + r) a pass in compute bytes; their gradients' reduce-scatters,
+  once a pass in f32. Hierarchically, the cross-domain share of a gather over data x expert is 1 / E of the
+  array's (D - 1) / D (each device fetches its own column from the other domains, then shares it on the fast
+  link); `data` crosses domains when the devices outnumber one fast domain (the mesh puts `expert` inside one).
+- **step time**: max(matmul, HBM) for compute; the weights' gathers and gradients' reduce-scatters are
+  prefetched and overlap it (the plan holds the next layer's gathered copy), the fast and slow links at once;
+  the all-to-alls do not overlap (a layer's experts wait for their tokens):
+  `step = max(compute, max(fsdp on fast links, fsdp on slow links)) + all-to-all`. `serial` adds every term.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from steps.model.expert_parallel import DROPLESS_ROUND_FACTOR
+from steps.model.model_size import MoeShape, flops_per_token
+from steps.train.hardware import Hardware
+from steps.train.memory_model import (
+    dense_layer_params,
+    embedding_params,
+    layer_widths,
+    routed_params_per_expert,
+    working_set,
+)
+from steps.train.parallelism import ParallelismPlan
+
+OPTIMIZER_BYTES_PER_PARAM = 28
+"""AdamW's step reads the f32 master weight, gradient and two moments and writes the weight and moments back."""
+GRADIENT_BYTES = 4
+"""Gradients are reduce-scattered in f32, the master weights' dtype."""
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective of a train step: on which mesh axis, whether it leaves the fast domain, how much."""
+
+    name: str
+    axis: str
+    crosses_domains: bool
+    fast_bytes: float
+    """Bytes one device receives per step over its fast domain's links."""
+    slow_bytes: float
+    """Bytes one device receives per step from other fast domains."""
+    overlapped: bool
+    """Whether it runs beside the compute (prefetched weights, gradients) or on its critical path (all-to-all)."""
+
+
+@dataclass(frozen=True)
+class StepTimeEstimate:
+    """Seconds per train step by term (module docstring), and what they give."""
+
+    matmul_s: float
+    hbm_s: float
+    fsdp_s: float
+    all_to_all_s: float
+    collectives: tuple[Collective, ...]
+    model_flops_per_device: float
+    peak_flops_per_device: float
+    tokens_per_step: int
+
+    @property
+    def step_s(self) -> float:
+        return max(self.matmul_s, self.hbm_s, self.fsdp_s) + self.all_to_all_s
+
+    @property
+    def serial_s(self) -> float:
+        """Nothing overlapped: every term one after another."""
+        return self.matmul_s + self.hbm_s + self.fsdp_s + self.all_to_all_s
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops_per_device / (self.step_s * self.peak_flops_per_device)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_s
+
+    def as_json(self) -> dict:
+        return {
+            "step_s": self.step_s,
+            "serial_s": self.serial_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "terms_s": self.terms_s(),
+            "collectives": [dataclasses.asdict(collective) for collective in self.collectives],
+        }
+
+    def terms_s(self) -> dict[str, float]:
+        return {"matmul": self.matmul_s, "hbm": self.hbm_s, "fsdp": self.fsdp_s, "all_to_all": self.all_to_all_s}
+
+
+def estimate_step_time(
+    shape: MoeShape, plan: ParallelismPlan, hardware: Hardware, compute_bytes: int = 2
+) -> StepTimeEstimate:
+    """The module docstring's estimate for a train step's `plan` on `hardware`, computing in `compute_bytes`."""
+    if not plan.training:
+        raise ValueError("the step-time estimate is for train steps; an evaluate step's plan has no backward pass")
+    data, experts = plan.mesh.get("data", 1), plan.mesh.get("expert", 1)
+    passes = plan.batch_size // plan.devices // plan.microbatch
+    recompute = 0 if plan.remat == "none" else 1
+    reads = 2 + recompute  # forward, backward and the recomputed forward
+    tokens = plan.batch_size * shape.seq_len // plan.devices
+    pass_tokens = plan.microbatch * shape.seq_len
+
+    head_flops = 6 * shape.d_model * shape.vocab_size
+    model_flops = flops_per_token(shape) * tokens
+    forward_layer_flops = (flops_per_token(shape) - head_flops) / 3 * tokens
+    matmul_s = (model_flops + recompute * forward_layer_flops) / hardware.peak_flops_per_device
+
+    local_experts = shape.n_experts // experts
+    dense = shape.n_layers * dense_layer_params(shape) + embedding_params(shape)
+    routed = shape.n_layers * local_experts * routed_params_per_expert(shape)
+    held = (dense + shape.n_layers * shape.n_experts * routed_params_per_expert(shape)) / plan.devices
+    widths = layer_widths(shape, plan.capacity_factor, attention_scores=False)
+    layer_bytes = pass_tokens * compute_bytes * working_set(widths)
+    weights = reads * compute_bytes * (dense + routed)
+    per_pass = weights + reads * layer_bytes * shape.n_layers + 4 * pass_tokens * shape.vocab_size * compute_bytes
+    accumulate = 2 * GRADIENT_BYTES * held if passes > 1 else 0.0
+    hbm = passes * (per_pass + accumulate) + OPTIMIZER_BYTES_PER_PARAM * held
+    hbm_s = hbm / hardware.hbm_bytes_per_s
+
+    crosses = domains_used(plan, hardware)[0] > 1
+    gathered, scattered = passes * reads * compute_bytes, passes * GRADIENT_BYTES  # bytes per parameter and step
+    dense_axis, routed_axis = ("data x expert", dense, data, experts, crosses), ("data", routed, data, 1, crosses)
+    collectives = (
+        _all_to_all(shape, plan, experts, passes * pass_tokens, reads, compute_bytes),
+        _gathered("all-gather of dense weights", *dense_axis, gathered),
+        _gathered("all-gather of routed experts", *routed_axis, gathered),
+        _gathered("reduce-scatter of dense gradients", *dense_axis, scattered),
+        _gathered("reduce-scatter of routed gradients", *routed_axis, scattered),
+    )
+    overlapped = [c for c in collectives if c.overlapped]
+    fast_s = sum(c.fast_bytes for c in overlapped) / hardware.fast_link_bytes_per_s
+    fsdp_s = max(fast_s, sum(c.slow_bytes for c in overlapped) / hardware.slow_link_bytes_per_s)
+    all_to_all_s = sum(c.fast_bytes for c in collectives if not c.overlapped) / hardware.fast_link_bytes_per_s
+    return StepTimeEstimate(
+        matmul_s=matmul_s,
+        hbm_s=hbm_s,
+        fsdp_s=fsdp_s,
+        all_to_all_s=all_to_all_s,
+        collectives=tuple(c for c in collectives if c.fast_bytes or c.slow_bytes),
+        model_flops_per_device=model_flops,
+        peak_flops_per_device=hardware.peak_flops_per_device,
+        tokens_per_step=plan.batch_size * shape.seq_len,
+    )
+
+
+def _all_to_all(
+    shape: MoeShape, plan: ParallelismPlan, experts: int, tokens: int, reads: int, compute_bytes: int
+) -> Collective:
+    """The routed copies to their experts' devices and back, inside one fast domain (the plan keeps E within it)."""
+    rows = tokens * shape.top_k * (plan.capacity_factor or DROPLESS_ROUND_FACTOR)
+    sent = 2 * reads * shape.n_layers * rows * (shape.latent_dim or shape.d_model) * compute_bytes
+    return Collective("all-to-all of routed copies", "expert", False, sent * (experts - 1) / experts, 0.0, False)
+
+
+def _gathered(
+    name: str, axis: str, params: float, data: int, inner: int, crosses: bool, bytes_each: float
+) -> Collective:
+    """A gather (or reduce-scatter) of `params` split over data x `inner` devices, `bytes_each` per parameter and
+    step: hierarchically, the other domains' share of the device's own column over the slow link, the rest fast."""
+    whole = params * bytes_each
+    devices = data * inner
+    if not crosses:
+        return Collective(name, axis, False, whole * (1 - 1 / devices), 0.0, True)
+    slow = whole / inner * (data - 1) / data
+    return Collective(name, axis, True, whole * (inner - 1) / inner, slow, True)
+
+
+def domains_used(plan: ParallelismPlan, hardware: Hardware) -> tuple[int, int]:
+    """(fast domains, devices used in each) of the plan: whole expert groups (data slices of E devices) fill each
+    domain, so an expert group never spans two."""
+    experts = plan.mesh.get("expert", 1)
+    per_domain = min(plan.devices, hardware.fast_domain_devices // experts * experts)
+    return math.ceil(plan.devices / per_domain), per_domain
