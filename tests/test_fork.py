@@ -140,3 +140,11 @@ def test_the_published_run_view_shows_the_fork_and_its_parent(runs, page, tmp_pa
         expect(page.locator('[data-testid=run-view] [data-chart="loss"]')).to_contain_text("parent train/loss")
         browser_tests.screenshot(page, "publish-fork-run")
         check_page_builds_the_servers_views(page, prefix, relative)  # the parent's curve included
+
+
+def test_a_forks_lineage_names_the_parent_run_and_the_step_of_its_checkpoint() -> None:
+    from steps.train.train_metrics import lineage_of
+
+    assert lineage_of("gs://b/train/hero-1a2b/checkpoints/step-12000/") == {
+        "parent": "gs://b/train/hero-1a2b", "step": 12000, "checkpoint": "gs://b/train/hero-1a2b/checkpoints/step-12000"}
+    assert lineage_of("/elsewhere/weights") == {"parent": None, "step": None, "checkpoint": "/elsewhere/weights"}

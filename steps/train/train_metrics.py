@@ -63,7 +63,8 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TOKENS_PER_SECOND = "throughput/tokens_per_second"
-CHECKPOINTS = "/checkpoints/"
+CHECKPOINTS_SEGMENT = "/checkpoints/"
+"""What separates a run's output path from a checkpoint's name in a checkpoint path."""
 
 
 def lineage_of(checkpoint: str) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def lineage_of(checkpoint: str) -> dict[str, Any]:
     path does not say). The run view (executor/dashboard/panels.py) draws the parent's loss up to that step beside
     the fork's, and the wandb run's config carries the same two figures."""
     checkpoint = checkpoint.rstrip("/")
-    parent, found, name = checkpoint.rpartition(CHECKPOINTS)
+    parent, found, name = checkpoint.rpartition(CHECKPOINTS_SEGMENT)
     number = name.removeprefix("step-")
     return {"parent": parent if found else None, "step": int(number) if number.isdigit() else None,
             "checkpoint": checkpoint}  # fmt: skip
