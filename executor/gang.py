@@ -8,12 +8,15 @@ heartbeat, status and retries stay with the executor's own thread (the driver), 
         STRICT_SPREAD on a cluster, PACK when one machine stands in for the hosts)
     -> starts N `GangMember` actors (executor/gang_member.py), asks member 0 for a coordinator address
     -> runs the step function in every member, each joined by `jax.distributed.initialize`
-    -> watches them: each run's result, and a heartbeat (`ping`) answered within `hang_timeout_s`
+    -> watches them: each run's result, a heartbeat (`ping`) answered within `hang_timeout_s`, and, for a step
+       function that reports its steps (executor/progress.py), that some member completes one within
+       `hang_timeout_s` (`first_step_timeout_s` to the first, `checkpoint_timeout_s` while one saves)
     -> tears the whole gang down (every actor killed, the placement group removed, and, for members on
        this node, their processes checked gone), whatever happened.
 
-A member that dies or hangs fails the attempt with `GangMemberLostError`, a `TransientError`: the executor's
-retry starts a new gang, and the step (the train step) resumes from its latest complete checkpoint. A member
+A member that dies or hangs, or a gang that stops advancing, fails the attempt with `GangMemberLostError`, a
+`TransientError`: the executor's retry starts a new gang, and the step (the train step) resumes from its latest
+complete checkpoint. A member
 whose step function raises fails the attempt with that error (a bad input stays a deterministic failure),
 unless another member died within `DEATH_GRACE_S` (a lost peer makes the others' collectives fail too).
 The driver records the gang in `<output>/gang.json` (hosts, placement, coordinator, each member's node, pid
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor import storage
+from executor import progress, storage
 from executor.cpu_devices import stand_in_environment
 from executor.errors import ConfigError
 from executor.gang_member import GangMember
@@ -42,6 +45,8 @@ from executor.step_spec import ResourceConfig
 
 logger = logging.getLogger(__name__)
 
+NODE_ID_LABEL = "ray.io/node-id"
+"""Ray's label of a node's own id: its topology strategy is the placement strategy across nodes."""
 POLL_S = 1.0
 """How often the driver looks at its members (results and heartbeats)."""
 DEATH_GRACE_S = 10.0
@@ -57,6 +62,28 @@ class GangMemberLostError(TransientError):
 def placement_strategy(resources: ResourceConfig) -> str:
     """STRICT_SPREAD (one host per node) on a cluster; PACK when stand-in hosts share one machine."""
     return "PACK" if resources.cpu_devices_per_host is not None else "STRICT_SPREAD"
+
+
+def placement_description(resources: ResourceConfig) -> str:
+    """How the gang is placed, for gang.json: the strategy, and the domains where it is placed by domain."""
+    if resources.hosts_per_domain is None:
+        return placement_strategy(resources)
+    domains, strategy = resources.hosts // resources.hosts_per_domain, placement_strategy(resources)
+    return f"{domains} x {resources.hosts_per_domain} hosts, {strategy} within one {resources.domain_label}"
+
+
+def placement_groups(resources: ResourceConfig) -> list[dict[str, Any]]:
+    """The placement groups a gang asks Ray for, as `ray.util.placement_group` keyword arguments, in rank order: one
+    group of every host (`placement_strategy`), or, with `domain_label`, one group per fast domain of
+    `hosts_per_domain` hosts, each one host per node on nodes that share the label's value (Ray's
+    `topology_strategy`), so ranks `k * hosts_per_domain ...` share a domain and an expert group never spans two."""
+    bundles = bundle_specs(resources)
+    if resources.domain_label is None or resources.hosts_per_domain is None:
+        return [{"bundles": bundles, "strategy": placement_strategy(resources)}]
+    within = {NODE_ID_LABEL: placement_strategy(resources), resources.domain_label: "STRICT_PACK"}
+    size = resources.hosts_per_domain
+    return [{"bundles": bundles[start : start + size], "topology_strategy": dict(within)}
+            for start in range(0, resources.hosts, size)]  # fmt: skip
 
 
 def bundle_specs(resources: ResourceConfig) -> list[dict[str, float]]:
@@ -75,9 +102,12 @@ def bundle_specs(resources: ResourceConfig) -> list[dict[str, float]]:
     return [dict(bundle) for _ in range(resources.hosts)]
 
 
-def member_options(resources: ResourceConfig, group: Any, rank: int) -> dict[str, Any]:
-    """Ray actor options of member `rank`: all of its bundle, its stand-in environment, no restarts."""
+def member_options(resources: ResourceConfig, groups: list[Any], rank: int) -> dict[str, Any]:
+    """Ray actor options of member `rank`: all of its bundle (in its domain's group), its stand-in environment, no
+    restarts."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    per_group = resources.hosts // len(groups)
 
     bundle = bundle_specs(resources)[rank]
     custom = {name: amount for name, amount in bundle.items() if name not in ("CPU", "GPU", "memory")}
@@ -86,7 +116,9 @@ def member_options(resources: ResourceConfig, group: Any, rank: int) -> dict[str
         "num_gpus": bundle.get("GPU", 0),
         "max_restarts": 0,
         "max_concurrency": 2,  # `run` and the driver's `ping`
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            groups[rank // per_group], placement_group_bundle_index=rank % per_group
+        ),
         "runtime_env": {"env_vars": stand_in_environment(resources.cpu_devices_per_host)},
     }
     if "memory" in bundle:
@@ -102,11 +134,15 @@ class MemberRecord:
 
     rank: int
     state: str = "starting"
-    """starting, running, finished, failed, died, hung, torn down."""
+    """starting, running, finished, failed, died, hung, stalled (the gang stopped advancing), torn down."""
     pid: int | None = None
     node_id: str | None = None
     ip: str | None = None
     last_heartbeat: float | None = None
+    progress_step: int | None = None
+    """The last step it completed (executor/progress.py), as its latest heartbeat said."""
+    domain: str | None = None
+    """Its node's fast domain (the value of `ResourceConfig.domain_label`), where the gang is placed by domain."""
 
 
 @dataclass
@@ -155,18 +191,18 @@ class _Gang:
         self.launch = launch
         self.config = config
         resources = launch.resources
-        self.record = GangRecord(hosts=resources.hosts, placement=placement_strategy(resources))
+        self.record = GangRecord(hosts=resources.hosts, placement=placement_description(resources))
         self.record.members = [MemberRecord(rank) for rank in range(resources.hosts)]
-        self.group: Any = None
+        self.groups: list[Any] = []
         self.actors: list[Any] = []
 
     def start(self) -> None:
         from ray.util.placement_group import placement_group
 
         resources = self.launch.resources
-        self.group = placement_group(bundle_specs(resources), strategy=self.record.placement)
+        self.groups = [placement_group(**spec) for spec in placement_groups(resources)]
         self._write()
-        while not self._ray.wait([self.group.ready()], timeout=60)[0]:
+        while not self._ray.wait([group.ready() for group in self.groups], num_returns=len(self.groups), timeout=60)[0]:
             logger.info(
                 "%s: waiting for %d hosts (%s): %s",
                 self.launch.label,
@@ -177,13 +213,15 @@ class _Gang:
         member = self._ray.remote(GangMember)
         stand_in = resources.cpu_devices_per_host is not None
         for rank in range(resources.hosts):
-            options = member_options(resources, self.group, rank)
+            options = member_options(resources, self.groups, rank)
             self.actors.append(
                 member.options(**options).remote(rank, resources.hosts, self.launch.output_path, stand_in)
             )
         identities = self._ray.get([actor.identity.remote() for actor in self.actors])
         for record, identity in zip(self.record.members, identities, strict=True):
             record.pid, record.node_id, record.ip = identity["pid"], identity["node_id"], identity["ip"]
+            if resources.domain_label is not None:
+                record.domain = identity["labels"].get(resources.domain_label)
             record.state, record.last_heartbeat = "running", time.time()
         self.record.coordinator = self._ray.get(self.actors[0].coordinator_address.remote())
         self.record.state = "running"
@@ -205,6 +243,9 @@ class _Gang:
         }
         pings: dict[Any, int] = {}
         heard = {rank: time.monotonic() for rank in range(len(self.actors))}
+        resources = self.launch.resources
+        advancing = progress.ProgressWatch(resources.hang_timeout_s, resources.first_step_timeout_s,
+                                           resources.checkpoint_timeout_s, time.monotonic())  # fmt: skip
         failure: tuple[int, BaseException] | None = None
         failed_at = 0.0
         while runs:
@@ -214,8 +255,13 @@ class _Gang:
                     pings[self.actors[rank].ping.remote()] = rank
             ready, _ = ray.wait([*runs, *pings], num_returns=1, timeout=POLL_S)
             for ref in ready:
-                rank = pings.pop(ref) if ref in pings else runs.pop(ref)
-                error = _error_of(ray, ref)
+                pinged = ref in pings
+                rank = pings.pop(ref) if pinged else runs.pop(ref)
+                answer, error = _result_of(ray, ref)
+                if error is None:  # a heartbeat's answer carries its progress; a finished run's is its progress
+                    reported = answer["progress"] if pinged else answer
+                    advancing.heard(rank, reported, time.monotonic())
+                    self.record.members[rank].progress_step = reported["step"]
                 if isinstance(error, ray.exceptions.RayActorError):
                     self._lost(rank, "died", f"its process died ({error})")
                 elif error is not None and failure is None:
@@ -228,8 +274,13 @@ class _Gang:
                         self.record.members[rank].state = "finished"
             now = time.monotonic()
             for rank in runs.values():
-                if now - heard[rank] > self.launch.resources.hang_timeout_s:
+                if now - heard[rank] > resources.hang_timeout_s:
                     self._lost(rank, "hung", f"it answered no heartbeat for {now - heard[rank]:.0f} s")
+            # A silent member is named by the heartbeat rule above; the gang is stalled only while every member answers.
+            answering = all(now - heard[rank] < resources.hang_timeout_s / 2 for rank in runs.values())
+            stalled = advancing.stalled(now) if runs and failure is None and answering else None
+            if stalled is not None:
+                self._stalled(stalled)
             if failure is not None and (now - failed_at > DEATH_GRACE_S or not runs):
                 self._raise_failure(*failure)
         self.record.state = "finished"
@@ -241,6 +292,15 @@ class _Gang:
             f"{self.launch.label}: gang member {rank} of {len(self.actors)} (pid {member.pid} on {member.ip}) {state}: "
             f"{why}; the gang is torn down and the attempt retried as a new gang from the latest checkpoint"
         )
+        self.record.state, self.record.message = "failed", message
+        raise GangMemberLostError(message)
+
+    def _stalled(self, why: str) -> None:
+        for member in self.record.members:
+            if member.state == "running":
+                member.state = "stalled"
+        message = (f"{self.launch.label}: the gang of {len(self.actors)} hosts is hung: {why}; it is torn down and the "
+                   "attempt retried as a new gang from the latest checkpoint")  # fmt: skip
         self.record.state, self.record.message = "failed", message
         raise GangMemberLostError(message)
 
@@ -257,8 +317,8 @@ class _Gang:
         ray = self._ray
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        if self.group is not None:
-            ray.util.remove_placement_group(self.group)
+        for group in self.groups:
+            ray.util.remove_placement_group(group)
         self._wait_gone()
         for member in self.record.members:
             if member.state in ("starting", "running"):
@@ -282,12 +342,11 @@ class _Gang:
         storage.write_json_atomic(storage.join(self.launch.output_path, GANG_FILE), dataclasses.asdict(self.record))
 
 
-def _error_of(ray: Any, ref: Any) -> BaseException | None:
+def _result_of(ray: Any, ref: Any) -> tuple[Any, BaseException | None]:
     try:
-        ray.get(ref)
+        return ray.get(ref), None
     except Exception as error:  # a member's failure, of any kind, is classified by the caller
-        return error
-    return None
+        return None, error
 
 
 def _process_alive(pid: int) -> bool:

@@ -7,7 +7,8 @@ mesh. Its log records go to `<output>/logs/host-<rank>.log`, uploaded whenever t
 comes and the last upload is `LOG_UPLOAD_S` old, and at the end; each heartbeat also puts the handler back on
 the root logger (Levanter's trainer clears the root logger's handlers when it starts). The actor is threaded
 (`max_concurrency=2`): `ping` is answered while `run` works, so a member that answers no ping is stopped or
-wedged in native code, not merely busy.
+wedged in native code, not merely busy; each answer carries the step the member last completed
+(executor/progress.py), so the driver also finds a gang that answers but no longer advances.
 
 Stand-in hosts (`cpu_devices_per_host`): the member's process gets that many fake CPU devices
 (`XLA_FLAGS`, set by the driver in the actor's environment before JAX loads: executor/cpu_devices.py) and
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from executor import progress
 from executor.step_log import StepLog
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,9 @@ class GangMember:
         """Where this member runs: the dashboard's gang view and the driver's teardown check read it."""
         import ray
 
-        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "ip": self.ip()}
+        context = ray.get_runtime_context()
+        labels = dict(context.get_node_labels())
+        return {"pid": os.getpid(), "node_id": context.get_node_id(), "ip": self.ip(), "labels": labels}
 
     def ip(self) -> str:
         import ray
@@ -71,8 +75,9 @@ class GangMember:
         """Member 0 only: `ip:port` of the JAX coordinator it will start, on its own node."""
         return f"{self.ip()}:{free_port()}"
 
-    def ping(self) -> float:
-        """The driver's heartbeat; uploads the member's log now and then."""
+    def ping(self) -> dict[str, Any]:
+        """The driver's heartbeat: this member's time and progress (executor/progress.py); uploads the member's
+        log now and then."""
         log = self._log
         if log is not None:
             log.reattach()  # within a heartbeat of the trainer's logging setup, which drops it
@@ -82,18 +87,21 @@ class GangMember:
                 log.upload()
             except OSError as error:  # the log stays local; the heartbeat must still answer
                 logger.warning("%s: could not upload %s (%s)", self.output_path, log.target, error)
-        return time.time()
+        return {"time": time.time(), "progress": progress.snapshot()}
 
-    def run(self, fn: Callable[[Any], Any], config: Any, coordinator: str) -> None:
-        """Join the JAX processes of the gang, then run the step function as one of them."""
+    def run(self, fn: Callable[[Any], Any], config: Any, coordinator: str) -> dict[str, Any]:
+        """Join the JAX processes of the gang, then run the step function as one of them; returns how far it got
+        (executor/progress.py), which the last heartbeat may not have seen."""
         root = logging.getLogger()
         if root.level > logging.INFO or root.level == logging.NOTSET:
             root.setLevel(logging.INFO)
         with StepLog(self.output_path, host_log_file(self.rank), all_threads=True) as log:
             self._log = log
+            progress.reset()
             try:
                 self._initialize_jax(coordinator)
                 fn(config)
+                return progress.snapshot()
             except BaseException as error:
                 log.save_failure(error)
                 raise

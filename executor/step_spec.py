@@ -47,8 +47,19 @@ class ResourceConfig:
     collectives, and the members are packed onto one node. A one-host step gets them too (a gang's reference
     on the same global devices: executor/cpu_devices.py). None on real accelerators."""
     hang_timeout_s: float = 600.0
-    """A gang member that answers no heartbeat for this long is hung: the gang is torn down and the attempt
-    fails as transient (the executor's retry starts a new gang)."""
+    """A gang member that answers no heartbeat for this long is hung, and so is a gang none of whose members has
+    completed a step (`executor.progress.report`) for this long: the gang is torn down and the attempt fails as
+    transient (the executor's retry starts a new gang)."""
+    domain_label: str | None = None
+    """The Ray node label whose value names a node's fast domain (an NVLink rack, a TPU slice), e.g.
+    "ray.io/gpu-domain". With `hosts_per_domain`, a gang is placed that many hosts to a domain, ranks domain-major,
+    so consecutive ranks (an expert-parallel group) never span two domains."""
+    hosts_per_domain: int | None = None
+    """Hosts of a gang inside one fast domain (with `domain_label`); `hosts` must be a multiple of it."""
+    first_step_timeout_s: float = 3600.0
+    """How long a gang that reports progress may take to its first completed step (compiling)."""
+    checkpoint_timeout_s: float = 1800.0
+    """How long a gang member may spend in a checkpoint save (`progress.phase("checkpoint")`) without a step."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1:
@@ -57,8 +68,13 @@ class ResourceConfig:
             raise ConfigError(
                 f"ResourceConfig.cpu_devices_per_host must be at least 1, got {self.cpu_devices_per_host}"
             )
-        if self.hang_timeout_s <= 0:
-            raise ConfigError(f"ResourceConfig.hang_timeout_s must be positive, got {self.hang_timeout_s}")
+        if (self.domain_label is None) != (self.hosts_per_domain is None):
+            raise ConfigError("ResourceConfig.domain_label and hosts_per_domain go together: set both or neither")
+        if self.hosts_per_domain is not None and (self.hosts_per_domain < 1 or self.hosts % self.hosts_per_domain):
+            raise ConfigError(f"ResourceConfig.hosts_per_domain={self.hosts_per_domain} must divide hosts={self.hosts}")
+        for name in ("hang_timeout_s", "first_step_timeout_s", "checkpoint_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"ResourceConfig.{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, eq=False)

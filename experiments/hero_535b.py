@@ -76,7 +76,7 @@ from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
 from steps.scaling.ladder import SUITE_MACRO_LOSS
 from steps.train.hardware import HARDWARE, Hardware, host_resources
-from steps.train.parallelism import ParallelismPlan, refuse_unless_fits
+from steps.train.parallelism import ParallelismPlan, devices_per_domain, expert_parallel_size, refuse_unless_fits
 from steps.train.step_time import StepTimeEstimate, domains_used, estimate_step_time
 
 logger = logging.getLogger(__name__)
@@ -144,10 +144,13 @@ experts' width 3072, and JAX lays out no uneven split (`levanter_config.uneven_s
 
 def _full_rung(spec: tuple[str, int, int, int, int], hardware: Hardware, devices: int) -> Rung:
     """A published rung on `devices` of `hardware`: its steps run as gangs of one JAX process per host
-    (executor/gang.py), each host asking Ray for its devices (steps/train/hardware.py)."""
+    (executor/gang.py), each host asking Ray for its devices (steps/train/hardware.py), placed fast domain by fast
+    domain (the hero's 256 hosts as 16 racks of 16)."""
     name, d_model, layers, batch, steps = spec
-    resources = host_resources(hardware, hosts=devices // hardware.devices_per_host)
-    return Rung(name, ladder_shape(d_model, layers), batch, steps, resources, hardware, devices)
+    shape = ladder_shape(d_model, layers)
+    per_domain = devices_per_domain(devices, expert_parallel_size(shape, devices, hardware), hardware)
+    resources = host_resources(hardware, devices // hardware.devices_per_host, per_domain // hardware.devices_per_host)
+    return Rung(name, shape, batch, steps, resources, hardware, devices)
 
 
 def with_stand_in_hosts(scale: Scale, hosts: int) -> Scale:

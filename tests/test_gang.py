@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from gang_steps import GlobalSumConfig, global_sum
+from gang_steps import CountedSumConfig, GlobalSumConfig, counted_sum, global_sum
 from test_steps_train import build_data, checkpoint_steps, train_config, train_losses
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, storage
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, progress, storage
 from executor.backends import check_gang_storage
 from executor.cpu_devices import stand_in_environment, with_stand_in_flags
 from executor.dashboard.step_view import live_state
@@ -78,7 +78,7 @@ def test_gang_stand_in_hosts_are_packed_onto_one_machine_with_fake_devices():
 def test_gang_member_options_take_their_own_bundle():
     pytest.importorskip("ray")
     tpu = host_resources(HARDWARE["tpu_v5p"], hosts=2)
-    options = member_options(tpu, group=None, rank=1)
+    options = member_options(tpu, groups=[None], rank=1)
     assert options["num_cpus"] == 0 and options["resources"] == {"TPU": 4, "accelerator_type:TPU-V5P": 0.001}
     assert options["scheduling_strategy"].placement_group_bundle_index == 1
     assert options["max_restarts"] == 0
@@ -166,7 +166,7 @@ def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
 
 LOCAL_BACKEND_RUN = """
 import sys
-from gang_steps import GlobalSumConfig, global_sum
+from gang_steps import CountedSumConfig, GlobalSumConfig, counted_sum, global_sum
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
 executor = Executor(sys.argv[1], backend="local")
 for name, count in (("two", 2), ("three", 3)):
@@ -223,6 +223,76 @@ def local_ray():
     ensure_ray()
     yield ray
     ray.shutdown()
+
+
+def test_stalled_watch_allows_the_first_step_and_checkpoints_their_own_time_and_skips_silent_steps():
+    """The driver's rule (executor/progress.py), on its own clock: hung once no member advanced within the
+    allowance while one is in a phase; outside any phase (a step function that never enters one, or the train
+    step's export after its loop) the heartbeat alone watches."""
+    watch = progress.ProgressWatch(hang_timeout_s=10, first_step_timeout_s=100, checkpoint_timeout_s=50, now=0)
+    watch.heard(0, {"step": None, "phase": None}, now=5)
+    assert watch.stalled(now=10_000) is None  # no phase: heartbeat only
+    watch.heard(0, {"step": None, "phase": "training"}, now=6)
+    assert watch.stalled(now=99) is None and "its first step" in watch.stalled(now=101)
+    watch.heard(1, {"step": 0, "phase": "training"}, now=101)
+    watch.heard(0, {"step": 0, "phase": "training"}, now=105)  # each member's own step counts
+    assert watch.stalled(now=114) is None and "a step" in watch.stalled(now=116)
+    watch.heard(0, {"step": 0, "phase": "training"}, now=116)  # the same step again: no advance
+    assert watch.stalled(now=116) is not None
+    watch.heard(1, {"step": 1, "phase": progress.CHECKPOINT}, now=117)  # saving after step 1
+    assert watch.stalled(now=166) is None and watch.stalled(now=168) is not None
+    watch.heard(1, {"step": 1, "phase": "training"}, now=150)  # the save ended: back to the step allowance
+    assert watch.stalled(now=150) is not None
+    for rank in (0, 1):  # the loop ended (an export follows): no longer watched for steps
+        watch.heard(rank, {"step": 7, "phase": None}, now=151)
+    assert watch.stalled(now=10_000) is None
+
+
+def counted_step(prefix: Path, name: str, **settings) -> tuple[Executor, ExecutorStep]:
+    config = CountedSumConfig(output_path=THIS_OUTPUT_PATH, **settings)
+    resources = dataclasses.replace(STAND_IN, hang_timeout_s=15.0)
+    return Executor(str(prefix), backend="ray"), ExecutorStep(name=name, fn=counted_sum, config=config,
+                                                              resources=resources)  # fmt: skip
+
+
+COUNTED_TOTAL = sum(22.0 + 4 * iteration for iteration in range(8))
+"""Eight iterations of 4 devices holding 0, 1 (process 0) and 10, 11 (process 1), each plus the iteration."""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_stalled_gang_member_that_answers_its_heartbeat_is_torn_down_and_the_retry_resumes(tmp_path, local_ray):
+    """Member 1 sleeps 300 s inside iteration 3 while member 0 waits for it in the collective, both answering
+    their heartbeat: the driver finds no member advanced for hang_timeout_s (15 s), tears the gang down, and the
+    retried gang resumes from iteration 3 to the uninterrupted total. Before, the gang waited out the sleep."""
+    executor, step = counted_step(tmp_path, "gang/stalled", stall_at=3, stall_s=300.0)
+    started = time.monotonic()
+    executor.run([step])
+    output_path = Path(executor.output_paths[step])
+    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": COUNTED_TOTAL}
+    events = [event for event in read_events(str(output_path)) if event.attempt]
+    assert [event.status for event in events] == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING,
+                                                  StepStatus.SUCCESS]  # fmt: skip
+    message = events[1].message or ""
+    assert "GangMemberLostError" in message and "is hung: no member completed a step" in message, message
+    assert time.monotonic() - started < 300  # the sleep was cut short by the teardown, not waited out
+    gang = json.loads((output_path / GANG_FILE).read_text())
+    assert [member["progress_step"] for member in gang["members"]] == [7, 7]
+    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_stalled_watch_never_tears_down_a_slow_gang_that_advances(tmp_path, local_ray):
+    """Six seconds an iteration, 48 s in all, against a hang timeout of 15 s: one attempt, SUCCESS."""
+    executor, step = counted_step(tmp_path, "gang/slow", pace_s=6.0)
+    executor.run([step])
+    output_path = Path(executor.output_paths[step])
+    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": COUNTED_TOTAL}
+    statuses = [event.status for event in read_events(str(output_path)) if event.attempt]
+    assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
 
 
 def gang_config(data: dict[str, str], output_path: str = "unused") -> TrainConfig:
@@ -354,6 +424,8 @@ def test_multi_host_gang_trains_to_the_losses_of_one_process(one_process, faulte
     output_path = faulted["output_path"]
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert gang["state"] == "finished" and [m["state"] for m in gang["members"]] == ["finished", "finished"]
+    # Every process reports its training steps to the gang's watch (executor/progress.py), process 1 included.
+    assert [m["progress_step"] for m in gang["members"]] == [gang_losses[-1][0]] * 2, gang["members"]
     for rank in (0, 1):
         assert f"gang member {rank} of 2" in (output_path / host_log_file(rank)).read_text()
     # The HF export gathers the weights sharded over both processes; process 0 writes them.

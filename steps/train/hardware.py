@@ -24,6 +24,7 @@ stays inside NVLink / ICI (steps/train/parallelism.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from executor import ResourceConfig
@@ -52,12 +53,16 @@ class Hardware:
     slow_link_bytes_per_s: float
     """What one device receives per second, one way, from devices of other fast domains."""
     is_gpu: bool = True
+    domain_label: str = "ray.io/gpu-domain"
+    """The Ray node label naming each node's fast domain (the cluster config sets it per rack; Ray sets a TPU VM's
+    slice name): a gang is placed domain by domain on it (executor/gang.py `placement_groups`)."""
 
 
 HARDWARE = {
     "gb200": Hardware("gb200", "GB200", 2.5e15, 186 * 10**9, 4, 72, 8e12, 900e9, 50e9),
     "h100": Hardware("h100", "H100", 989e12, 80 * 10**9, 8, 8, 3.35e12, 450e9, 50e9),
-    "tpu_v5p": Hardware("tpu_v5p", "TPU-V5P", 459e12, 95 * 10**9, 4, 8960, 2.765e12, 300e9, 6.25e9, is_gpu=False),
+    "tpu_v5p": Hardware("tpu_v5p", "TPU-V5P", 459e12, 95 * 10**9, 4, 8960, 2.765e12, 300e9, 6.25e9, is_gpu=False,
+                        domain_label="ray.io/tpu-slice-name"),
 }
 """Every profile, by name."""
 
@@ -76,11 +81,15 @@ def mfu_denominator(peak_flops_per_device: float, devices: int) -> float:
     return peak_flops_per_device * devices
 
 
-def host_resources(hardware: Hardware, hosts: int) -> ResourceConfig:
+def host_resources(hardware: Hardware, hosts: int, hosts_per_domain: int | None = None) -> ResourceConfig:
     """What a step over `hosts` hosts of `hardware` asks the cluster for: a gang (executor/gang.py) reserves one
     placement-group bundle per host; on GPU nodes a host is a node's GPUs (Ray's `GPU`) of the profile's
-    accelerator type, on a TPU slice one TPU VM, whose chips Ray counts as `TPU`."""
+    accelerator type, on a TPU slice one TPU VM, whose chips Ray counts as `TPU`. With `hosts_per_domain`, the
+    gang is placed that many hosts to a fast domain (`domain_label`)."""
     per_host = hardware.devices_per_host
+    label = hardware.domain_label if hosts_per_domain else None
+    placed = ResourceConfig(hosts=hosts, accelerator_type=hardware.accelerator_type, domain_label=label,
+                            hosts_per_domain=hosts_per_domain or None)  # fmt: skip
     if hardware.is_gpu:
-        return ResourceConfig(hosts=hosts, gpus=per_host, accelerator_type=hardware.accelerator_type)
-    return ResourceConfig(hosts=hosts, custom={"TPU": per_host}, accelerator_type=hardware.accelerator_type)
+        return dataclasses.replace(placed, gpus=per_host)
+    return dataclasses.replace(placed, custom={"TPU": per_host})

@@ -112,6 +112,12 @@ def expert_parallel_size(shape: MoeShape, devices: int, hardware: Hardware) -> i
     return max(size for size in range(1, limit + 1) if shape.n_experts % size == 0 and devices % size == 0)
 
 
+def devices_per_domain(devices: int, experts: int, hardware: Hardware) -> int:
+    """Devices of a run in each fast domain it uses: whole expert groups (E consecutive devices) fill a domain, so
+    the expert axis stays inside one and the data axis runs across domains (the hero: 64 of each NVL72 rack)."""
+    return min(devices, hardware.fast_domain_devices // experts * experts)
+
+
 def plan_parallelism(
     shape: MoeShape,
     batch_size: int,

@@ -6,24 +6,28 @@ and folder, MARIN_PREFIX), wandb's one setup per process, the root logger's file
 restores it after, so that several train steps in one worker process (Ray runs many) never write into one
 another's files. Tools that write only local files get a folder of the output path when it is local, or a
 temporary one that is uploaded to `<output>/<name>/` when the output is on an object store (`local_dir`,
-`keep_local_folder`).
+`keep_local_folder`). A run also tells a gang's watch how far it got (executor/progress.py): it runs in phase
+`TRAINING` and each checkpoint save in phase "checkpoint" (`checkpoint_saves_in_their_phase`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import wandb
+from levanter.checkpoint import Checkpointer
 from levanter.tracker import wandb as levanter_wandb
 
-from executor import storage
+from executor import progress, storage
 
 logger = logging.getLogger(__name__)
 
@@ -124,3 +128,28 @@ def _environment(output_path: str) -> Iterator[None]:
                 else:
                     os.environ[name] = value
             keep_local_folder(settings["WANDB_DIR"], output_path, "wandb")
+
+
+TRAINING = "training"
+"""The progress phase of the whole run (executor/progress.py): from its start the gang's watch expects steps, the
+first within `ResourceConfig.first_step_timeout_s`; each completed step is reported by the trackers
+(steps/train/train_metrics.py)."""
+
+
+@contextlib.contextmanager
+def checkpoint_saves_in_their_phase() -> Iterator[None]:
+    """Each checkpoint save runs in progress phase "checkpoint", which a gang's watch allows
+    `ResourceConfig.checkpoint_timeout_s` without a completed step. Levanter's trainer saves through
+    `Checkpointer.save_checkpoint`, which is wrapped for the length of the run."""
+    save = Checkpointer.save_checkpoint
+
+    @functools.wraps(save)
+    def save_in_phase(self: Checkpointer, *args: Any, **kwargs: Any) -> Any:
+        with progress.phase(progress.CHECKPOINT):
+            return save(self, *args, **kwargs)
+
+    Checkpointer.save_checkpoint = save_in_phase
+    try:
+        yield
+    finally:
+        Checkpointer.save_checkpoint = save

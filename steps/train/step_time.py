@@ -45,7 +45,7 @@ from steps.train.memory_model import (
     routed_params_per_expert,
     working_set,
 )
-from steps.train.parallelism import ParallelismPlan
+from steps.train.parallelism import ParallelismPlan, devices_per_domain
 
 OPTIMIZER_BYTES_PER_PARAM = 28
 """AdamW's step reads the f32 master weight, gradient and two moments and writes the weight and moments back."""
@@ -191,8 +191,6 @@ def _gathered(
 
 
 def domains_used(plan: ParallelismPlan, hardware: Hardware) -> tuple[int, int]:
-    """(fast domains, devices used in each) of the plan: whole expert groups (data slices of E devices) fill each
-    domain, so an expert group never spans two."""
-    experts = plan.mesh.get("expert", 1)
-    per_domain = min(plan.devices, hardware.fast_domain_devices // experts * experts)
+    """(fast domains, devices used in each) of the plan (`parallelism.devices_per_domain`)."""
+    per_domain = devices_per_domain(plan.devices, plan.mesh.get("expert", 1), hardware)
     return math.ceil(plan.devices / per_domain), per_domain

@@ -66,7 +66,7 @@ from levanter.main import train_lm
 from levanter.optim.config import AdamConfig
 from levanter.trainer import TrainerConfig
 
-from executor import storage
+from executor import progress, storage
 from steps.model.checkpoints import check_checkpoints
 from steps.model.config import REMAT_POLICIES
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
@@ -90,7 +90,14 @@ from steps.train.input_checks import (
     weights_file_schedule,
 )
 from steps.train.parallelism import precision_policy
-from steps.train.run_environment import close_log_files, keep_local_folder, local_dir, training_environment
+from steps.train.run_environment import (
+    TRAINING,
+    checkpoint_saves_in_their_phase,
+    close_log_files,
+    keep_local_folder,
+    local_dir,
+    training_environment,
+)
 from steps.train.train_metrics import JsonlMetricsConfig, record_lineage, wandb_config
 
 logger = logging.getLogger(__name__)
@@ -236,6 +243,8 @@ def train(config: TrainConfig) -> None:
                 divergence_explained(label, config.output_path, config.learning_rate),
                 damaged_checkpoint_set_aside(label, config.output_path),
                 periodic_evals_count_drops(config.capacity_factor),
+                progress.phase(TRAINING),
+                checkpoint_saves_in_their_phase(),
             ):
                 train_lm.main(run)
             if config.hf_export:

@@ -53,7 +53,7 @@ import wandb
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 from levanter.tracker.wandb import WandbConfig
 
-from executor import storage
+from executor import progress, storage
 from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
 from executor.status import INFO_FILE, LINEAGE_FILE
 from steps.train.data_order import TokensSeen
@@ -109,8 +109,18 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+class ProgressTracker(NoopTracker):
+    """Every process's report of each completed training step (a `train/loss` line) to executor/progress.py, which
+    a gang's heartbeat carries to the driver: a gang whose members all answer but none advances is hung."""
+
+    def log(self, metrics: Mapping[str, Any], *, step: int | None, commit: bool | None = None) -> None:
+        if step is not None and "train/loss" in metrics:
+            progress.report(step)
+
+
 class JsonlMetricsTracker(Tracker):
-    """Appends every logged metric dict, with its step, to `<output_path>/metrics.jsonl`."""
+    """Appends every logged metric dict, with its step, to `<output_path>/metrics.jsonl` (and reports the step's
+    progress, as `ProgressTracker` does on the other processes)."""
 
     name: str = "metrics_jsonl"
 
@@ -145,6 +155,8 @@ class JsonlMetricsTracker(Tracker):
             line.update(self._tokens_seen.after_step(step))
         record = {"step": step, "time": time.time(), **line}
         self._log.write(json.dumps(record))
+        if step is not None and "train/loss" in line:
+            progress.report(step)
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         self.log({f"summary/{key}": value for key, value in metrics.items()}, step=None)
@@ -159,7 +171,7 @@ class JsonlMetricsTracker(Tracker):
 @TrackerConfig.register_subclass("metrics_jsonl")
 @dataclasses.dataclass
 class JsonlMetricsConfig(TrackerConfig):
-    """Levanter tracker config for `JsonlMetricsTracker` (process 0 writes; the others log nothing)."""
+    """Levanter tracker config for `JsonlMetricsTracker` (process 0 writes; the others only report progress)."""
 
     output_path: str = ""
     flops_per_token: float = 0.0
@@ -174,7 +186,7 @@ class JsonlMetricsConfig(TrackerConfig):
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
-            return NoopTracker()
+            return ProgressTracker()
         path = storage.join(self.output_path, METRICS_FILE)
         devices = self.devices if self.devices is not None else jax.device_count()
         return JsonlMetricsTracker(path, self.flops_per_token, self.peak_flops_per_device, devices, self.flush_seconds,
