@@ -4,7 +4,7 @@ python -m executor status outputs                     # every step under a prefi
 python -m executor status 'outputs/experiments/demo-*.json'   # experiment files (several, or a glob)
 python -m executor status outputs --latest demo       # the newest experiment of experiments/demo.py
 python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
-python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
+python -m executor explain outputs 'tokenize.*'       # by step name (a regex matching the whole name)
 python -m executor verify outputs                     # recompute checksums of every finished step
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
 python -m executor publish --prefix outputs --to site --watch 60   # a static public site, republished each minute
@@ -18,7 +18,6 @@ cannot import your code). A target that does not exist is one line on stderr and
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 
@@ -39,6 +38,7 @@ from executor.inventory import (
     status_counts,
 )
 from executor.main import configure_logging, resolve_prefix
+from executor.patterns import PatternError, compile_pattern
 from executor.records import verify_manifest
 from executor.status import INFO_FILE, StepStatus
 from executor.wandb_sync import WandbSyncError, sync_step
@@ -145,8 +145,8 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
 def _selected_rows(target: str, name: str | None) -> tuple[list[StepRow], str]:
     rows, title = rows_and_title(target)
     if name:
-        pattern = re.compile(name)
-        rows = [row for row in rows if pattern.search(row.name)]
+        pattern = compile_pattern(name, "--name", (row.name for row in rows))
+        rows = [row for row in rows if pattern.fullmatch(row.name)]
     return rows, title
 
 
@@ -178,9 +178,9 @@ def _outputs_for(target: str, name: str | None, console: Console) -> list[str]:
     """The outputs to explain; when the prefix holds other versions of a chosen name, say which is shown."""
     if name is None:
         return [target]
-    pattern = re.compile(name)
     candidates, source = _candidates(target)
-    chosen = [(step_name, path) for step_name, path in candidates if pattern.search(step_name)]
+    pattern = compile_pattern(name, "explain STEP", (step_name for step_name, _path in candidates))
+    chosen = [(step_name, path) for step_name, path in candidates if pattern.fullmatch(step_name)]
     if target.endswith(".json") or not chosen:
         return [path for _name, path in chosen]
     stored = [(row.name, row.output_path) for row in prefix_rows(target)]
@@ -297,11 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
         "status", "status of the steps under a prefix or in experiment files", "python -m executor status outputs"
     )
     status.add_argument("targets", nargs="*", help="prefixes, experiment JSON files or globs, or step output paths")
-    status.add_argument("--name", help="only steps whose name matches this regex")
+    status.add_argument("--name", help="only steps whose whole name matches this regex")
     status.add_argument("--latest", metavar="NAME", help="the newest experiment file of experiments/NAME.py")
     explain = command("explain", "why a step's hash is what it is", "python -m executor explain outputs '^tokenizer$'")
     explain.add_argument("target", help="a step's output path, or a prefix / experiment JSON with STEP")
-    explain.add_argument("step", nargs="?", help="regex of step names (when target is a prefix or experiment)")
+    explain.add_argument(
+        "step", nargs="?", help="regex matching whole step names (when target is a prefix or experiment)"
+    )
     verify = command(
         "verify", "recompute checksums of finished steps against their manifests", "python -m executor verify outputs"
     )
@@ -342,6 +344,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
     try:
         return handlers[args.command](args, console)
-    except (TargetError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError) as error:
+    except (TargetError, PatternError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError) as error:
         print(f"python -m executor {args.command}: {error}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +23,7 @@ from executor import storage
 from executor.backends import check_backend, make_backend
 from executor.errors import ConfigError, StepFailedError
 from executor.explain import ExplainReport, explain
+from executor.force_guard import confirm_or_refuse, discarded_checkpoints
 from executor.lease import LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
 from executor.records import experiment_file_name, experiment_record, info_path, step_info
@@ -108,6 +109,7 @@ class Executor:
         max_concurrent: int | None = None,
         caller: str | None = None,
         description: str | None = None,
+        confirm_discard: Callable[[str], bool] | None = None,
     ) -> None:
         """Run every step of `steps` (and what they need) whose output is not SUCCESS yet.
 
@@ -115,7 +117,8 @@ class Executor:
         defaults to max(4, CPUs) on the local backend and to no cap on Ray (the cluster's resources
         decide). Bad selections (a pattern matching no step, `max_concurrent` < 1) are errors raised
         before anything is written. A dry run prints the steps this run looks at (`show_all`: every step
-        of the DAG) and writes nothing."""
+        of the DAG) and writes nothing. A forced step's checkpoints are discarded only if `confirm_discard`
+        (given the list) says yes, or if it is None (executor/force_guard.py)."""
         if max_concurrent is not None and max_concurrent < 1:
             raise ConfigError(f"max_concurrent must be at least 1, got {max_concurrent}; nothing was run or written")
         planned_at = now_iso()
@@ -125,9 +128,13 @@ class Executor:
         self.decisions = select(plan, run_only, force_run or [], force_run_failed)
         caller = caller or "experiment"
         self.executor_info_path = storage.join(self.executor_info_base_path, experiment_file_name(plan, caller))
+        discarded = discarded_checkpoints(self.decisions)
         if dry_run:
             self._print_dry_run(plan, show_all)
+            for line in discarded:
+                print(f"  would discard {line}")
             return
+        confirm_or_refuse(discarded, confirm_discard)
         storage.write_json_atomic(
             self.executor_info_path, experiment_record(plan, caller=caller, description=description)
         )
