@@ -124,8 +124,8 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
     for column in ("step", "status", "attempts", "updated", "worker / message", "path"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        status = row.status or "never ran"
-        style = STATUS_STYLES.get(status, "dim")
+        status = f"{row.status} - holder lost" if row.holder_lost else row.status or "never ran"
+        style = "bold yellow" if row.holder_lost else STATUS_STYLES.get(status, "dim")
         note = row.message or row.worker or ""
         if row.progress:
             done, total = row.progress.get("shards_done", 0), row.progress.get("shards_total", 0)
@@ -136,6 +136,9 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
             step_label(row), f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path
         )
     console.print(table)
+    for row in rows:
+        if row.holder_lost:  # a line of its own, never folded: the one thing to know about a dead run
+            console.print(f"{step_label(row)}: {row.shown_status} ({row.output_path})", markup=False, soft_wrap=True)
     counts = status_counts(rows)
     console.print(
         "  ".join(f"[{STATUS_STYLES.get(key, 'dim')}]{key}[/]: {value}" for key, value in sorted(counts.items()))

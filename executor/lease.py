@@ -257,6 +257,24 @@ class Lease:
             self.number = None
 
 
+HOLDER_LOST = "holder lost since {since}; the next run takes it over"
+"""What `status`, `explain` and the dashboard add to RUNNING when no live holder is behind it."""
+
+
+def holder_lost_note(output_path: str, running_since: str | None, settings: LeaseSettings | None = None) -> str | None:
+    """For a step recorded RUNNING: `HOLDER_LOST` with its lease's last heartbeat when the holder is gone (the
+    heartbeat older than the stale interval, its process on this host dead, or the lease released without a
+    final status; `running_since` when there is no lease at all), or None while a live holder renews it. A
+    killed run leaves RUNNING behind; this is how a reader tells it from a run that is going on."""
+    observer = Lease(output_path, "observer", settings or LeaseSettings.from_env())
+    record = observer.current()
+    if record is None:
+        return HOLDER_LOST.format(since=running_since or "an unknown time")
+    if observer.takeover_reason(record) is None:
+        return None
+    return HOLDER_LOST.format(since=record.get("heartbeat") or running_since or "an unknown time")
+
+
 def takeover_reason(output_path: str, settings: LeaseSettings) -> str | None:
     """For a step recorded RUNNING: why its lease may be taken over now, or None while its holder is live."""
     observer = Lease(output_path, "observer", settings)
