@@ -147,17 +147,23 @@ class Executor:
         self._raise_for_failures()
 
     def summary(self) -> str:
-        """What the last run did: `N step(s) ran (T taken over ...), S were already done[, W ...][; U other ...]`.
+        """What the last run did: `N step(s) ran here (T taken over from a holder that was gone), E ran by another
+        executor, S were already done[, D not run: a dependency failed][; U other ...]`.
 
-        Steps a run did not look at (finished, and no step that had to run needed them) are counted last."""
-        counts = collections.Counter(decision.action for decision in self.decisions)
-        ran = counts["run"] + counts["take over"]
-        text = f"{ran} step(s) ran"
-        if counts["take over"]:
-            text += f" ({counts['take over']} taken over from a holder that was gone)"
-        text += f", {counts['skip']} were already done"
-        if counts["wait"]:
-            text += f", {counts['wait']} were being run by another executor (waited for)"
+        "Ran here": this executor ran the step (to SUCCESS or FAILED); "by another executor": another one held its
+        lease and settled it while this one waited. Steps a run did not look at are counted last."""
+        outcomes = collections.Counter(result.outcome for result in self.results.values())
+        here = outcomes[Outcome.SUCCEEDED] + outcomes[Outcome.FAILED]
+        taken_over = sum(result.taken_over for result in self.results.values())
+        elsewhere = outcomes[Outcome.DONE_ELSEWHERE] + outcomes[Outcome.FAILED_ELSEWHERE]
+        text = f"{here} step(s) ran here"
+        if taken_over:
+            text += f" ({taken_over} taken over from a holder that was gone)"
+        if elsewhere:
+            text += f", {elsewhere} ran by another executor"
+        text += f", {sum(decision.action == 'skip' for decision in self.decisions)} were already done"
+        if outcomes[Outcome.DEP_FAILED]:
+            text += f", {outcomes[Outcome.DEP_FAILED]} not run: a dependency failed"
         unneeded = len(self.plan.steps) - len(self.decisions) if self.plan is not None else 0
         if unneeded:
             text += f"; {unneeded} other step(s) of the DAG not needed by this run"

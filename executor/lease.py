@@ -138,6 +138,8 @@ class Lease:
         self.worker_id = worker_id
         self.settings = settings
         self.number: int | None = None
+        self.took_over = False
+        """Whether this worker ever acquired the lease from a holder that was gone (not one that released it)."""
         self._acquired_at: str | None = None
         self._directory = storage.join(output_path, LEASE_DIR)
 
@@ -193,6 +195,7 @@ class Lease:
     def try_acquire(self) -> bool:
         """Take the lease if it is free, stale or its local holder died. False if another worker holds it."""
         numbers = self._numbers()
+        taking_over = False
         if numbers:
             top = numbers[-1]
             record = storage.read_json(self._path(top))
@@ -203,6 +206,7 @@ class Lease:
                 return record.get("worker") == self.worker_id and self.number == top
             if reason != "released":
                 logger.warning("%s: taking over the lease of %s: %s", self.output_path, record.get("worker"), reason)
+                taking_over = True
             candidate = top + 1
         else:
             candidate = 0
@@ -218,6 +222,7 @@ class Lease:
             return False
         for older in (number for number in numbers if number < candidate):
             storage.delete(self._path(older))
+        self.took_over = self.took_over or taking_over
         return True
 
     def _created_by_us(self, number: int) -> bool:

@@ -124,7 +124,7 @@ def test_discarding_checkpoints_needs_yes_and_lists_them(experiment, tmp_path):
     result = experiment("--force_run", "train/d768", "--yes")
     assert result.returncode == 0, result.stderr
     assert runs_of(tmp_path, "train/d768") == 2
-    assert "1 step(s) ran" in result.stderr
+    assert "1 step(s) ran here" in result.stderr
 
 
 def test_a_terminal_is_asked_and_only_yes_goes_on(experiment, tmp_path):
