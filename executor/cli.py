@@ -12,7 +12,8 @@ python -m executor wandb-sync outputs/train/hero-1a2b3c4d  # upload a train step
 
 A target is a prefix, one step's output folder, or experiment files (paths or quoted globs). Code drift
 is judged against the fingerprint the newest experiment file recorded for each step (this command
-cannot import your code). A target that does not exist is one line on stderr and exit code 2.
+cannot import your code). A target that does not exist, or whose object store does not answer within 12 s
+(offline, no credentials: executor/store_probe.py), is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from executor.main import configure_logging, resolve_prefix
 from executor.patterns import PatternError, compile_pattern
 from executor.records import verify_manifest
 from executor.status import INFO_FILE, StepStatus
+from executor.store_probe import StoreUnreachableError, probe
 from executor.wandb_sync import WandbSyncError, sync_step
 
 STATUS_STYLES = {
@@ -68,8 +70,12 @@ def expand_targets(targets: Sequence[str]) -> list[str]:
             if not matches:
                 raise TargetError(f"{target}: no file matches this pattern")
             found.extend(fs.unstrip_protocol(match) if storage.is_url(target) else match for match in matches)
-        elif target.endswith(".json") and not storage.exists(target):
+        elif target.endswith(".json") and not probe(target):
             raise TargetError(f"{target}: no such experiment file (list them: ls {storage.dirname(target)})")
+        elif not target.endswith(".json") and not probe(target):
+            raise TargetError(
+                f"{target}: nothing is stored there (no such prefix, step output or bucket); check the path"
+            )
         else:
             found.append(target)
     return found
@@ -347,6 +353,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
     try:
         return handlers[args.command](args, console)
-    except (TargetError, PatternError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError) as error:
+    except (
+        TargetError,
+        PatternError,
+        StoreUnreachableError,
+        FileNotFoundError,
+        PublishError,
+        AlertConfigError,
+        WandbSyncError,
+    ) as error:
         print(f"python -m executor {args.command}: {error}", file=sys.stderr)
         return 2
