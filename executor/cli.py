@@ -4,7 +4,7 @@ python -m executor status outputs                     # every step under a prefi
 python -m executor status 'outputs/experiments/demo-*.json'   # experiment files (several, or a glob)
 python -m executor status outputs --latest demo       # the newest experiment of experiments/demo.py
 python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
-python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
+python -m executor explain outputs 'tokenize.*'       # by step name (a regex matching the whole name)
 python -m executor verify outputs                     # recompute checksums of every finished step
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
 python -m executor publish --prefix outputs --to site --watch 60   # a static public site, republished each minute
@@ -12,13 +12,13 @@ python -m executor wandb-sync outputs/train/hero-1a2b3c4d  # upload a train step
 
 A target is a prefix, one step's output folder, or experiment files (paths or quoted globs). Code drift
 is judged against the fingerprint the newest experiment file recorded for each step (this command
-cannot import your code). A target that does not exist is one line on stderr and exit code 2.
+cannot import your code). A target that does not exist, or whose object store does not answer within 12 s
+(offline, no credentials: executor/store_probe.py), is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 
@@ -39,8 +39,10 @@ from executor.inventory import (
     status_counts,
 )
 from executor.main import configure_logging, resolve_prefix
+from executor.patterns import PatternError, compile_pattern
 from executor.records import verify_manifest
 from executor.status import INFO_FILE, StepStatus
+from executor.store_probe import StoreUnreachableError, probe
 from executor.wandb_sync import WandbSyncError, sync_step
 
 STATUS_STYLES = {
@@ -68,8 +70,12 @@ def expand_targets(targets: Sequence[str]) -> list[str]:
             if not matches:
                 raise TargetError(f"{target}: no file matches this pattern")
             found.extend(fs.unstrip_protocol(match) if storage.is_url(target) else match for match in matches)
-        elif target.endswith(".json") and not storage.exists(target):
+        elif target.endswith(".json") and not probe(target):
             raise TargetError(f"{target}: no such experiment file (list them: ls {storage.dirname(target)})")
+        elif not target.endswith(".json") and not probe(target):
+            raise TargetError(
+                f"{target}: nothing is stored there (no such prefix, step output or bucket); check the path"
+            )
         else:
             found.append(target)
     return found
@@ -124,8 +130,8 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
     for column in ("step", "status", "attempts", "updated", "worker / message", "path"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        status = row.status or "never ran"
-        style = STATUS_STYLES.get(status, "dim")
+        status = f"{row.status} - holder lost" if row.holder_lost else row.status or "never ran"
+        style = "bold yellow" if row.holder_lost else STATUS_STYLES.get(status, "dim")
         note = row.message or row.worker or ""
         if row.progress:
             done, total = row.progress.get("shards_done", 0), row.progress.get("shards_total", 0)
@@ -136,6 +142,9 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
             step_label(row), f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path
         )
     console.print(table)
+    for row in rows:
+        if row.holder_lost:  # a line of its own, never folded: the one thing to know about a dead run
+            console.print(f"{step_label(row)}: {row.shown_status} ({row.output_path})", markup=False, soft_wrap=True)
     counts = status_counts(rows)
     console.print(
         "  ".join(f"[{STATUS_STYLES.get(key, 'dim')}]{key}[/]: {value}" for key, value in sorted(counts.items()))
@@ -145,8 +154,8 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
 def _selected_rows(target: str, name: str | None) -> tuple[list[StepRow], str]:
     rows, title = rows_and_title(target)
     if name:
-        pattern = re.compile(name)
-        rows = [row for row in rows if pattern.search(row.name)]
+        pattern = compile_pattern(name, "--name", (row.name for row in rows))
+        rows = [row for row in rows if pattern.fullmatch(row.name)]
     return rows, title
 
 
@@ -178,9 +187,9 @@ def _outputs_for(target: str, name: str | None, console: Console) -> list[str]:
     """The outputs to explain; when the prefix holds other versions of a chosen name, say which is shown."""
     if name is None:
         return [target]
-    pattern = re.compile(name)
     candidates, source = _candidates(target)
-    chosen = [(step_name, path) for step_name, path in candidates if pattern.search(step_name)]
+    pattern = compile_pattern(name, "explain STEP", (step_name for step_name, _path in candidates))
+    chosen = [(step_name, path) for step_name, path in candidates if pattern.fullmatch(step_name)]
     if target.endswith(".json") or not chosen:
         return [path for _name, path in chosen]
     stored = [(row.name, row.output_path) for row in prefix_rows(target)]
@@ -297,11 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
         "status", "status of the steps under a prefix or in experiment files", "python -m executor status outputs"
     )
     status.add_argument("targets", nargs="*", help="prefixes, experiment JSON files or globs, or step output paths")
-    status.add_argument("--name", help="only steps whose name matches this regex")
+    status.add_argument("--name", help="only steps whose whole name matches this regex")
     status.add_argument("--latest", metavar="NAME", help="the newest experiment file of experiments/NAME.py")
     explain = command("explain", "why a step's hash is what it is", "python -m executor explain outputs '^tokenizer$'")
     explain.add_argument("target", help="a step's output path, or a prefix / experiment JSON with STEP")
-    explain.add_argument("step", nargs="?", help="regex of step names (when target is a prefix or experiment)")
+    explain.add_argument(
+        "step", nargs="?", help="regex matching whole step names (when target is a prefix or experiment)"
+    )
     verify = command(
         "verify", "recompute checksums of finished steps against their manifests", "python -m executor verify outputs"
     )
@@ -342,6 +353,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
     try:
         return handlers[args.command](args, console)
-    except (TargetError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError) as error:
+    except (
+        TargetError,
+        PatternError,
+        StoreUnreachableError,
+        FileNotFoundError,
+        PublishError,
+        AlertConfigError,
+        WandbSyncError,
+    ) as error:
         print(f"python -m executor {args.command}: {error}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +23,7 @@ from executor import storage
 from executor.backends import check_backend, check_gang_storage, make_backend
 from executor.errors import ConfigError, StepFailedError
 from executor.explain import ExplainReport, explain
+from executor.force_guard import confirm_or_refuse, discarded_checkpoints
 from executor.lease import LeaseSettings, new_worker_id
 from executor.plan import Plan, PlannedStep, build_plan
 from executor.records import experiment_file_name, experiment_record, info_path, step_info
@@ -108,6 +109,7 @@ class Executor:
         max_concurrent: int | None = None,
         caller: str | None = None,
         description: str | None = None,
+        confirm_discard: Callable[[str], bool] | None = None,
     ) -> None:
         """Run every step of `steps` (and what they need) whose output is not SUCCESS yet.
 
@@ -115,7 +117,8 @@ class Executor:
         defaults to max(4, CPUs) on the local backend and to no cap on Ray (the cluster's resources
         decide). Bad selections (a pattern matching no step, `max_concurrent` < 1) are errors raised
         before anything is written. A dry run prints the steps this run looks at (`show_all`: every step
-        of the DAG) and writes nothing."""
+        of the DAG) and writes nothing. A forced step's checkpoints are discarded only if `confirm_discard`
+        (given the list) says yes, or if it is None (executor/force_guard.py)."""
         if max_concurrent is not None and max_concurrent < 1:
             raise ConfigError(f"max_concurrent must be at least 1, got {max_concurrent}; nothing was run or written")
         planned_at = now_iso()
@@ -125,13 +128,17 @@ class Executor:
         self.decisions = select(plan, run_only, force_run or [], force_run_failed)
         caller = caller or "experiment"
         self.executor_info_path = storage.join(self.executor_info_base_path, experiment_file_name(plan, caller))
+        discarded = discarded_checkpoints(self.decisions)
         if dry_run:
             self._print_dry_run(plan, show_all)
+            for line in discarded:
+                print(f"  would discard {line}")
             return
         to_run = [decision for decision in self.decisions if decision.action != "skip"]
         check_gang_storage(
             [(d.planned.label, d.planned.output_path, d.planned.step.resources) for d in to_run], self.shared_filesystem
         )
+        confirm_or_refuse(discarded, confirm_discard)
         storage.write_json_atomic(
             self.executor_info_path, experiment_record(plan, caller=caller, description=description)
         )
@@ -143,17 +150,23 @@ class Executor:
         self._raise_for_failures()
 
     def summary(self) -> str:
-        """What the last run did: `N step(s) ran (T taken over ...), S were already done[, W ...][; U other ...]`.
+        """What the last run did: `N step(s) ran here (T taken over from a holder that was gone), E ran by another
+        executor, S were already done[, D not run: a dependency failed][; U other ...]`.
 
-        Steps a run did not look at (finished, and no step that had to run needed them) are counted last."""
-        counts = collections.Counter(decision.action for decision in self.decisions)
-        ran = counts["run"] + counts["take over"]
-        text = f"{ran} step(s) ran"
-        if counts["take over"]:
-            text += f" ({counts['take over']} taken over from a holder that was gone)"
-        text += f", {counts['skip']} were already done"
-        if counts["wait"]:
-            text += f", {counts['wait']} were being run by another executor (waited for)"
+        "Ran here": this executor ran the step (to SUCCESS or FAILED); "by another executor": another one held its
+        lease and settled it while this one waited. Steps a run did not look at are counted last."""
+        outcomes = collections.Counter(result.outcome for result in self.results.values())
+        here = outcomes[Outcome.SUCCEEDED] + outcomes[Outcome.FAILED]
+        taken_over = sum(result.taken_over for result in self.results.values())
+        elsewhere = outcomes[Outcome.DONE_ELSEWHERE] + outcomes[Outcome.FAILED_ELSEWHERE]
+        text = f"{here} step(s) ran here"
+        if taken_over:
+            text += f" ({taken_over} taken over from a holder that was gone)"
+        if elsewhere:
+            text += f", {elsewhere} ran by another executor"
+        text += f", {sum(decision.action == 'skip' for decision in self.decisions)} were already done"
+        if outcomes[Outcome.DEP_FAILED]:
+            text += f", {outcomes[Outcome.DEP_FAILED]} not run: a dependency failed"
         unneeded = len(self.plan.steps) - len(self.decisions) if self.plan is not None else 0
         if unneeded:
             text += f"; {unneeded} other step(s) of the DAG not needed by this run"

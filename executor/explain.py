@@ -18,6 +18,7 @@ from typing import Any
 
 from executor import storage
 from executor.identity import HASH_CHARS
+from executor.lease import holder_lost_note
 from executor.records import info_path
 from executor.status import INFO_FILE, StatusEvent, StepStatus, parse_events, status_path
 
@@ -167,6 +168,9 @@ def explain(
         hash=full_hash,
         status=str(last.status) if last else None,
     )
+    if last is not None and last.status == StepStatus.RUNNING:
+        lost = holder_lost_note(output_path, last.time)
+        report.status = f"RUNNING - {lost}" if lost else report.status
     if last is not None and last.status == StepStatus.SUCCESS:
         recorded = last.details.get("code_fingerprint")
         if recorded and current_fingerprint and recorded != current_fingerprint:

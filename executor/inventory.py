@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import storage
+from executor.lease import LeaseSettings, holder_lost_note
 from executor.status import (
     INFO_FILE,
     PROGRESS_FILE,
@@ -38,6 +39,14 @@ class StepRow:
     drift: bool
     progress: dict[str, Any] | None = None
     """Shard progress of a RUNNING sharded step (`.executor_progress`)."""
+    holder_lost: str | None = None
+    """For a RUNNING step whose lease holder is gone: "holder lost since T; the next run takes it over"."""
+
+    @property
+    def shown_status(self) -> str:
+        """The status as `status` prints it: RUNNING says when nothing is running it any more."""
+        status = self.status or "never ran"
+        return f"{status} - {self.holder_lost}" if self.holder_lost else status
 
 
 def step_row(name: str, output_path: str, events: list[StatusEvent], current_fingerprint: str | None = None) -> StepRow:
@@ -66,13 +75,15 @@ def load_experiment(path: str) -> dict[str, Any]:
 
 
 def with_progress(rows: list[StepRow]) -> list[StepRow]:
-    """Attach shard progress to the RUNNING rows (one batched read)."""
+    """Attach shard progress (one batched read) and whether the holder is lost to the RUNNING rows."""
     running = [index for index, row in enumerate(rows) if row.status == StepStatus.RUNNING]
     blobs = storage.read_many(storage.join(rows[index].output_path, PROGRESS_FILE) for index in running)
     rows = list(rows)
+    settings = LeaseSettings.from_env()
     for index, blob in zip(running, blobs, strict=True):
-        if blob is not None:
-            rows[index] = dataclasses.replace(rows[index], progress=json.loads(blob))
+        lost = holder_lost_note(rows[index].output_path, rows[index].started, settings)
+        progress = json.loads(blob) if blob is not None else None
+        rows[index] = dataclasses.replace(rows[index], progress=progress, holder_lost=lost)
     return rows
 
 

@@ -138,6 +138,8 @@ class Lease:
         self.worker_id = worker_id
         self.settings = settings
         self.number: int | None = None
+        self.took_over = False
+        """Whether this worker ever acquired the lease from a holder that was gone (not one that released it)."""
         self._acquired_at: str | None = None
         self._directory = storage.join(output_path, LEASE_DIR)
 
@@ -193,6 +195,7 @@ class Lease:
     def try_acquire(self) -> bool:
         """Take the lease if it is free, stale or its local holder died. False if another worker holds it."""
         numbers = self._numbers()
+        taking_over = False
         if numbers:
             top = numbers[-1]
             record = storage.read_json(self._path(top))
@@ -203,6 +206,7 @@ class Lease:
                 return record.get("worker") == self.worker_id and self.number == top
             if reason != "released":
                 logger.warning("%s: taking over the lease of %s: %s", self.output_path, record.get("worker"), reason)
+                taking_over = True
             candidate = top + 1
         else:
             candidate = 0
@@ -218,6 +222,7 @@ class Lease:
             return False
         for older in (number for number in numbers if number < candidate):
             storage.delete(self._path(older))
+        self.took_over = self.took_over or taking_over
         return True
 
     def _created_by_us(self, number: int) -> bool:
@@ -255,6 +260,24 @@ class Lease:
                            self.output_path, self.number, error, self.settings.stale_s)  # fmt: skip
         finally:
             self.number = None
+
+
+HOLDER_LOST = "holder lost since {since}; the next run takes it over"
+"""What `status`, `explain` and the dashboard add to RUNNING when no live holder is behind it."""
+
+
+def holder_lost_note(output_path: str, running_since: str | None, settings: LeaseSettings | None = None) -> str | None:
+    """For a step recorded RUNNING: `HOLDER_LOST` with its lease's last heartbeat when the holder is gone (the
+    heartbeat older than the stale interval, its process on this host dead, or the lease released without a
+    final status; `running_since` when there is no lease at all), or None while a live holder renews it. A
+    killed run leaves RUNNING behind; this is how a reader tells it from a run that is going on."""
+    observer = Lease(output_path, "observer", settings or LeaseSettings.from_env())
+    record = observer.current()
+    if record is None:
+        return HOLDER_LOST.format(since=running_since or "an unknown time")
+    if observer.takeover_reason(record) is None:
+        return None
+    return HOLDER_LOST.format(since=record.get("heartbeat") or running_since or "an unknown time")
 
 
 def takeover_reason(output_path: str, settings: LeaseSettings) -> str | None:

@@ -2,7 +2,8 @@
 
 python experiments/demo.py                       # run what is not done yet
 python experiments/demo.py --dry_run true        # say what would run, write nothing
-python experiments/demo.py --force_run stats      # rerun one step (a regex searched in step names)
+python experiments/demo.py --force_run stats      # rerun one step (a regex matching whole step names)
+python experiments/demo.py --force_run 'train/.*' --yes   # rerun every train step, discarding their checkpoints
 python experiments/demo.py --run_only 'corpus,tokenizer' --force_run '["^stats$"]'
 
 `--run_only` and `--force_run` take one pattern, comma-separated patterns, or a list (`'[a, b]'`,
@@ -18,7 +19,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import draccus
@@ -48,11 +49,12 @@ class ExecutorMainConfig:
     show_all: bool = False
     """With dry_run: also list the steps of the DAG this run would not look at (finished and not needed)."""
     run_only: list[str] | None = None
-    """Regexes (searched in step names): run only the matching steps and their dependencies. On the command
-    line: `--run_only NAME`, `--run_only 'a,b'` or `--run_only '[a, b]'`."""
+    """Regexes matching whole step names (executor/patterns.py; a glob is refused with the regex it meant): run
+    only the matching steps and their dependencies. On the command line: `--run_only NAME`, `--run_only 'a,b'`
+    or `--run_only '[a, b]'`."""
     force_run: list[str] | None = None
-    """Regexes: rerun the matching steps even if they succeeded, from an empty output folder. Same forms as
-    `run_only`."""
+    """Regexes matching whole step names: rerun the matching steps even if they succeeded, from an empty output
+    folder (checkpoints included: see `yes`). Same forms as `run_only`."""
     force_run_failed: bool = True
     """Rerun steps that failed before (false: stop and say so)."""
     max_concurrent: int | None = None
@@ -62,6 +64,9 @@ class ExecutorMainConfig:
     shared_filesystem: bool = False
     """The local-disk prefix is mounted on every node of the Ray cluster at RAY_ADDRESS (NFS, a shared
     volume); without it such a run needs an object-store prefix."""
+    yes: bool = False
+    """Let `--force_run` discard forced steps' checkpoints (a train step's run) without asking; without it the
+    run asks at a terminal and stops elsewhere, listing them (executor/force_guard.py). `--yes` alone works."""
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -97,12 +102,15 @@ def _as_pattern_list(flag: str, value: str) -> str:
 
 
 def normalize_pattern_flags(argv: Sequence[str]) -> list[str]:
-    """`--force_run stats` and `--force_run=a,b` become the list form; everything else is kept."""
+    """`--force_run stats` and `--force_run=a,b` become the list form, a bare `--yes` is `--yes=true`; everything
+    else is kept."""
     normalized: list[str] = []
     pending_flag: str | None = None
-    for arg in argv:
+    for position, arg in enumerate(argv):
         flag, equals, value = arg.partition("=")
-        if pending_flag is not None:
+        if arg == "--yes" and pending_flag is None and argv[position + 1 : position + 2] not in (["true"], ["false"]):
+            normalized.append("--yes=true")
+        elif pending_flag is not None:
             normalized.append(_as_pattern_list(pending_flag, arg))
         elif equals and flag in PATTERN_FLAGS:
             normalized.append(f"{flag}={_as_pattern_list(flag, value)}")
@@ -119,6 +127,19 @@ def parse_command_line(argv: Sequence[str]) -> ExecutorMainConfig:
         return draccus.parse(ExecutorMainConfig, args=normalized)
     except draccus.utils.ParsingError as error:
         raise ConfigError(f"bad command line ({' '.join(str(error).split())}); see --help") from error
+
+
+def _confirmer(yes: bool) -> Callable[[str], bool]:
+    """`--yes` confirms; else a terminal is asked; else (a script, CI) the answer is no."""
+
+    def confirm(question: str) -> bool:
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            return False
+        return input(f"{question}\nDiscard them? Type yes to go on: ").strip().lower() == "yes"
+
+    return confirm
 
 
 def executor_main(
@@ -148,6 +169,7 @@ def executor_main(
         max_concurrent=config.max_concurrent,
         caller=caller,
         description=description,
+        confirm_discard=_confirmer(config.yes),
     )
     if not config.dry_run:
         logger.info("%s; experiment: %s", executor.summary(), executor.executor_info_path)

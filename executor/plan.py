@@ -9,7 +9,8 @@ costs O(N + E):
 2. for each step, after its dependencies: build the version dict, hash it, merge it with an
    identical step built separately (their settings must agree), and pick its output path;
 3. resolve the config: `versioned(v)` -> v, `InputName` (or a bare step) -> the dependency's path,
-   a relative hard-coded `InputName` -> that path under the prefix, `OutputName` -> the step's own path.
+   a relative hard-coded `InputName` -> that path under the prefix, `OutputName` -> the step's own path;
+   then let the config refuse its own settings (`check_settings()`, e.g. a train step's learning rate).
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ class _Planner:
             blocking=blocking,
         )
         planned.config = map_config(step.config, lambda marker: self.resolve(marker, planned))
+        _check_settings(planned)
         for dependency in blocking:
             dependency.dependents.append(planned)
         self.by_step[step] = planned
@@ -270,6 +272,21 @@ class _Planner:
             return storage.join(self.prefix, marker.name)
         base = self.by_step[marker.step].output_path
         return storage.join(base, marker.name) if marker.name else base
+
+
+def _check_settings(planned: PlannedStep) -> None:
+    """A config may refuse its own settings before anything runs: `check_settings()` raising ValueError (a train
+    step's non-positive steps or learning rate). Called on the resolved config, so it sees the values run with."""
+    check = getattr(planned.config, "check_settings", None)
+    if not callable(check):
+        return
+    try:
+        check()
+    except ValueError as error:
+        raise ConfigError(
+            f"step {planned.name} (hash {planned.short_hash}, path {planned.output_path}, defined at "
+            f"{planned.step.defined_at}): {error}; fix the step's config"
+        ) from error
 
 
 _MERGED_SETTINGS = ("override_output_path", "resources", "retry", "description")

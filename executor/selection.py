@@ -6,12 +6,12 @@ at in turn; a step that already succeeded needs nothing. So a dependency whose o
 rebuilt only when a step that still has to run needs it, as in Marin:
 
     a -> b -> c, all SUCCESS, then a's output deleted
-    run_only=["^b$"]  ->  b: skip; a is not looked at (nothing unfinished needs it)
-    b's output deleted too, run_only=["^b$"]  ->  a: run, b: run
+    run_only=["b"]  ->  b: skip; a is not looked at (nothing unfinished needs it)
+    b's output deleted too, run_only=["b"]  ->  a: run, b: run
 
-A pattern that matches no step is an error naming the closest step names, raised before anything
-is written: a typo must not silently run nothing (or everything). All status histories are read in
-one batch.
+Patterns are regexes matched against the whole step name (executor/patterns.py). A pattern that
+matches no step is an error naming the closest step names, raised before anything is written: a
+typo must not silently run nothing (or everything). All status histories are read in one batch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from executor.errors import ConfigError, StepFailedError
 from executor.lease import LeaseSettings, takeover_reason
+from executor.patterns import compile_pattern
 from executor.plan import Plan, PlannedStep
 from executor.status import StatusEvent, StepStatus, read_many_events
 
@@ -86,14 +87,12 @@ def select(
 def match_patterns(
     candidates: Sequence[PlannedStep], patterns: Sequence[str], what: str, every_step: Sequence[PlannedStep]
 ) -> list[PlannedStep]:
-    """The candidates whose name a pattern searches to; a pattern matching none is a `ConfigError`."""
+    """The candidates whose whole name a pattern matches (executor/patterns.py); a pattern matching none, invalid
+    or reading as a glob is a `ConfigError`."""
     matched: dict[PlannedStep, None] = {}
     for pattern in patterns:
-        try:
-            regex = re.compile(pattern)
-        except re.error as error:
-            raise ValueError(f"{what} pattern {pattern!r} is not a valid regex: {error}") from error
-        hits = [planned for planned in candidates if regex.search(planned.name)]
+        regex = compile_pattern(pattern, what, (planned.name for planned in every_step))
+        hits = [planned for planned in candidates if regex.fullmatch(planned.name)]
         if not hits:
             raise ConfigError(_no_match_message(pattern, what, regex, candidates, every_step))
         matched.update(dict.fromkeys(hits))
@@ -109,7 +108,7 @@ def _no_match_message(
 ) -> str:
     names = list(dict.fromkeys(planned.name for planned in candidates))
     closest = difflib.get_close_matches(pattern, names, n=CLOSEST_NAMES, cutoff=0.0)
-    outside = sorted({planned.name for planned in every_step if regex.search(planned.name)})
+    outside = sorted({planned.name for planned in every_step if regex.fullmatch(planned.name)})
     if outside:
         return (
             f"{what} pattern {pattern!r} matches no step selected by this run; it matches {', '.join(outside)}, "
@@ -117,7 +116,8 @@ def _no_match_message(
             f"Selected step names closest to it: {', '.join(closest)}"
         )
     return (
-        f"{what} pattern {pattern!r} matches no step of this DAG (patterns are regexes searched in step names); "
+        f"{what} pattern {pattern!r} matches no step of this DAG (patterns are regexes matched against the whole "
+        "step name: 'stats' is that step only, '.*stats' any name ending so); "
         f"closest step names: {', '.join(closest)}. Nothing was run or written"
     )
 

@@ -61,6 +61,8 @@ class Outcome(StrEnum):
 class StepResult:
     outcome: Outcome
     message: str | None = None
+    taken_over: bool = False
+    """This worker ran the step on a lease it took over from a holder that was gone (stale, or dead here)."""
 
     @property
     def ok(self) -> bool:
@@ -108,7 +110,7 @@ def run_step(task: StepTask, stop: StopSignal | None = None) -> StepResult:
         finally:
             lease.release()
         if isinstance(result, StepResult):
-            return result
+            return dataclasses.replace(result, taken_over=lease.took_over)
         stop.sleep(result.wait_s)  # a transient failure: back off, then compete for the lease again
 
 

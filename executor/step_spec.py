@@ -90,7 +90,9 @@ class ExecutorStep[ConfigT]:
     fn: Callable[[ConfigT], Any]
     """The function that does the work. It receives the config with every marker resolved."""
     config: ConfigT
-    """A dataclass instance (frozen is best) holding plain values and markers."""
+    """A dataclass instance (frozen is best) holding plain values and markers. If it has a `check_settings()`
+    method, the planner calls it on the resolved config and turns a ValueError into a ConfigError naming the
+    step, before any step runs."""
     description: str | None = None
     """Free text shown by `status`, `explain` and the dashboard."""
     override_output_path: str | None = None

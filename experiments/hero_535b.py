@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from executor import ExecutorStep, ResourceConfig, executor_main, output_path_of, storage
 from executor.errors import ConfigError
 from executor.executor import Executor
+from executor.user_errors import install_excepthook
 from experiments.defaults import (
     default_cells,
     default_decontaminate,
@@ -559,8 +560,15 @@ def _is_dry_run(executor_args: Sequence[str]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> Executor:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], add_help=False)
-    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
+    install_excepthook()  # a flag mistake here reads as one line too, as it does in executor_main
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(
+        prog="hero_535b.py", description=__doc__.split("\n")[0], add_help=False,
+        epilog="The executor's own flags (--prefix, --dry_run, --force_run, --yes, ...) follow; `python -m executor "
+               "--help` for the inspection commands.",
+    )  # fmt: skip
+    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny",
+                        help="tiny: the same DAG on 2 CPU cores (default); full: the 535B plan")  # fmt: skip
     parser.add_argument("--plan_json", default=None, help="also write the plan as JSON to this path")
     parser.add_argument("--check_sources", choices=["auto", "true", "false"], default="auto",
                         help="read each URL source's Parquet schema first (auto: on dry runs)")  # fmt: skip
@@ -569,7 +577,12 @@ def main(argv: Sequence[str] | None = None) -> Executor:
     parser.add_argument("--hosts", type=int, default=1,
                         help="tiny scale: run each train and evaluate step as a gang of N stand-in hosts sharing its "
                              "fake CPU devices (TINY_DEVICES)")  # fmt: skip
-    known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if "--help" in argv or "-h" in argv:  # this file's flags, then executor_main's (it prints them and exits)
+        print(parser.format_help())
+        executor_main([], args=["--help"])
+    known, rest = parser.parse_known_args(argv)
+    if known.hosts < 1:
+        raise ConfigError(f"--hosts {known.hosts}: a step needs at least 1 host; give --hosts 1 or more")
     scale = full_scale(HARDWARE[known.hardware]) if known.scale == "full" else SCALES[known.scale]()
     if known.hosts > 1:
         if known.scale != "tiny":

@@ -305,7 +305,7 @@ def test_dry_run_shows_all_on_request_and_the_summary_counts_taken_over_steps(tm
     executor = Executor(str(tmp_path))
     executor.run([b, orphan])
     assert executor.summary() == (
-        "1 step(s) ran (1 taken over from a holder that was gone), 1 were already done; "
+        "1 step(s) ran here (1 taken over from a holder that was gone), 1 were already done; "
         "1 other step(s) of the DAG not needed by this run"
     )
 

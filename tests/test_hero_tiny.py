@@ -55,12 +55,12 @@ def test_every_step_succeeded_and_the_summary_says_where_and_how_well(hero_run: 
 
 
 def test_a_rerun_skips_every_step(hero_run: HeroRun) -> None:
-    assert f"0 step(s) ran, {TINY_STEPS} were already done" in hero_run.rerun_output, hero_run.rerun_output[-2000:]
+    assert f"0 step(s) ran here, {TINY_STEPS} were already done" in hero_run.rerun_output, hero_run.rerun_output[-2000:]
 
 
 def test_force_run_reruns_just_that_step(hero_run: HeroRun) -> None:
     forced = hero_run.forced_output
-    assert f"1 step(s) ran, {TINY_STEPS - 1} were already done" in forced, forced[-2000:]
+    assert f"1 step(s) ran here, {TINY_STEPS - 1} were already done" in forced, forced[-2000:]
     status = (hero_run.outputs["evaluate/d6144"] / ".executor_status").read_text()
     assert [json.loads(line)["status"] for line in status.splitlines()].count("SUCCESS") == 2
     results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())

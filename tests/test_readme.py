@@ -3,7 +3,7 @@
 Every ```python block must at least compile. A block preceded by `<!-- readme-test: run -->` is run,
 in README order, in one temporary folder: a python block marked `file=NAME` is saved there as NAME; a bash
 block runs line by line (`python` is this interpreter, the repository is on PYTHONPATH), each command must
-exit 0, and a double-quoted phrase in its comment ("4 step(s) ran, 0 were already done") must appear in
+exit 0, and a double-quoted phrase in its comment ("4 step(s) ran here, 0 were already done") must appear in
 its output. So the worked example, the commands after it and what the README says they print are tested.
 """
 

@@ -223,7 +223,7 @@ def test_the_scaling_step_names_the_rung_without_results(tmp_path) -> None:
     ]
     (tmp_path / "eval-r1" / "results.json").unlink()
     target = LadderTarget(name="hero", flops=HERO_COMPUTE, tokens=5e8, tokens_per_step=2e4)
-    with pytest.raises(FileNotFoundError, match=r"rung r1 has no results.json .*eval-r1; run its evaluate step"):
+    with pytest.raises(FileNotFoundError, match=r"rung r1 has no results.json at .*eval-r1/results.json; run its"):
         predict_from_ladder(LadderConfig(rungs=rungs, target=target, output_path=str(tmp_path / "out")))
     # A band needs one rung more than the fit has parameters: 4 with a free asymptote, 3 with a fixed one.
     with pytest.raises(ValueError, match=r"3 rung.* cannot fit a power law with a band; give at least 4"):

@@ -48,7 +48,7 @@ from executor.dashboard.panels import PanelError, available, run_view
 from executor.dashboard.safety import UnsafePathError, check_relative, resolve_under
 from executor.dashboard.step_view import StepNotFoundError, live_state, step_detail
 from executor.dashboard.views import SORT_KEYS, StepQuery, experiment_summary, graph, shard_totals, steps_page
-from executor.status import LOG_FILE, METRICS_FILE
+from executor.status import INFO_FILE, LOG_FILE, METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +235,18 @@ class DashboardApp:
         return json_response(step_detail(self.prefix, relative, self._step_path(query), experiment))
 
     def api_step_live(self, query: Mapping[str, str]) -> Response:
-        return json_response(live_state(self._step_path(query)))
+        """404, as `/api/step` answers, for a path that holds no step (no status and no `.executor_info`)."""
+        output_path = self._step_path(query)
+        live = live_state(output_path)
+        if (
+            not live["events"]
+            and live["status"] != "CORRUPT"
+            and not storage.exists(storage.join(output_path, INFO_FILE))
+        ):
+            raise StepNotFoundError(
+                f"{_param(query, 'path')!r} is not a step output under {self.prefix} (no {INFO_FILE})"
+            )
+        return json_response(live)
 
     def api_step_files(self, query: Mapping[str, str]) -> Response:
         folder = query.get("dir", "")

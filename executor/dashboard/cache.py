@@ -34,6 +34,7 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from executor import storage
+from executor.lease import holder_lost_note
 from executor.status import PROGRESS_FILE, STATS_FILE, STATUS_FILE, parse_time
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class StepExtras:
 
     progress: dict[str, Any] | None = None
     stats: dict[str, Any] | None = None
+    holder_lost: str | None = None
+    """A RUNNING step whose lease holder is gone: "holder lost since T; the next run takes it over"."""
 
 
 @dataclass
@@ -219,10 +222,15 @@ class StatusCache:
         stale = missing + expired
         if stale:
             finished = {path for path, state in zip(output_paths, states, strict=True) if state.status == "SUCCESS"}
+            pairs = list(zip(output_paths, states, strict=True))
+            running = {path: state.started for path, state in pairs if state.status == "RUNNING"}
             blobs = read_blobs([storage.join(path, name) for path in stale for name in (PROGRESS_FILE, STATS_FILE)])
+            lost = {path: holder_lost_note(path, running[path]) for path in stale if path in running}
             with self._lock:
                 for index, path in enumerate(stale):
-                    value = StepExtras(json_or_none(blobs[2 * index]), json_or_none(blobs[2 * index + 1]))
+                    value = StepExtras(
+                        json_or_none(blobs[2 * index]), json_or_none(blobs[2 * index + 1]), lost.get(path)
+                    )
                     self._extras[path] = _Entry(value, now, path in finished)
         with self._lock:
             return [self._extras[path].value for path in output_paths]

@@ -42,6 +42,7 @@ from executor.dashboard.site_changes import ChangeTracker
 from executor.dashboard.site_files import PublishError, SiteWriter, redact
 from executor.dashboard.site_metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.errors import StorageError
+from executor.lease import holder_lost_note
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,23 @@ class SitePublisher:
         self.changes = ChangeTracker()
         self._alert_counts: dict[str, int] = {}
         """Alerts fired so far on each run, as of its last full look."""
+        self._lost_shown: set[str] = set()
+        """RUNNING steps last published with their holder lost (see `_holders_lost`)."""
+
+    def _holders_lost(self, steps: dict[str, tuple[ExperimentStep, str]], dirty_steps: set[str]) -> set[str]:
+        """RUNNING steps whose lease holder died since they were published: nothing in their folder changes, so
+        no change mark shows it; each RUNNING step's lease is read every cycle (a few steps) until one is lost,
+        then it is republished once, showing "holder lost since T" (the cached state is dropped with it)."""
+        self._lost_shown -= dirty_steps
+        relatives = [relative for relative in steps if relative not in dirty_steps | self._lost_shown]
+        states = self.app.cache.states([steps[relative][0].output_path for relative in relatives])
+        lost = {
+            relative
+            for relative, state in zip(relatives, states, strict=True)
+            if state.status == "RUNNING" and holder_lost_note(steps[relative][0].output_path, state.started)
+        }
+        self._lost_shown |= lost
+        return lost
 
     def _answer(self, route: str, **query: str) -> Any:
         response = self.app.handle(route, query)
@@ -103,6 +121,9 @@ class SitePublisher:
         experiments = self.app.experiments.all()
         dirty_steps, dirty_experiments = self.changes.dirty(experiments)
         steps = {step.relative: (step, experiment.file) for experiment in experiments for step in experiment.steps}
+        lost = self._holders_lost(steps, dirty_steps)
+        dirty_steps |= lost
+        dirty_experiments |= {steps[relative][1] for relative in lost}
         self.app.cache.forget(steps[relative][0].output_path for relative in dirty_steps)
         new_alerts = 0
         for relative, (step, file) in steps.items():

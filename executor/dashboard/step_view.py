@@ -23,6 +23,7 @@ from executor.dashboard.experiments import Experiment
 from executor.errors import StorageError
 from executor.explain import explain, flatten_version
 from executor.identity import join_key
+from executor.lease import holder_lost_note
 from executor.status import (
     GANG_FILE,
     INFO_FILE,
@@ -123,12 +124,14 @@ def live_state(output_path: str) -> dict[str, Any]:
     except StorageError as error:
         return {"status": "CORRUPT", "message": str(error), "events": [], "progress": None, "gang": None}
     state = state_from_status_file(status_blob, output_path)
+    lost = holder_lost_note(output_path, state.started) if state.status == "RUNNING" else None
     return {
         "status": state.status or "NEVER_RAN",
         "attempts": state.attempts,
         "started": state.started,
         "finished": state.finished,
-        "message": state.message,
+        "message": f"RUNNING - {lost}" if lost else state.message,
+        "holder_lost": lost,
         "recorded_fingerprint": state.recorded_fingerprint,
         "events": [json.loads(event.to_json()) for event in events],
         "progress": json_or_none(progress_blob),

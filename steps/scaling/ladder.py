@@ -20,6 +20,10 @@ on text that never entered training, one measurement from the first eval to the 
 and the prediction band are steps/scaling/scaling.py's. The target's train step takes this step's output as a
 dependency, so the prediction is on disk, hashed and dated, before the target starts.
 
+A rung that lacks what the fit reads is refused, naming the rung and the file: no results.json, or one that is
+empty, cut short or without `macro_loss`; no metrics.jsonl, or one without an eval line before the run's end
+(the predicted curve would collapse to its last point). The curve always has `CURVE_POINTS` points.
+
 Output: `prediction.json` (the dashboard's ladder view and the target's run view draw it; format in
 `scaling.prediction_document`, plus `target` and each rung's `tokens` and `curve`) and `fit.png`.
 """
@@ -51,6 +55,8 @@ logger = logging.getLogger(__name__)
 PREDICTION_FILE = "prediction.json"
 MACRO_LOSS = "eval/macro_loss"
 SUITE_MACRO_LOSS = "eval/suite/macro_loss"
+CURVE_POINTS = 19
+"""Points of the predicted loss curve, from the first fraction of the run every rung was evaluated at to its end."""
 
 
 @dataclass(frozen=True)
@@ -116,11 +122,26 @@ def eval_curve(train_path: str, tokens_per_step: float, metric: str = MACRO_LOSS
     return [(step + 1) * tokens_per_step for step in steps], [by_step[step] for step in steps]
 
 
+class RungOutputError(ValueError):
+    """A rung's train or evaluate output lacks what the fit reads; the message names the rung and the file."""
+
+
+def _rung_results(rung: LadderRung, where: str) -> dict:
+    path = storage.join(rung.evaluate_path, "results.json")
+    rerun = f"rerun rung {rung.name}'s evaluate step (--force_run its name)"
+    try:
+        results = storage.read_json(path)
+    except ValueError as error:  # json's errors (an empty or cut file) are ValueErrors
+        raise RungOutputError(f"{where}: rung {rung.name}'s {path} is empty or not JSON ({error}); {rerun}") from error
+    if results is None:
+        raise FileNotFoundError(f"{where}: rung {rung.name} has no results.json at {path}; run its evaluate step first")
+    if not isinstance(results, dict) or "macro_loss" not in results:
+        raise RungOutputError(f"{where}: rung {rung.name}'s {path} holds no macro_loss; {rerun}")
+    return results
+
+
 def _rung_curve(rung: LadderRung, where: str, metric: str = MACRO_LOSS) -> RungCurve:
-    results = storage.read_json(storage.join(rung.evaluate_path, "results.json"))
-    if results is None or "macro_loss" not in results:
-        raise FileNotFoundError(f"{where}: rung {rung.name} has no results.json with macro_loss under "
-                                f"{rung.evaluate_path}; run its evaluate step first")  # fmt: skip
+    results = _rung_results(rung, where)
     if (metric == SUITE_MACRO_LOSS) != (results.get("metric") == "eval_suite"):
         raise ValueError(f"{where}: rung {rung.name}'s results.json ({rung.evaluate_path}) scores "
                          f"{results.get('metric', 'components')} but the ladder reads {metric} during training: "
@@ -129,8 +150,15 @@ def _rung_curve(rung: LadderRung, where: str, metric: str = MACRO_LOSS) -> RungC
     check_finite_losses(where, rung.name, storage.join(rung.evaluate_path, "results.json"), ["the end"], [final_loss])
     tokens, losses = eval_curve(rung.train_path, rung.tokens_per_step, metric)
     kept = [(t, loss) for t, loss in zip(tokens, losses, strict=True) if t < rung.tokens]
-    eval_steps = [f"step {round(t / rung.tokens_per_step) - 1}" for t, _ in kept]  # the step as logged
     metrics_file = storage.join(rung.train_path, "metrics.jsonl")
+    if not kept:
+        # One point (the end) gives no curve: the prediction would collapse to a single point, silently.
+        found = "has no" if not storage.exists(metrics_file) else f"has no {metric} line before the run's end in"
+        raise RungOutputError(
+            f"{where}: rung {rung.name} {found} {metrics_file}, so its loss curve is missing; rerun its train "
+            "step (--force_run its name), with steps_per_eval below num_train_steps"
+        )
+    eval_steps = [f"step {round(t / rung.tokens_per_step) - 1}" for t, _ in kept]  # the step as logged
     check_finite_losses(where, rung.name, metrics_file, eval_steps, [loss for _, loss in kept])
     tokens = [t for t, _ in kept] + [rung.tokens]
     losses = [loss for _, loss in kept] + [final_loss]
@@ -155,9 +183,10 @@ def predict_from_ladder(config: LadderConfig) -> dict:
     check_fit(where, fit, compute, final)
     target = config.target
     prediction = predict_with_band(compute, final, target.flops, config.asymptote, samples=config.bootstrap_samples)
-    # The curve starts where every rung has been evaluated at least once.
-    first = max(rung.tokens[0] / rung.tokens[-1] for rung in rungs)
-    fractions = [float(f) for f in np.linspace(0.1, 1.0, 19) if f >= first] or [1.0]
+    # The curve starts where every rung has been evaluated at least once (at 10% of the run at the earliest) and
+    # always has CURVE_POINTS points: a ladder evaluated late draws its curve closer together, never shorter.
+    first = max(0.1, *(rung.tokens[0] / rung.tokens[-1] for rung in rungs))
+    fractions = [float(f) for f in np.linspace(first, 1.0, CURVE_POINTS)]
     # Along the curve the irreducible loss is the final fit's: the loss at any fraction of training tends to the
     # same E as compute grows. Fixing it makes each of the curve's fits a closed-form line with a closed-form band.
     curve = predict_loss_curve(rungs, target.flops, target.tokens, fit.asymptote, fractions=fractions)

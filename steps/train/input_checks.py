@@ -9,11 +9,16 @@ Each names the step, the component or file, and what to do:
   only components of the run. A weight on a name that is no component is refused, since a typo would
   otherwise train on a fraction of the intended mixture, unless tokenize listed that cell as left out
   (`excluded` in components.json): such weights are dropped, returned by name so that the step logs them and
-  records them in `mixture.json` beside its metrics.
+  records them in `mixture.json` beside its metrics;
+- the optimizer settings (`check_optimizer_settings`), checked when the DAG is planned (`TrainConfig.check_settings`,
+  called by executor/plan.py, which names the step, its hash and path): Levanter takes these as given, so
+  `num_train_steps=-1` "trains" to step -1 and writes a checkpoint, 0 fails deep in its optimizer setup, a
+  negative learning rate climbs the loss and a NaN one is only seen after a compiled step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -170,3 +175,29 @@ def excluded_cells(components_path: str | None) -> list[str]:
         return []
     document = storage.read_json(storage.join(components_path, COMPONENTS_FILE)) or {}
     return sorted(document.get("excluded") or {})
+
+
+def check_optimizer_settings(
+    num_train_steps: int, learning_rate: float, warmup: float, min_lr_ratio: float, weight_decay: float
+) -> None:
+    """Raise TrainInputError naming each setting a run cannot train with, and what to set instead."""
+    problems = []
+    if isinstance(num_train_steps, bool) or not isinstance(num_train_steps, int) or num_train_steps < 1:
+        problems.append(f"num_train_steps={num_train_steps!r} must be a whole number of steps, at least 1")
+    if not _finite(learning_rate) or learning_rate <= 0:
+        problems.append(f"learning_rate={learning_rate!r} must be a finite number above 0 (the peak rate, e.g. 3e-3)")
+    if not _finite(weight_decay) or weight_decay < 0:
+        problems.append(f"weight_decay={weight_decay!r} must be a finite number, 0 or more")
+    if not _finite(min_lr_ratio) or not 0 <= min_lr_ratio <= 1:
+        problems.append(f"min_lr_ratio={min_lr_ratio!r} (final over peak learning rate) must lie in [0, 1]")
+    if not _finite(warmup) or warmup < 0:
+        problems.append(f"warmup={warmup!r} must be a fraction of the run in [0, 1) or a number of steps")
+    elif warmup >= 1 and isinstance(num_train_steps, int) and warmup > num_train_steps >= 1:
+        longer = f"warmup={warmup!r} steps is longer than the run (num_train_steps={num_train_steps})"
+        problems.append(f"{longer}; give a fraction below 1 or fewer steps")
+    if problems:
+        raise TrainInputError("; ".join(problems))
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

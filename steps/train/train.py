@@ -83,6 +83,7 @@ from steps.train.input_checks import (
     MIXTURE_FILE,
     TrainInputError,
     check_cache,
+    check_optimizer_settings,
     checked_skips,
     excluded_cells,
     given_schedule,
@@ -228,6 +229,12 @@ class TrainConfig:
     """Alert thresholds by `executor.alerts.AlertRules` field name (None: its defaults), read by
     `python -m executor publish` while the run goes on. Plain: tuning an alert never restarts a run."""
 
+    def check_settings(self) -> None:
+        """Refuse a schedule no run can train with (steps/train/input_checks.py); the planner calls it."""
+        check_optimizer_settings(
+            self.num_train_steps, self.learning_rate, self.warmup, self.min_lr_ratio, self.weight_decay
+        )
+
 
 def train(config: TrainConfig) -> None:
     """The train step: checks its inputs, then runs Levanter's trainer under `training_environment`."""
@@ -323,6 +330,10 @@ def _step_label(config: TrainConfig) -> str:
 def check_inputs(config: TrainConfig) -> None:
     """Refuse, naming the step, what would fail (or silently mis-train) once Levanter has started."""
     label = _step_label(config)
+    try:
+        config.check_settings()
+    except TrainInputError as error:
+        raise TrainInputError(f"{label}: {error}; fix the step's config") from error
     if config.initialize_from is not None and not storage.exists(storage.join(config.initialize_from, "metadata.json")):
         raise TrainInputError(
             f"{label}: initialize_from={config.initialize_from} is not a complete checkpoint (no metadata.json); "

@@ -127,7 +127,7 @@ async function stepPage(main, path) {
     metricsView.update(metrics);
   };
   const showLive = (live) => {
-    statusBox.replaceChildren(badge(live.status));
+    statusBox.replaceChildren(badge(live.status), live.holder_lost ? h("span", { class: "warn", "data-testid": "holder-lost" }, ` ${live.holder_lost}`) : "");
     if (live.events.length !== lastEvents) { historyBox.replaceChildren(historyTable(live.events)); lastEvents = live.events.length; }
     progressBox.replaceChildren(live.progress ? h("div", { class: "toolbar" }, progressBar(live.progress),
       h("span", { class: "muted" }, `${fmtNum(live.progress.shards_done || 0)} / ${fmtNum(live.progress.shards_total)} shards · `
