@@ -33,6 +33,7 @@ import logging
 import math
 import statistics
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -325,5 +326,6 @@ def post_webhook(url: str, run: str, alerts: Sequence[Alert], timeout_s: float =
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return 200 <= response.status < 300
     except (urllib.error.URLError, OSError) as error:
-        logger.warning("alert webhook %s failed for %s: %s", url, run, error)
+        # The hook's path and any credentials in it are a secret: the log names its host only.
+        logger.warning("alert webhook on %s failed for %s: %s", urllib.parse.urlsplit(url).hostname, run, error)
         return False

@@ -26,7 +26,7 @@ from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 from executor.dashboard import files
 from executor.dashboard.panels import run_view
 from executor.dashboard.publish import SitePublisher
-from executor.dashboard.site_files import redact
+from executor.dashboard.redaction import redact
 from executor.status import METRICS_FILE
 
 pytestmark = pytest.mark.browser

@@ -13,8 +13,9 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     data/step/<R>/alerts.json                     the run's alerts (executor/alerts.py), evaluated here
     data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, appended (site_metrics.py)
 
-Not published: logs, file previews, the step's outputs themselves, user/host/worker names, config values with
-a secret-sounding key, any absolute path of the machine (README "Watch a run in public").
+Not published: logs, file previews, the step's outputs themselves; every JSON value written passes through
+redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: README "Watch a run
+in public").
 
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
@@ -37,9 +38,10 @@ from executor import alerts, storage
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
 from executor.dashboard.panels import PanelError, run_static
+from executor.dashboard.redaction import Redactor
 from executor.dashboard.site_alerts import RunAlerts
 from executor.dashboard.site_changes import ChangeTracker
-from executor.dashboard.site_files import PublishError, SiteWriter, redact
+from executor.dashboard.site_files import PublishError, SiteWriter
 from executor.dashboard.site_metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.errors import StorageError
 
@@ -80,7 +82,8 @@ class SitePublisher:
         # its dirty steps' cached state: nothing cached need expire on a clock, so no cycle re-reads every step.
         self.app.cache.live_ttl_s = self.app.cache.finished_ttl_s = math.inf
         self.site = SiteWriter(destination)
-        self.metrics = MetricsPublisher(self.site, self.prefix, segment_bytes, max_chunks)
+        self.redactor = Redactor(self.prefix)
+        self.metrics = MetricsPublisher(self.site, self.redactor, segment_bytes, max_chunks)
         self.alerts = RunAlerts(self.prefix, webhook_url, clock)
         self.changes = ChangeTracker()
         self._alert_counts: dict[str, int] = {}
@@ -94,7 +97,7 @@ class SitePublisher:
         return body
 
     def _put(self, relative: str, value: Any) -> None:
-        self.site.write_json(relative, redact(value, self.prefix))
+        self.site.write_json(relative, self.redactor.value(value))
 
     def cycle(self) -> CycleReport:
         """Publish what changed since the last cycle; returns what it wrote."""

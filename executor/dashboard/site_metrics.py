@@ -28,7 +28,8 @@ from typing import Any
 
 from executor import storage
 from executor.dashboard import files
-from executor.dashboard.site_files import SiteWriter, redact
+from executor.dashboard.redaction import Redactor
+from executor.dashboard.site_files import SiteWriter
 from executor.metrics_log import read_metrics_bytes
 from executor.status import METRICS_FILE
 
@@ -87,18 +88,20 @@ def _records(data: bytes) -> list[dict[str, Any]]:
     return records
 
 
-def redact_lines(data: bytes, prefix: str) -> tuple[bytes, int]:
+def redact_lines(data: bytes, redactor: Redactor) -> tuple[bytes, int]:
     """Metrics lines in their public form, and how many (a line that is not a JSON object is left out)."""
     records = _records(data)
-    return b"".join(json.dumps(redact(record, prefix)).encode() + b"\n" for record in records), len(records)
+    return b"".join(json.dumps(redactor.value(record)).encode() + b"\n" for record in records), len(records)
 
 
 class MetricsPublisher:
     """Publishes the metrics lines of each step it is given (module docstring); one index per step, kept here."""
 
-    def __init__(self, site: SiteWriter, prefix: str, segment_bytes: int = SEGMENT_BYTES, max_chunks: int = MAX_CHUNKS):
+    def __init__(
+        self, site: SiteWriter, redactor: Redactor, segment_bytes: int = SEGMENT_BYTES, max_chunks: int = MAX_CHUNKS
+    ):
         self.site = site
-        self.prefix = prefix
+        self.redactor = redactor
         self.segment_bytes = segment_bytes
         self.max_chunks = max_chunks
         self._indexes: dict[str, MetricsIndex] = {}
@@ -118,7 +121,7 @@ class MetricsPublisher:
         fresh = data[index.source_bytes - index.sealed_source_bytes :]
         fresh = fresh[: fresh.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
         if fresh:
-            public, lines = redact_lines(fresh, self.prefix)
+            public, lines = redact_lines(fresh, self.redactor)
             index.source_bytes += len(fresh)
             index.lines += lines
             index.bytes += len(public)
@@ -152,7 +155,7 @@ class MetricsPublisher:
 
     def _seal(self, index: MetricsIndex, folder: str, open_source: bytes) -> None:
         """Fold the open chunks and the new lines (the stream's bytes `open_source`) into the next sealed segment."""
-        public, _ = redact_lines(open_source, self.prefix)
+        public, _ = redact_lines(open_source, self.redactor)
         self.site.write_once(f"{folder}/metrics/{index.segment_name(index.segments)}", public)
         chunks = range(index.first_chunk, index.next_chunk)
         index.segments += 1
