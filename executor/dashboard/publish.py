@@ -8,10 +8,11 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     data/experiments.json                         /api/experiments, with each experiment's alert count
     data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
     data/step/<R>/{step,live,views,files}.json    one step (R: its path relative to the prefix)
-    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the parts that are not
-                                                  the run's own lines; the page draws those: site_run.js)
+    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the dashboard's own
+                                                  /api/step/run answer, what both pages draw: run_view.py)
+    data/step/<R>/metrics.json                    /api/step/metrics: every key's series (metrics_view.py)
     data/step/<R>/alerts.json                     the run's alerts (executor/alerts.py), evaluated here
-    data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, appended (site_metrics.py)
+    data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, whole, appended (site_metrics.py)
 
 Not published: logs, file previews, the step's outputs themselves; every JSON value written passes through
 redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: README "Watch a run
@@ -35,15 +36,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import alerts, storage
+from executor.dashboard import files
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
-from executor.dashboard.panels import PanelError, run_static
+from executor.dashboard.metrics_view import metrics_grid
+from executor.dashboard.panels import PanelError
 from executor.dashboard.redaction import Redactor
+from executor.dashboard.run_view import run_view
 from executor.dashboard.site_alerts import RunAlerts
 from executor.dashboard.site_changes import ChangeTracker
 from executor.dashboard.site_files import PublishError, SiteWriter
 from executor.dashboard.site_metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.errors import StorageError
+from executor.status import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -188,13 +193,15 @@ class SitePublisher:
             return 0
         views = self._answer("/api/step/views", path=step.relative).get("views", [])
         fired = 0
-        if "run" in views:  # alerts first, so this cycle's run view already lists them
-            fired = self.alerts.evaluate(step, running=live.get("status") == "RUNNING")
-            fired_so_far = alerts.read_alerts(step.output_path)
-            self._alert_counts[step.relative] = len(fired_so_far)
-            self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
-            self._put(f"{folder}/run.json", self._run_static(step))
         if self.changes.has_metrics(step.relative):  # known from this cycle's listing: no read for the others
+            records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
+            if "run" in views:  # alerts first, so this cycle's run view already lists and marks them
+                fired = self.alerts.evaluate(step, running=live.get("status") == "RUNNING", records=records)
+                fired_so_far = alerts.read_alerts(step.output_path)
+                self._alert_counts[step.relative] = len(fired_so_far)
+                self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
+                self._put(f"{folder}/run.json", self._run_view(step, records))
+            self._put(f"{folder}/metrics.json", metrics_grid(records, alerts.read_alerts(step.output_path)))
             self.metrics.publish(step.output_path, folder)
         for name, route in STEP_ROUTES.items():
             self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
@@ -203,9 +210,9 @@ class SitePublisher:
                 self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
         return fired
 
-    def _run_static(self, step: ExperimentStep) -> dict[str, Any]:
+    def _run_view(self, step: ExperimentStep, records: list[dict[str, Any]]) -> dict[str, Any]:
         try:
-            return run_static(self.prefix, step.output_path)
+            return run_view(self.prefix, step.output_path, records)
         except PanelError as error:  # as the dashboard answers it: the page shows the message
             return {"error": str(error), "status": 422}
 

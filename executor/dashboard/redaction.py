@@ -126,11 +126,15 @@ class Redactor:
             if isinstance(value.get("key"), str) and secret_key(value["key"]):  # a {"key", "value", ...} row
                 kept = ("key", "kind", "dependency")
                 value = {name: item if name in kept else REDACTED for name, item in value.items()}
-            return {
-                self._key(str(name)): self._value(item, str(name))
-                for name, item in value.items()
-                if str(name) not in PRIVATE_FIELDS
-            }
+            public = {}
+            for name, item in value.items():
+                name = str(name)
+                if name in PRIVATE_FIELDS:
+                    continue
+                plain = type(item) is int or (type(item) is float and math.isfinite(item))
+                # A plain number under a key that is no secret needs no more look (most of a metrics line).
+                public[self._key(name)] = item if plain and not secret_key(name) else self._value(item, name)
+            return public
         if isinstance(value, list):
             return [self._value(item, key) for item in value]
         if key and secret_key(key) and value not in (None, "", REDACTED):

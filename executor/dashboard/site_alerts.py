@@ -14,12 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from executor import alerts, storage
-from executor.dashboard import files
+from executor import alerts
 from executor.dashboard.experiments import ExperimentStep
 from executor.dashboard.panels import PanelError, predicted_curve, step_config
 from executor.lease import LeaseSettings, takeover_reason
-from executor.status import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +39,8 @@ class RunAlerts:
         self.running: dict[str, RunningRun] = {}
         """RUNNING runs at their last full look, by relative path."""
 
-    def evaluate(self, step: ExperimentStep, running: bool) -> int:
-        """Every rule on the run's metrics so far; returns how many alerts are new."""
+    def evaluate(self, step: ExperimentStep, running: bool, records: list[dict[str, Any]]) -> int:
+        """Every rule on the run's metrics lines so far (`records`); returns how many alerts are new."""
         where = f"step {step.name} ({step.relative})"
         try:
             config = step_config(step.output_path)
@@ -51,7 +49,6 @@ class RunAlerts:
             config = {}
         rules = alerts.AlertRules.from_config(config.get("alerts"), where)
         curve, _, _ = predicted_curve(self.prefix, step.output_path)
-        records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
         if running:
             self.running[step.relative] = RunningRun(rules, alerts.newest_line(records))
         else:

@@ -5,8 +5,9 @@
     data/step/<R>/metrics/c<E>-00000042.jsonl  the open chunks first .. next-1: one per cycle that saw new lines
 
 A cycle that finds K new complete lines in the step's metrics.jsonl writes them, redacted, as one new chunk and
-rewrites the index: it costs the new lines plus a constant, however long the run has been going. The page
-(static/site_run.js) fetches only what it has not seen and draws the charts itself. So that a page never has
+rewrites the index: it costs the new lines plus a constant, however long the run has been going. The pages do
+not read these lines (they draw run.json and metrics.json, made by the dashboard's own run_view.py and
+metrics_view.py); they are the run's figures, whole, for anyone to download and check. So that a reader never has
 thousands of chunks to fetch, a cycle whose new lines would bring the open chunks to `segment_bytes` or to
 `max_chunks` folds them, its new lines with them, into the next sealed segment (written once) and deletes them:
 such a cycle writes up to a segment, but in all each line is written at most twice (once when a cycle's lines
@@ -27,7 +28,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from executor import storage
-from executor.dashboard import files
 from executor.dashboard.redaction import Redactor
 from executor.dashboard.site_files import SiteWriter
 from executor.metrics_log import read_metrics_bytes
@@ -136,8 +136,7 @@ class MetricsPublisher:
         self._indexes[folder] = index
 
     def _write_index(self, index: MetricsIndex, folder: str) -> None:
-        layout = {"max_points": files.MAX_POINTS, "last_rows": files.PREVIEW_ROWS}  # how the page thins
-        self.site.write_json(f"{folder}/metrics/{INDEX}", {**asdict(index), **layout})
+        self.site.write_json(f"{folder}/metrics/{INDEX}", asdict(index))
 
     @staticmethod
     def _read(source: str, index: MetricsIndex) -> bytes | None:

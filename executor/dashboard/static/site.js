@@ -73,8 +73,7 @@ async function siteApi(path, params) {
       if (params.dir) throw new Error("only a step's top folder is published");
       return siteJson(`step/${step}/files.json`);
     case "/api/step/preview": throw new Error("file contents are not published");
-    case "/api/step/run": return siteRunView(step);
-    case "/api/step/metrics": return siteMetrics(step);
+    case "/api/step/metrics": return siteJson(`step/${step}/metrics.json`).catch(() => ({ exists: false, keys: [], rows: 0 }));
     default: {
       const name = path.slice("/api/".length).replace(/^step\/?/, "") || "step";
       return siteJson(`step/${step}/${name}.json`);
