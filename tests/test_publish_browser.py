@@ -189,9 +189,18 @@ def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Pat
         page.goto(f"{base}/index.html#/step/{relative['train/d6144']}")
         expect(page.locator('[data-testid=run-view] [data-chart="loss"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
         expect(page.locator("[data-testid=prediction-link]")).to_contain_text(relative["scaling/ladder"])
+        # The run view's last eval point is the evaluate step's result, on the metric the band was fitted on,
+        # and sits against the band as the ladder page says.
+        results = json.loads((outputs["evaluate/d6144"] / "results.json").read_text())
+        last = page.locator("[data-testid=last-eval]")
+        expect(last).to_have_attribute("data-key", "eval/suite/macro_loss", timeout=DEADLINE_MS)
+        assert float(last.get_attribute("data-value")) == pytest.approx(results["macro_loss"], rel=0.02)
+        verdict = last.get_attribute("data-verdict")
         screenshot(page, "publish-hero-run")
         page.goto(f"{base}/index.html#/step/{relative['scaling/ladder']}")
         expect(page.locator("[data-testid=ladder-view] [data-chart] canvas")).to_have_count(1, timeout=DEADLINE_MS)
+        achieved = page.locator("[data-testid=achieved]")
+        expect(achieved).to_contain_text("inside the band" if verdict == "inside" else "outside the band")
         screenshot(page, "publish-hero-ladder")
         page.goto(f"{base}/index.html#/step/{relative['mix/cells']}")
         expect(page.locator("[data-testid=composition-view]")).to_be_visible(timeout=DEADLINE_MS)
