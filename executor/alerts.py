@@ -318,9 +318,17 @@ def record_alerts(output_path: str, alerts: Sequence[Alert]) -> list[Alert]:
     return new
 
 
+def webhook_text(run: str, alerts: Sequence[Alert]) -> str:
+    """The alerts as one message, for the chat tools (Slack, Discord, Mattermost) that show a `text` field."""
+    lines = [f"{len(alerts)} alert(s) on {run}:"]
+    lines += [f"- {alert.rule} at step {alert.step}: {alert.message}" for alert in alerts]
+    return "\n".join(lines)
+
+
 def post_webhook(url: str, run: str, alerts: Sequence[Alert], timeout_s: float = 10.0) -> bool:
-    """POST `{"run": ..., "alerts": [...]}` to `url`; False (logged) when the hook cannot be reached."""
-    body = json.dumps({"run": run, "alerts": [alert.as_json() for alert in alerts]}).encode()
+    """POST `{"text": ..., "run": ..., "alerts": [...]}` to `url`; False (logged) when the hook cannot be reached."""
+    payload = {"text": webhook_text(run, alerts), "run": run, "alerts": [alert.as_json() for alert in alerts]}
+    body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

@@ -131,7 +131,7 @@ def test_a_line_appended_to_a_run_shows_on_the_published_run_view(page, tmp_path
         time.sleep(1.1)
         with (tmp_path / "prefix" / paths["healthy"] / METRICS_FILE).open("a") as handle:
             handle.write(json.dumps(metrics_line(80, loss=1.25)) + "\n")
-        assert publisher.cycle().files_written <= 8
+        assert publisher.cycle().files_written <= 10  # as in test_publish.test_a_republish_writes_only_what_changed
         page.reload()
         expect(page.locator("[data-testid=run-view] .meta b").first).to_have_text("80", timeout=DEADLINE_MS)
         expect(page.locator("[data-testid=last-train-loss]")).to_have_text("1.250")

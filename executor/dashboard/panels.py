@@ -83,13 +83,34 @@ def step_config(output_path: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def recorded_prefix(prefix: str, output_path: str) -> str | None:
+    """The prefix the step ran under, from the output path its `.executor_info` recorded, when that is not this
+    one: the prefix was copied, synced or moved (a bucket mirrored to a folder), so its absolute paths are stale."""
+    info = read_json(storage.join(output_path, INFO_FILE), f"step at {output_path}")
+    recorded = info.get("output_path") if isinstance(info, dict) else None
+    relative = relative_to(prefix, output_path)
+    if not isinstance(recorded, str) or relative is None or not recorded.endswith("/" + relative):
+        return None
+    old = recorded[: -len(relative) - 1]
+    return old if old.rstrip("/") != prefix.rstrip("/") else None
+
+
+def relative_here(prefix: str, output_path: str, target: str) -> str | None:
+    """A path the step recorded (a config field, its lineage's parent), relative to this prefix: under it, or
+    under the prefix the step ran under (a copied prefix renders the same). None if it lies outside both."""
+    relative = relative_to(prefix, target)
+    if relative is None and (old := recorded_prefix(prefix, output_path)) is not None:
+        relative = relative_to(old, target)
+    return relative
+
+
 def config_path(prefix: str, output_path: str, field: str, file: str) -> str | None:
     """`<config[field]>/<file>` under the prefix, None if the config has no such field; PanelError if it lies
     outside the prefix (the dashboard reads nothing there)."""
     target = step_config(output_path).get(field)
     if not target:
         return None
-    relative = relative_to(prefix, str(target)) if isinstance(target, str) else None
+    relative = relative_here(prefix, output_path, target) if isinstance(target, str) else None
     if relative is None:
         raise PanelError(f"the step's config field {field} = {target!r} is not a path under the dashboard's prefix "
                          f"{prefix}, so it is not read; open a dashboard on the prefix that holds it")  # fmt: skip
@@ -188,7 +209,7 @@ def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[
     lineage = read_json(storage.join(output_path, LINEAGE_FILE), LINEAGE_FILE)
     if not isinstance(lineage, dict) or not isinstance(lineage.get("parent"), str):
         return {}, None
-    relative = relative_to(prefix, lineage["parent"])
+    relative = relative_here(prefix, output_path, lineage["parent"])
     if relative is None:
         return {}, {"parent": None, "step": lineage.get("step")}
     records = files.metrics_records(storage.join(resolve_under(prefix, relative), METRICS_FILE)) or []

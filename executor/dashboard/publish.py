@@ -27,6 +27,7 @@ long the run (README "Watch a run in public" has the figures).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import math
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 STEP_ROUTES = {"step": "/api/step", "live": "/api/step/live", "views": "/api/step/views", "files": "/api/step/files"}
 VIEW_ROUTES = {"ladder": "/api/step/ladder", "composition": "/api/step/composition"}
 ALL_ROWS = 1 << 30
+FRESHNESS = "data/site.json"
 
 
 @dataclass
@@ -78,6 +80,7 @@ class SitePublisher:
         max_chunks: int = MAX_CHUNKS,
         webhook_url: str | None = None,
         clock: Callable[[], float] = time.time,
+        interval_s: float | None = None,
     ):
         self.prefix = storage.make_absolute(prefix)
         if not storage.exists(self.prefix):
@@ -91,6 +94,10 @@ class SitePublisher:
         self.metrics = MetricsPublisher(self.site, self.redactor, segment_bytes, max_chunks)
         self.alerts = RunAlerts(self.prefix, webhook_url, clock)
         self.changes = ChangeTracker()
+        self.clock = clock
+        self.interval_s = interval_s
+        """Seconds between cycles when watching: each cycle then writes the heartbeat (site.json)."""
+        self._published_at = (self.site.read_json(FRESHNESS) or {}).get("published_at")
         self._alert_counts: dict[str, int] = {}
         """Alerts fired so far on each run, as of its last full look."""
 
@@ -132,6 +139,7 @@ class SitePublisher:
             for summary in listing.get("experiments", []):
                 summary["alerts"] = counts.get(summary["file"], 0)
             self._put("data/experiments.json", listing)
+        self._put_freshness(self.site.files_written > written_before)
         self.site.save_manifest()
         return CycleReport(
             len(experiments),
@@ -158,6 +166,17 @@ class SitePublisher:
             done += 1
             if cycles is None or done < cycles:
                 time.sleep(seconds)
+
+    def _put_freshness(self, changed: bool) -> None:
+        """data/site.json: when the site last changed, and (watching) the publisher's heartbeat and interval, from
+        which the pages tell a RUNNING step whose publisher has stopped (3 intervals without a heartbeat)."""
+        now = dt.datetime.fromtimestamp(self.clock(), dt.UTC).isoformat(timespec="seconds")
+        if changed or self._published_at is None:
+            self._published_at = now
+        freshness = {"published_at": self._published_at, "interval_s": self.interval_s,
+                     "heartbeat": now if self.interval_s else None}  # fmt: skip
+        if self.interval_s or changed:  # a one-off publish promises no heartbeat: an idle cycle writes nothing
+            self.site.write_json(FRESHNESS, freshness)
 
     def _put_shell(self) -> None:
         assets = load_static()
@@ -217,12 +236,26 @@ class SitePublisher:
             return {"error": str(error), "status": 422}
 
 
+def open_hint(destination: str) -> str:
+    """How to open the published site: its pages fetch JSON files, which browsers refuse to a page opened from
+    disk (file://), so a folder needs any static server."""
+    if destination.startswith("gs://"):
+        bucket_path = destination.removeprefix("gs://").rstrip("/")
+        return (f"open https://storage.googleapis.com/{bucket_path}/index.html (objects publicly readable) "
+                "or the bucket's website endpoint")  # fmt: skip
+    if destination.startswith("s3://"):
+        bucket, _, path = destination.removeprefix("s3://").partition("/")
+        return f"open https://{bucket}.s3.amazonaws.com/{path.rstrip('/')}/index.html (objects publicly readable)"
+    folder = storage.make_absolute(destination)
+    return f"serve it with: python -m http.server 8000 --bind 127.0.0.1 --directory {folder}  then open http://127.0.0.1:8000/"
+
+
 def publish(prefix: str, destination: str, watch_s: float | None = None, webhook_url: str | None = None) -> None:
     """The CLI's entry: one cycle, or one every `watch_s` seconds until interrupted."""
     if watch_s is not None and watch_s <= 0:
         raise PublishError(f"--watch {watch_s}: give the seconds between republishing, a positive number")
     try:
-        publisher = SitePublisher(prefix, destination, webhook_url=webhook_url)
+        publisher = SitePublisher(prefix, destination, webhook_url=webhook_url, interval_s=watch_s)
         if watch_s is None:
             report = publisher.cycle()
             logger.info(
