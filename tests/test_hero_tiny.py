@@ -6,6 +6,8 @@ assertions because Levanter's CPU compiles are the slow part."""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import itertools
 import json
 import math
@@ -158,6 +160,12 @@ def test_the_prediction_was_registered_before_the_hero_started(hero_run: HeroRun
     scaling_done = _event_time(hero_run.outputs["scaling/ladder"], "SUCCESS")
     hero_started = _event_time(hero_run.outputs["train/d6144"], "RUNNING")
     assert scaling_done < hero_started
+    # ...and sealed by the hero when it started: the digest of that prediction, made before its first step
+    seal = json.loads((hero_run.outputs["train/d6144"] / "prediction_seal.json").read_text())
+    digest = hashlib.sha256((hero_run.outputs["scaling/ladder"] / "prediction.json").read_bytes()).hexdigest()
+    assert seal["sha256"] == digest and seal["predicted_at"] == scaling_done
+    first_step = min(read_metrics(str(hero_run.outputs["train/d6144"])), key=lambda record: record["step"])
+    assert dt.datetime.fromisoformat(seal["predicted_at"]).timestamp() < first_step["time"]
 
 
 def test_the_rungs_learn_with_compute_and_the_hero_lands_in_its_band(hero_run: HeroRun) -> None:

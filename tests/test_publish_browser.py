@@ -196,6 +196,7 @@ def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Pat
         expect(last).to_have_attribute("data-key", "eval/suite/macro_loss", timeout=DEADLINE_MS)
         assert float(last.get_attribute("data-value")) == pytest.approx(results["macro_loss"], rel=0.02)
         verdict = last.get_attribute("data-verdict")
+        expect(page.locator("[data-testid=sealed-prediction]")).to_have_attribute("data-before", "true")
         screenshot(page, "publish-hero-run")
         page.goto(f"{base}/index.html#/step/{relative['scaling/ladder']}")
         expect(page.locator("[data-testid=ladder-view] [data-chart] canvas")).to_have_count(1, timeout=DEADLINE_MS)

@@ -7,6 +7,7 @@ Screenshots: `$TEST_ARTIFACTS_DIR/dashboard/site-band-run.png`, `site-band-ladde
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -56,6 +57,12 @@ def test_the_run_view_draws_the_metric_the_band_was_fitted_on(page, published) -
         assert drawn["eval/suite/macro_loss"][0] == 199
         assert drawn["eval/suite/macro_loss"][1] == pytest.approx(results["macro_loss"], rel=1e-6)
         assert BAND[0] <= drawn["predicted low"][1] <= drawn["eval/suite/macro_loss"][1] <= drawn["predicted high"][1]
+        seal = page.locator("[data-testid=sealed-prediction]")
+        prediction = (published["prefix"] / paths["scaling/ladder"] / "prediction.json").read_bytes()
+        expect(seal).to_have_attribute("data-sha256", hashlib.sha256(prediction).hexdigest())
+        expect(seal).to_have_attribute("data-before", "true")
+        expect(seal).to_have_attribute("data-matches", "true")
+        expect(seal).to_contain_text(", before the first step at ")
         screenshot(page, "site-band-run")
         check_page_builds_the_servers_views(page, published["prefix"], paths["train/hero"])
 
@@ -101,13 +108,13 @@ def test_every_metric_key_is_found_with_the_search_box_and_drawn(page, published
         page.goto(f"{base}/index.html#/step/{published['paths']['train/hero']}")
         plots = page.locator("[data-testid=metrics] [data-metric]")
         expect(plots.first).to_have_attribute("data-metric", "train/loss", timeout=DEADLINE_MS)
-        expect(plots).to_have_count(4)
+        expect(plots).to_have_count(5)  # train/loss, the two eval metrics, the learning rate, time
         eval_plot = page.locator('[data-testid=metrics] [data-metric="eval/macro_loss"]')
         assert int(eval_plot.get_attribute("data-points")) == 4  # logged on lines of their own: drawn, not gaps
         page.locator("[data-testid=metric-search]").fill("suite")
         expect(plots).to_have_count(1)
         expect(plots.first).to_have_attribute("data-metric", "eval/suite/macro_loss")
-        expect(page.locator("[data-testid=metric-count]")).to_contain_text("1 of 4 keys")
+        expect(page.locator("[data-testid=metric-count]")).to_contain_text("1 of 5 keys")
         page.locator("[data-testid=metric-search]").fill("learning")
         expect(plots.first).to_have_attribute("data-metric", "optim/learning_rate")
         ticks = page.evaluate("tickLabels(null, [0.0001, 0.00015, 0.0002, 0.00025, 0.0003])")

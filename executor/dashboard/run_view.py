@@ -12,10 +12,14 @@ the loss chart, the band beside it and the points drawn cannot differ between th
   points are listed on the chart (`markers`, drawn as marks at the top) and named in the header (`nonfinite`),
   and the header's last step is the last step logged, finite or not.
 - Alerts (`alerts.jsonl`) are marked on the chart their rule reads.
+- The prediction the run sealed when it started (`sealed`): its digest, when it was made, whether that was
+  before the run's first step, and whether prediction.json still has that digest.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import itertools
 import math
 from collections.abc import Mapping
@@ -25,17 +29,20 @@ from executor import storage
 from executor.alerts import read_alerts
 from executor.dashboard import files
 from executor.dashboard.panels import (
+    PREDICTION_FILE,
     TRAIN_LOSS,
     PanelError,
     chart,
+    config_path,
     eval_components,
     macro_eval,
     parent_curve,
     predicted_curve,
+    read_json,
 )
 from executor.dashboard.series import RUN_BUCKETS, by_key, downsample, json_number, nonfinite
 from executor.metrics_log import predicted_metric, rows_by_step
-from executor.status import METRICS_FILE
+from executor.status import METRICS_FILE, PREDICTION_SEAL_FILE
 
 RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("learning_rate", "learning rate", ("optim/learning_rate",)),
@@ -160,6 +167,28 @@ def header_nonfinite(columns: Columns, keys: list[str]) -> list[dict[str, Any]]:
     return named
 
 
+def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, Any] | None:
+    """The prediction the run sealed when it started (steps/train/prediction_seal.py): its digest and times, the
+    time of the run's first step, and whether prediction.json still has that digest."""
+    seal = read_json(storage.join(output_path, PREDICTION_SEAL_FILE), PREDICTION_SEAL_FILE)
+    if not isinstance(seal, dict) or not isinstance(seal.get("sha256"), str):
+        return None
+    try:
+        path = config_path(prefix, output_path, "prediction_path", PREDICTION_FILE)
+        current = storage.read_bytes(path) if path else None
+    except PanelError:
+        current = None
+    first = files.number(rows[min(rows)].get("time")) if rows else None
+    first_at = dt.datetime.fromtimestamp(first, dt.UTC).isoformat() if first is not None else None
+    predicted_at = seal.get("predicted_at")
+    before = None
+    if isinstance(predicted_at, str) and first_at is not None:
+        before = dt.datetime.fromisoformat(predicted_at) < dt.datetime.fromisoformat(first_at)
+    return {"sha256": seal["sha256"], "predicted_at": predicted_at, "sealed_at": seal.get("sealed_at"),
+            "first_step_at": first_at, "before_first_step": before,
+            "matches": None if current is None else hashlib.sha256(current).hexdigest() == seal["sha256"]}  # fmt: skip
+
+
 def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the run view draws (module docstring); `records`: the run's metrics lines when already read."""
     if records is None:
@@ -189,5 +218,6 @@ def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None
         "buckets": RUN_BUCKETS,
         "alerts": alerts,
         "lineage": lineage,
+        "sealed": sealed_prediction(prefix, output_path, rows),
         "charts": charts,
     }

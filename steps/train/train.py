@@ -27,6 +27,7 @@ The step translates its frozen config into Levanter's `TrainLmConfig` (model: `q
 - `metrics.jsonl`: every metric Levanter logs, with MFU from steps/model/model_size.py (steps/train/train_metrics.py).
 - `wandb/`: wandb's offline run files (`wandb sync` uploads them); `logs/`: Levanter's log files.
 - `lineage.json` (a fork only): the parent run and step it started from.
+- `prediction_seal.json` (a run with a `prediction_path`): the prediction's sha256 and time, sealed at the start.
 - `hf/`: the final checkpoint as an HF-style folder (config.json, model.safetensors, the tokenizer), which
   `steps.model.hf_export.load_hf_export` rebuilds exactly (`hf_export`).
 
@@ -91,6 +92,7 @@ from steps.train.input_checks import (
 )
 from steps.train.lineage import record_lineage
 from steps.train.parallelism import precision_policy
+from steps.train.prediction_seal import seal_prediction
 from steps.train.run_environment import close_log_files, keep_local_folder, local_dir, training_environment
 from steps.train.train_metrics import JsonlMetricsConfig, wandb_config
 
@@ -229,6 +231,7 @@ def train(config: TrainConfig) -> None:
     check_checkpoints(storage.join(config.output_path, "checkpoints"), _step_label(config))
     record_mixture(config)
     record_lineage(config.output_path, config.initialize_from)
+    seal_prediction(config.output_path, config.prediction_path)
     with training_environment(config.output_path):
         run = levanter_config(config)
         try:

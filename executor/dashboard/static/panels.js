@@ -114,6 +114,7 @@ class RunPanel extends ChartPanel {
         source ? h("span", {}, "predicted by ", h("a", { href: stepHref(source), "data-testid": "prediction-link" }, source)) : "",
         data.lineage ? h("span", { "data-testid": "lineage" }, "fork of ", data.lineage.parent ? h("a", { href: stepHref(data.lineage.parent) }, data.lineage.parent) : "a run outside this prefix", ` at step ${data.lineage.step}`) : ""),
       data.prediction_error ? h("div", { class: "warn", "data-testid": "prediction-error" }, data.prediction_error) : "",
+      data.sealed ? sealLine(data.sealed) : "",
       ...(data.nonfinite || []).map((bad) => h("div", { class: "error", "data-testid": "nonfinite", "data-key": bad.key },
         `${bad.key} is not finite at ${fmtNum(bad.count)} step(s), from step ${fmtNum(bad.first)} to ${fmtNum(bad.last)} (last: ${bad.value}); marked in red on the charts`)),
       data.thinned ? h("div", { class: "muted" }, `long run: each series keeps the lowest and highest point of each of ${fmtNum(data.buckets)} buckets, and every alert's step`) : "",
@@ -121,6 +122,16 @@ class RunPanel extends ChartPanel {
       plots);
     draw();
   }
+}
+
+// "predicted at T, before the first step at T2, digest D": the prediction the run sealed when it started.
+function sealLine(seal) {
+  const trusted = seal.before_first_step === true && seal.matches !== false;
+  const order = seal.before_first_step === null ? "" : seal.before_first_step ? ", before the first step at " : ", NOT before the first step at ";
+  return h("div", { class: trusted ? "muted" : "warn", "data-testid": "sealed-prediction", "data-before": String(seal.before_first_step),
+    "data-matches": String(seal.matches), "data-sha256": seal.sha256 },
+    `predicted at ${seal.predicted_at || "?"}${order}${seal.first_step_at || ""}, digest `, h("span", { class: "mono" }, seal.sha256.slice(0, 16)),
+    seal.matches === false ? " (prediction.json no longer has this digest: it changed after the run started)" : "");
 }
 
 // The last eval point of the metric the ladder predicts, and where it sits against the band at its step.
