@@ -26,9 +26,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from executor import storage
-from executor.alerts import read_alerts
+from executor.alerts import AlertRules, read_alerts
 from executor.dashboard import files
 from executor.dashboard.panels import (
+    MIXTURE_FILE,
     PREDICTION_FILE,
     TRAIN_LOSS,
     PanelError,
@@ -42,6 +43,7 @@ from executor.dashboard.panels import (
 )
 from executor.dashboard.series import RUN_BUCKETS, by_key, downsample, json_number, nonfinite
 from executor.metrics_log import predicted_metric, rows_by_step
+from executor.served_mixture import drifted, served_by_phase
 from executor.status import METRICS_FILE, PREDICTION_SEAL_FILE
 
 RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -189,6 +191,16 @@ def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, An
             "matches": None if current is None else hashlib.sha256(current).hexdigest() == seal["sha256"]}  # fmt: skip
 
 
+def served_mixture(output_path: str, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Planned against served, per phase and component (executor/served_mixture.py), for a run with mixture.json."""
+    mixture = read_json(storage.join(output_path, MIXTURE_FILE), MIXTURE_FILE)
+    served = served_by_phase(records, mixture) if isinstance(mixture, dict) else None
+    if served is not None:
+        rules = AlertRules()
+        served["drifted"] = drifted(served, rules.mixture_drift, rules.mixture_drift_min_blocks)
+    return served
+
+
 def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the run view draws (module docstring); `records`: the run's metrics lines when already read."""
     if records is None:
@@ -219,5 +231,6 @@ def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None
         "alerts": alerts,
         "lineage": lineage,
         "sealed": sealed_prediction(prefix, output_path, rows),
+        "mixture": served_mixture(output_path, records),
         "charts": charts,
     }

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from executor import alerts
+from executor import alerts, storage
 from executor.dashboard.experiments import ExperimentStep
-from executor.dashboard.panels import PanelError, predicted_curve, step_config
+from executor.dashboard.panels import MIXTURE_FILE, PanelError, predicted_curve, read_json, step_config
 from executor.lease import LeaseSettings, takeover_reason
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,8 @@ class RunAlerts:
         else:
             self.running.pop(step.relative, None)
         live_lease = running and takeover_reason(step.output_path, LeaseSettings.from_env()) is None
-        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve)
+        mixture = read_json(storage.join(step.output_path, MIXTURE_FILE), MIXTURE_FILE)
+        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve, mixture=mixture)
         return self._record(step, rules, fired)
 
     def check_stall(self, step: ExperimentStep) -> int:

@@ -399,12 +399,14 @@ def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, l
 
 
 def record_mixture(config: TrainConfig) -> None:
-    """Write `mixture.json` (the schedule trained on, the weights dropped) and warn, by name, of each dropped cell."""
+    """Write `mixture.json` (the schedule trained on, the weights dropped, the block and batch sizes the served
+    shares are held to: executor/served_mixture.py) and warn, by name, of each dropped cell."""
     _, schedule, dropped = _mixture(config)
     if dropped:
         logger.warning("%s: weights on cells that tokenize left out are dropped (per phase): %s; the other "
                        "components' weights are renormalised", _step_label(config), dropped)  # fmt: skip
-    record = {"schedule": [[start, weights] for start, weights in schedule], "dropped": dropped}
+    record = {"schedule": [[start, weights] for start, weights in schedule], "dropped": dropped,
+              "block_size": config.mixture_block_size, "batch_size": config.train_batch_size}  # fmt: skip
     storage.write_json_atomic(storage.join(config.output_path, MIXTURE_FILE), record)
 
 

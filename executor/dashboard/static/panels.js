@@ -119,7 +119,8 @@ class RunPanel extends ChartPanel {
         `${bad.key} is not finite at ${fmtNum(bad.count)} step(s), from step ${fmtNum(bad.first)} to ${fmtNum(bad.last)} (last: ${bad.value}); marked in red on the charts`)),
       data.thinned ? h("div", { class: "muted" }, `long run: each series keeps the lowest and highest point of each of ${fmtNum(data.buckets)} buckets, and every alert's step`) : "",
       alertList(data.alerts || []),
-      plots);
+      plots,
+      data.mixture ? h("div", { "data-testid": "run-mixture" }, h("h3", {}, "mixture: planned against served"), servedTable(data.mixture)) : "");
     draw();
   }
 }
