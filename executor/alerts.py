@@ -18,6 +18,9 @@ run of consecutive offending steps: it fires once, at its first step, and an ale
     stalled            the step is RUNNING with a live lease but its newest line is older than `stall_after_s`
     prediction_band    eval/macro_loss above the predicted curve's high edge (the scaling step's band) by more
                        than `band_margin`
+    mixture_drift      a component served more than `mixture_drift` (relative) off its planned share over a
+                       phase of at least `mixture_drift_min_blocks` mixture blocks (served_mixture.py); one
+                       alert a phase, at its first step, naming each such component
 
 Defaults stay quiet on a healthy run (the tiny demo's runs fire none: tests/test_alerts.py) and fire on an
 injected NaN, spike or stall. Thresholds are plain config, never versioned: tuning an alert must not restart
@@ -33,6 +36,7 @@ import logging
 import math
 import statistics
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +44,7 @@ from typing import Any
 
 from executor import storage
 from executor.metrics_log import predicted_metric, rows_by_step
+from executor.served_mixture import drifted, served_by_phase
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +88,10 @@ class AlertRules:
     """A RUNNING step with a live lease and no metrics line for this long is stalled."""
     band_margin: float = 0.05
     """How far eval/macro_loss may rise above the prediction band's high edge before it fires."""
+    mixture_drift: float = 0.2
+    """How far (relative) a component's served share may be off its planned share in a phase."""
+    mixture_drift_min_blocks: float = 20
+    """Mixture blocks a phase must span before its served shares are held to the plan (a shorter one is a sample)."""
     webhook_url: str | None = None
     """Where firings are POSTed as JSON (None: nowhere). Plain, like every field here."""
 
@@ -225,8 +234,10 @@ def evaluate(
     now: float,
     running: bool = False,
     curve: Sequence[Mapping[str, float]] = (),
+    mixture: Mapping[str, Any] | None = None,
 ) -> list[Alert]:
-    """Every episode of every rule in a run's metrics lines so far (`running`: its lease is live now)."""
+    """Every episode of every rule in a run's metrics lines so far (`running`: its lease is live now; `mixture`:
+    the run's mixture.json, for mixture_drift)."""
     rows = rows_by_step(records)
     loss = _raw_series(rows, "train/loss")
     alerts = _episodes(
@@ -257,9 +268,29 @@ def evaluate(
     load = _over(_sustained(_raw_series(rows, "router/load/max_over_mean"), rules.sustain), rules.max_load_over_mean)
     alerts += _episodes(load, "expert_imbalance", now, "router/load/max_over_mean too high")
     alerts += below_band(rows, curve, rules.band_margin, now)
+    alerts += mixture_drift(records, mixture, rules, now)
     if running:
         alerts += stalled(records, rules, now)
     return sorted(alerts, key=lambda alert: (alert.step, alert.rule))
+
+
+def mixture_drift(
+    records: Iterable[Mapping[str, Any]], mixture: Mapping[str, Any] | None, rules: AlertRules, now: float
+) -> list[Alert]:
+    """One alert per phase whose served mixture drifted from its plan (served_mixture.drifted)."""
+    if not mixture:
+        return []
+    by_phase: dict[int, list[dict[str, Any]]] = {}
+    for found in drifted(served_by_phase(records, mixture), rules.mixture_drift, rules.mixture_drift_min_blocks):
+        by_phase.setdefault(found["start_step"], []).append(found)
+    alerts = []
+    for start, components in sorted(by_phase.items()):
+        worst = max(abs(found["served"] / found["planned"] - 1) for found in components)
+        names = ", ".join(f"{found['component']} planned {found['planned']:.1%} served {found['served']:.1%}"
+                          for found in components)  # fmt: skip
+        alerts.append(Alert("mixture_drift", start, worst, rules.mixture_drift, now,
+                            f"the mixture phase from step {start} is not served as planned: {names}"))  # fmt: skip
+    return alerts
 
 
 def newest_line(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -317,13 +348,22 @@ def record_alerts(output_path: str, alerts: Sequence[Alert]) -> list[Alert]:
     return new
 
 
+def webhook_text(run: str, alerts: Sequence[Alert]) -> str:
+    """The alerts as one message, for the chat tools (Slack, Discord, Mattermost) that show a `text` field."""
+    lines = [f"{len(alerts)} alert(s) on {run}:"]
+    lines += [f"- {alert.rule} at step {alert.step}: {alert.message}" for alert in alerts]
+    return "\n".join(lines)
+
+
 def post_webhook(url: str, run: str, alerts: Sequence[Alert], timeout_s: float = 10.0) -> bool:
-    """POST `{"run": ..., "alerts": [...]}` to `url`; False (logged) when the hook cannot be reached."""
-    body = json.dumps({"run": run, "alerts": [alert.as_json() for alert in alerts]}).encode()
+    """POST `{"text": ..., "run": ..., "alerts": [...]}` to `url`; False (logged) when the hook cannot be reached."""
+    payload = {"text": webhook_text(run, alerts), "run": run, "alerts": [alert.as_json() for alert in alerts]}
+    body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return 200 <= response.status < 300
     except (urllib.error.URLError, OSError) as error:
-        logger.warning("alert webhook %s failed for %s: %s", url, run, error)
+        # The hook's path and any credentials in it are a secret: the log names its host only.
+        logger.warning("alert webhook on %s failed for %s: %s", urllib.parse.urlsplit(url).hostname, run, error)
         return False

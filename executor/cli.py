@@ -271,10 +271,14 @@ def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_publish(args: argparse.Namespace, console: Console) -> int:
-    from executor.dashboard.publish import publish  # imported here, like the dashboard
+    from executor.dashboard.publish import open_hint, publish  # imported here, like the dashboard
 
-    publish(resolve_prefix(args.prefix), args.to, watch_s=args.watch, webhook_url=args.webhook)
-    console.print(f"published {resolve_prefix(args.prefix)} to {args.to}: open {args.to}/index.html")
+    prefix = resolve_prefix(args.prefix)
+    if args.watch:  # it publishes until interrupted: say how to open the site first
+        console.print(f"publishing {prefix} to {args.to} every {args.watch:g} s; {open_hint(args.to)}", soft_wrap=True)
+    publish(prefix, args.to, watch_s=args.watch, webhook_url=args.webhook)
+    if not args.watch:
+        console.print(f"published {prefix} to {args.to}; {open_hint(args.to)}", soft_wrap=True)
     return 0
 
 

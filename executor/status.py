@@ -55,10 +55,12 @@ GANG_FILE = "gang.json"
 STATS_FILE = "stats.json"
 """A step's own figures, by convention: docs_in/docs_out, bytes_in/bytes_out, tokens_in/tokens_out, ..."""
 METRICS_FILE = "metrics.jsonl"
-LINEAGE_FILE = "lineage.json"
-"""A fork's parent run and the step it started from (steps/train/train.py writes it, the run view draws it)."""
 """A training or eval step's metrics, one JSON object per line, each with a "step" key; on an object store
 written as segments under `metrics.jsonl.d/` (executor/metrics_log.py, which reads both)."""
+LINEAGE_FILE = "lineage.json"
+"""A fork's parent run and the step it started from (steps/train/train.py writes it, the run view draws it)."""
+PREDICTION_SEAL_FILE = "prediction_seal.json"
+"""Written by a run watched against a prediction, when it starts: the prediction's digest and time."""
 METADATA_NAMES = frozenset({INFO_FILE, STATUS_FILE, LEASE_DIR, MANIFEST_FILE, LOG_DIR, PROGRESS_FILE})
 
 

@@ -151,6 +151,8 @@ def test_the_webhook_receives_each_alert_once(tmp_path: Path, webhook: str) -> N
         ("loss_spike", 60),
     ]
     assert posted["alerts"][0]["value"] == "nan"
+    assert posted["text"].startswith(f"2 alert(s) on {paths['faulty']}:")  # what Slack and Discord show
+    assert "- loss_spike at step 60: train/loss spiked" in posted["text"]
     assert [line["rule"] for line in read_alerts(str(tmp_path / "prefix" / paths["faulty"]))] == [
         "nonfinite_loss",
         "loss_spike",

@@ -126,7 +126,7 @@ def test_step_page_data(prefix: Path, port: int) -> None:
     assert "--run_only" in detail["rerun"] and "train/lsq" in detail["rerun"] and detail["drift"] is None
     metrics = get_json(port, f"/api/step/metrics?path={train}")
     assert metrics["rows"] == 60 and metrics["x"] == "step" and "loss" in metrics["keys"]
-    assert metrics["columns"]["loss"][-1] < metrics["columns"]["loss"][0]
+    assert metrics["series"]["loss"]["y"][-1] < metrics["series"]["loss"]["y"][0]
     assert "step 0 loss" in get_json(port, f"/api/step/log?path={train}")["text"]
 
 

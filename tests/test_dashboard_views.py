@@ -83,7 +83,7 @@ def test_run_view_plots_the_runs_figures_with_the_prediction_overlaid(built, app
     assert series(loss, "train/loss") == {step: row["train/loss"] for step, row in rows.items() if "train/loss" in row}
     assert max(series(loss, "train/loss")) == TRAIN_STEPS - 1
     evals = {step: row["eval/macro_loss"] for step, row in rows.items() if "eval/macro_loss" in row}
-    assert len(evals) >= 2 and series(loss, "eval (macro)") == evals
+    assert len(evals) >= 2 and series(loss, "eval/macro_loss") == evals
     curve = read(built, "scaling", "prediction.json")["curve"]
     assert series(loss, "predicted") == {point["step"]: point["loss"] for point in curve}
     assert series(loss, "predicted low") == {point["step"]: point["low"] for point in curve}

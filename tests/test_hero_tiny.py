@@ -6,6 +6,8 @@ assertions because Levanter's CPU compiles are the slow part."""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import itertools
 import json
 import math
@@ -21,6 +23,7 @@ from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 from test_publish_browser import check_hero_site
 
 from executor import read_status
+from executor.served_mixture import served_by_phase
 from experiments.hero_535b import TINY_EVAL_BATCHES, TINY_HERO, TINY_RUNGS, TINY_VOCAB
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.train_tokenizer import load_tokenizer
@@ -158,6 +161,25 @@ def test_the_prediction_was_registered_before_the_hero_started(hero_run: HeroRun
     scaling_done = _event_time(hero_run.outputs["scaling/ladder"], "SUCCESS")
     hero_started = _event_time(hero_run.outputs["train/d6144"], "RUNNING")
     assert scaling_done < hero_started
+    # ...and sealed by the hero when it started: the digest of that prediction, made before its first step
+    seal = json.loads((hero_run.outputs["train/d6144"] / "prediction_seal.json").read_text())
+    digest = hashlib.sha256((hero_run.outputs["scaling/ladder"] / "prediction.json").read_bytes()).hexdigest()
+    assert seal["sha256"] == digest and seal["predicted_at"] == scaling_done
+    first_step = min(read_metrics(str(hero_run.outputs["train/d6144"])), key=lambda record: record["step"])
+    assert dt.datetime.fromisoformat(seal["predicted_at"]).timestamp() < first_step["time"]
+
+
+def test_the_hero_is_served_the_mixture_it_planned(hero_run: HeroRun) -> None:
+    """Per phase, every component planned at 1% or more is served within 20% of its planned share (the mixture
+    blocks are large enough for the weights: experiments/hero_535b.py); check_hero_site sees no mixture_drift."""
+    hero = hero_run.outputs["train/d6144"]
+    mixture = json.loads((hero / "mixture.json").read_text())
+    served = served_by_phase(read_metrics(str(hero)), mixture)
+    assert served is not None and len(served["phases"]) == 2
+    for phase in served["phases"]:
+        for name, planned in phase["planned"].items():
+            if planned >= 0.01:
+                assert phase["served"][name] == pytest.approx(planned, rel=0.2), (phase["start_step"], name, phase)
 
 
 def test_the_rungs_learn_with_compute_and_the_hero_lands_in_its_band(hero_run: HeroRun) -> None:

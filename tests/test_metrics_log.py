@@ -10,6 +10,7 @@ import pytest
 
 from executor import storage
 from executor.dashboard import files
+from executor.dashboard.metrics_view import metrics_grid
 from executor.metrics_log import MetricsLog, read_metrics_bytes, segments_folder
 from steps.train.train_metrics import JsonlMetricsTracker, read_metrics
 
@@ -86,8 +87,9 @@ def test_a_training_run_on_an_object_store_is_watchable_while_it_runs(bucket_fol
     tracker.log({"train/loss": 4.0}, step=1)
     assert [record["train/loss"] for record in read_metrics(bucket_folder)] == [5.0, 4.0]
     assert read_metrics(bucket_folder)[0]["model_flops_per_second"] == 60.0
-    live = files.metrics(f"{bucket_folder}/metrics.jsonl")
-    assert live["rows"] == 2 and live["columns"]["train/loss"] == [5.0, 4.0]
+    live = metrics_grid(files.metrics_records(f"{bucket_folder}/metrics.jsonl"))
+    assert live["rows"] == 2 and live["series"]["train/loss"]["y"] == [5.0, 4.0]
     tracker.log({"train/loss": 3.0}, step=2)
     tracker.finish()
-    assert files.metrics(f"{bucket_folder}/metrics.jsonl")["columns"]["train/loss"] == [5.0, 4.0, 3.0]
+    finished = metrics_grid(files.metrics_records(f"{bucket_folder}/metrics.jsonl"))
+    assert finished["series"]["train/loss"]["y"] == [5.0, 4.0, 3.0]

@@ -29,7 +29,10 @@ from executor.metrics_log import MetricsLog
 from executor.status import METRICS_FILE, read_status
 
 FIXED_BYTES = 4096
-"""What a cycle may write besides the new lines: the index, the step's file listing, their manifests."""
+"""What a cycle may write besides the new lines and the run's views: the index, the file listing, manifests."""
+VIEWS = ("run.json", "metrics.json")
+"""A grown run's two views, rewritten whole each cycle: their size is bounded by their buckets (see
+test_a_runs_views_stay_bounded_however_long_it_runs), not by the run's length."""
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +47,9 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
 
 
 def bytes_written(before: dict[str, tuple[int, int, int]], after: dict[str, tuple[int, int, int]]) -> int:
-    """Bytes of the files the cycle created or replaced (an atomic write replaces the inode)."""
-    return sum(entry[2] for path, entry in after.items() if before.get(path) != entry)
+    """Bytes of the files the cycle created or replaced (an atomic write replaces the inode), but the views."""
+    changed = (entry[2] for path, entry in after.items() if before.get(path) != entry and not path.endswith(VIEWS))
+    return sum(changed)
 
 
 def append_lines(metrics: Path, steps: range) -> int:
@@ -218,6 +222,23 @@ def test_a_run_on_gcs_growing_by_segments_costs_its_new_lines(built, gcs_emulato
     cost = measured_cycle(publisher, site)
     assert cost <= FIXED_BYTES + 1.1 * sum(len(line) + 1 for line in lines), cost
     assert [line["step"] for line in published_lines(site, built["paths"]["healthy"])] == list(range(90))
+
+
+def test_a_runs_views_stay_bounded_however_long_it_runs(built, tmp_path: Path) -> None:
+    """run.json and metrics.json keep each bucket's extremes: a run 10x as long (past the buckets) draws
+    no more, so the views a cycle rewrites cost the same on the hero's 390k steps as on 5k."""
+    prefix, site = tmp_path / "prefix", tmp_path / "site"
+    shutil.copytree(built["prefix"], prefix)
+    relative = built["paths"]["healthy"]
+    metrics = prefix / relative / METRICS_FILE
+    publisher = SitePublisher(str(prefix), str(site))
+    sizes = []
+    for last in (5_000, 50_000):
+        append_lines(metrics, range(80 if not sizes else 5_000, last))
+        publisher.cycle()
+        sizes.append(sum((site / "data" / "step" / relative / name).stat().st_size for name in VIEWS))
+    assert sizes[1] <= 1.2 * sizes[0], sizes  # steps of 5 digits, not 4
+    assert sizes[1] < 2_000_000, sizes
 
 
 def test_a_restarted_watcher_rewrites_nothing_and_a_broken_manifest_is_named(built, tmp_path: Path) -> None:

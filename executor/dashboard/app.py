@@ -39,12 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor import storage
+from executor.alerts import read_alerts
 from executor.dashboard import files
 from executor.dashboard.cache import StatusCache
 from executor.dashboard.composition_view import composition_view
 from executor.dashboard.experiments import Experiment, ExperimentIndex
 from executor.dashboard.ladder_view import ladder_view
-from executor.dashboard.panels import PanelError, available, run_view
+from executor.dashboard.metrics_view import metrics_grid
+from executor.dashboard.panels import PanelError, available
+from executor.dashboard.run_view import run_view
 from executor.dashboard.safety import UnsafePathError, check_relative, resolve_under
 from executor.dashboard.step_view import StepNotFoundError, live_state, step_detail
 from executor.dashboard.views import SORT_KEYS, StepQuery, experiment_summary, graph, shard_totals, steps_page
@@ -259,7 +262,8 @@ class DashboardApp:
         return json_response(files.log_tail(self._step_path(query, LOG_FILE)))
 
     def api_step_metrics(self, query: Mapping[str, str]) -> Response:
-        return json_response(files.metrics(self._step_path(query, query.get("file", METRICS_FILE))))
+        records = files.metrics_records(self._step_path(query, query.get("file", METRICS_FILE)))
+        return json_response(metrics_grid(records, read_alerts(self._step_path(query))))
 
     def api_step_views(self, query: Mapping[str, str]) -> Response:
         return json_response({"views": available(self._step_path(query))})

@@ -7,10 +7,9 @@ holds `weights.json` (`{"phases": [{"fraction", "tokens", "weights": {cell: w}}]
 `composition_path`. The view joins the two per cell, so one table holds what the hero published as its data
 page: tokens, share, weight per phase, expected epochs, top terms and sample snippets.
 
-A train step's view shows what the run has actually eaten, per mixture phase: its `metrics.jsonl` carries, with
-each loss, the tokens of each component trained on so far (`data/tokens/<component>`, counted from the data
-order's sampling, not from the planned weights), and its `mixture.json` the phases' start steps; a phase's
-tokens are the difference of those figures at its first and last step reached.
+A train step's view shows, per mixture phase and component, the planned share, the share served and its tokens
+(executor/served_mixture.py: from its `mixture.json` and the `data/tokens/<component>` figures of its
+metrics), and flags each component served more than 20% off its plan.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from executor import storage
+from executor.alerts import AlertRules
 from executor.dashboard import files
 from executor.dashboard.panels import (
     COMPOSITION_FILE,
@@ -29,44 +29,23 @@ from executor.dashboard.panels import (
     read_json,
 )
 from executor.dashboard.safety import relative_to
-from executor.metrics_log import rows_by_step
+from executor.served_mixture import drifted, served_by_phase
 from executor.status import METRICS_FILE
 
 MAX_CELLS = 20_000
-TOKENS_PREFIX = "data/tokens/"
 
 
 def eaten_by_phase(output_path: str) -> dict[str, Any] | None:
-    """Per phase of a train step's mixture, the tokens of each component trained on (None: not a train step
-    that logs them)."""
+    """Per phase of a train step's mixture, each component's planned share, served share and tokens, and the
+    components that drifted (executor/served_mixture.py); None: not a train step that logs its tokens."""
     mixture = read_json(storage.join(output_path, MIXTURE_FILE), "composition view")
-    schedule = mixture.get("schedule") if isinstance(mixture, dict) else None
-    records = files.metrics_records(storage.join(output_path, METRICS_FILE)) if schedule else None
-    seen = {
-        step: {key.removeprefix(TOKENS_PREFIX): value for key, value in row.items() if key.startswith(TOKENS_PREFIX)}
-        for step, row in rows_by_step(records or []).items()
-    }
-    seen = {step: tokens for step, tokens in seen.items() if tokens}
-    if not schedule or not seen:
+    if not isinstance(mixture, dict) or not mixture.get("schedule"):
         return None
-    last = max(seen)
-    names = sorted({name for tokens in seen.values() for name in tokens})
-
-    def before(step: int) -> dict[str, int]:
-        """The figures once the steps before `step` were trained on (zero before the first)."""
-        logged = [earlier for earlier in seen if earlier < step]
-        return seen[max(logged)] if logged else {}
-
-    starts = [int(start) for start, _ in schedule] + [last + 1]
-    phases = []
-    for number, (start, weights) in enumerate(schedule):
-        if start > last:
-            break
-        end = min(starts[number + 1], last + 1)
-        first, upto = before(start), before(end)
-        phases.append({"start_step": start, "end_step": end - 1, "weights": weights,
-                       "tokens": {name: upto.get(name, 0) - first.get(name, 0) for name in names}})  # fmt: skip
-    return {"step": last, "components": names, "phases": phases, "total": seen[last]}
+    served = served_by_phase(files.metrics_records(storage.join(output_path, METRICS_FILE)) or [], mixture)
+    if served is not None:
+        rules = AlertRules()
+        served["drifted"] = drifted(served, rules.mixture_drift, rules.mixture_drift_min_blocks)
+    return served
 
 
 def _cells(composition: Any, path: str) -> list[dict[str, Any]]:

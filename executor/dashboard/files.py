@@ -1,5 +1,5 @@
 """A step's files, read for people: a folder listing, previews of JSONL / JSON / Parquet / text,
-the tail of the step log, and metrics.jsonl turned into series for plots and tables.
+the tail of the step log, and the lines of metrics.jsonl (drawn by metrics_view.py and run_view.py).
 
 Every read is bounded (a preview reads the first rows or bytes, a log the last 64 KiB, a metrics
 file at most `MAX_METRICS_BYTES`), so a 50 GB shard or a year of metrics never stalls the server.
@@ -22,7 +22,6 @@ PREVIEW_BYTES = 256 * 1024
 LOG_TAIL_BYTES = 64 * 1024
 MAX_LISTING = 2000
 MAX_METRICS_BYTES = 32 * 1024 * 1024
-MAX_POINTS = 4000
 
 
 def list_folder(full_path: str) -> dict[str, Any]:
@@ -151,27 +150,3 @@ def metrics_records(full_path: str) -> list[dict[str, Any]] | None:
     if len(data) == MAX_METRICS_BYTES:
         lines = lines[:-1]  # cut mid-line by the read limit
     return [record for record in map(_parse_line, lines) if isinstance(record, dict)]
-
-
-def metrics(full_path: str) -> dict[str, Any]:
-    """metrics.jsonl as columns: every numeric key, x defaulting to "step", thinned to MAX_POINTS."""
-    records = metrics_records(full_path)
-    if records is None:
-        return {"exists": False, "keys": [], "rows": 0}
-    keys = sorted({key for record in records for key, value in record.items() if number(value) is not None})
-    text_keys = sorted({key for record in records for key, value in record.items() if isinstance(value, str)})
-    stride = max(1, math.ceil(len(records) / MAX_POINTS))
-    kept = records[::stride]
-    if records and kept[-1] is not records[-1]:
-        kept.append(records[-1])
-    columns = {key: [number(record.get(key)) for record in kept] for key in keys}
-    return {
-        "exists": True,
-        "rows": len(records),
-        "keys": keys,
-        "x": "step" if "step" in keys else None,
-        "columns": columns,
-        "labels": {key: [record.get(key) for record in kept] for key in text_keys[:3]},
-        "last": records[-PREVIEW_ROWS:],
-        "thinned": stride > 1,
-    }

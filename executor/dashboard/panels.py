@@ -1,9 +1,8 @@
 """Views of the step page chosen by what a step's output holds, never by the step's name.
 
-    metrics.jsonl with train/loss rows    run view: loss with the predicted curve of the scaling step that
-                                          the config's `prediction_path` names, learning rate, gradient and
-                                          parameter norms, the router bias apart, expert load, throughput and
-                                          MFU, eval loss per component, the alerts of `alerts.jsonl`
+    metrics.jsonl with train/loss rows    run view (run_view.py): loss and the eval metric the ladder predicts
+                                          against the predicted curve of the scaling step that the config's
+                                          `prediction_path` names, the run's other figures, its alerts
     prediction.json                       ladder view (ladder.py): the rungs' final losses against compute, the
                                           fitted law out to the target, the prediction's band, the achieved loss
     composition.json and/or weights.json  composition view: topic x quality cells with tokens, weights per
@@ -26,7 +25,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from executor import storage
-from executor.alerts import read_alerts
 from executor.dashboard import files
 from executor.dashboard.safety import relative_to, resolve_under
 from executor.metrics_log import SUITE_MACRO_LOSS, read_metrics_bytes, rows_by_step
@@ -40,17 +38,6 @@ COMPOSITION_FILE = "composition.json"
 WEIGHTS_FILE = "weights.json"
 MIXTURE_FILE = "mixture.json"
 TRAIN_LOSS = "train/loss"
-
-RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("learning_rate", "learning rate", ("optim/learning_rate",)),
-    ("grad_norm", "gradient norm", ("grad/norm/total",)),
-    ("param_norm", "parameter norm", ("params/norm/total",)),
-    ("router_bias", "router bias norm (not trained by gradients)", ("router/bias/norm",)),
-    ("expert_load", "expert load", ("router/load/max_over_min", "router/load/max_over_mean")),
-    ("throughput", "throughput (tokens/s)", ("throughput/tokens_per_second",)),
-    ("mfu", "MFU", ("mfu",)),
-)
-"""The run view's charts after the loss, each (id, title, metric keys); a chart with no data is left out."""
 
 
 class PanelError(ValueError):
@@ -96,13 +83,34 @@ def step_config(output_path: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def recorded_prefix(prefix: str, output_path: str) -> str | None:
+    """The prefix the step ran under, from the output path its `.executor_info` recorded, when that is not this
+    one: the prefix was copied, synced or moved (a bucket mirrored to a folder), so its absolute paths are stale."""
+    info = read_json(storage.join(output_path, INFO_FILE), f"step at {output_path}")
+    recorded = info.get("output_path") if isinstance(info, dict) else None
+    relative = relative_to(prefix, output_path)
+    if not isinstance(recorded, str) or relative is None or not recorded.endswith("/" + relative):
+        return None
+    old = recorded[: -len(relative) - 1]
+    return old if old.rstrip("/") != prefix.rstrip("/") else None
+
+
+def relative_here(prefix: str, output_path: str, target: str) -> str | None:
+    """A path the step recorded (a config field, its lineage's parent), relative to this prefix: under it, or
+    under the prefix the step ran under (a copied prefix renders the same). None if it lies outside both."""
+    relative = relative_to(prefix, target)
+    if relative is None and (old := recorded_prefix(prefix, output_path)) is not None:
+        relative = relative_to(old, target)
+    return relative
+
+
 def config_path(prefix: str, output_path: str, field: str, file: str) -> str | None:
     """`<config[field]>/<file>` under the prefix, None if the config has no such field; PanelError if it lies
     outside the prefix (the dashboard reads nothing there)."""
     target = step_config(output_path).get(field)
     if not target:
         return None
-    relative = relative_to(prefix, str(target)) if isinstance(target, str) else None
+    relative = relative_here(prefix, output_path, target) if isinstance(target, str) else None
     if relative is None:
         raise PanelError(f"the step's config field {field} = {target!r} is not a path under the dashboard's prefix "
                          f"{prefix}, so it is not read; open a dashboard on the prefix that holds it")  # fmt: skip
@@ -195,34 +203,13 @@ def predicted_curve(prefix: str, output_path: str) -> tuple[list[dict[str, float
     return points, relative_to(prefix, path.rsplit("/", 1)[0]), None
 
 
-def loss_chart(
-    train: dict[int, float],
-    evals: dict[int, float],
-    curve: list[dict[str, float]],
-    eval_label: str,
-    parent: dict[int, float] | None = None,
-) -> dict[str, Any]:
-    """Train loss, eval points, a fork's parent's loss and, when there is one, the predicted curve with its band."""
-    series: list[dict[str, Any]] = [
-        {"label": TRAIN_LOSS, "kind": "line", "points": train},
-        {"label": eval_label, "kind": "points", "points": evals},
-    ]
-    if parent:
-        series.append({"label": "parent train/loss", "kind": "line", "points": parent})
-    for label, kind, key in (("predicted", "dashed", "loss"), ("predicted low", "band_low", "low"),
-                             ("predicted high", "band_high", "high")):  # fmt: skip
-        if curve:
-            series.append({"label": label, "kind": kind, "points": {point["step"]: point[key] for point in curve}})
-    return chart("loss", "loss", series, x_label="step")
-
-
 def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[str, Any] | None]:
     """A fork's parent's train loss up to the step it forked at, and the lineage ({parent, step}) to show;
     nothing for a run that is no fork, or whose parent lies outside the prefix."""
     lineage = read_json(storage.join(output_path, LINEAGE_FILE), LINEAGE_FILE)
     if not isinstance(lineage, dict) or not isinstance(lineage.get("parent"), str):
         return {}, None
-    relative = relative_to(prefix, lineage["parent"])
+    relative = relative_here(prefix, output_path, lineage["parent"])
     if relative is None:
         return {}, {"parent": None, "step": lineage.get("step")}
     records = files.metrics_records(storage.join(resolve_under(prefix, relative), METRICS_FILE)) or []
@@ -230,68 +217,3 @@ def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[
     last: float = fork_at if isinstance(fork_at, int) else math.inf
     losses = series_of(rows_by_step(records), TRAIN_LOSS)
     return {step: loss for step, loss in losses.items() if step <= last}, {"parent": relative, "step": fork_at}
-
-
-def run_static(prefix: str, output_path: str) -> dict[str, Any]:
-    """What the run view draws besides the run's own metrics: the predicted curve, a fork's lineage and its
-    parent's loss, the alerts, and the chart layout. The published site builds the charts from this and the
-    run's published metrics lines in the page (static/site_run.js), so a new line never rewrites it."""
-    curve, prediction_source, prediction_error = predicted_curve(prefix, output_path)
-    parent, lineage = parent_curve(prefix, output_path)  # a fork: its parent's curve up to the fork
-    return {
-        "prediction": {"source": prediction_source, "points": len(curve)} if curve else None,
-        "prediction_error": prediction_error,
-        "curve": curve,
-        "parent": sorted(parent.items()),
-        "alerts": read_alerts(output_path),
-        "lineage": lineage,
-        "layout": {"train": TRAIN_LOSS, "charts": RUN_CHARTS, "max_points": files.MAX_POINTS},
-    }
-
-
-def run_view(prefix: str, output_path: str) -> dict[str, Any]:
-    records = files.metrics_records(storage.join(output_path, METRICS_FILE))
-    rows = rows_by_step(records or [])
-    train = series_of(rows, TRAIN_LOSS)
-    if not train:
-        raise PanelError(f"{storage.join(output_path, METRICS_FILE)} has no {TRAIN_LOSS} rows (yet): no run to show")
-    static = run_static(prefix, output_path)
-    stride = max(1, math.ceil(len(rows) / files.MAX_POINTS))
-    steps = sorted(rows)
-    kept = set(steps[::stride]) | {steps[-1]}
-    thinned = {step: row for step, row in rows.items() if step in kept}
-    components = eval_components(rows)
-    evals = {step: loss for step, row in rows.items() if (loss := macro_eval(row, components)) is not None}
-    train_kept = {step: loss for step, loss in train.items() if step in kept}
-    eval_label = "eval (macro)" if components else "eval/loss"
-    charts = [loss_chart(train_kept, evals, static["curve"], eval_label, dict(static["parent"]))]
-    for chart_id, title, keys in RUN_CHARTS:
-        series: list[dict[str, Any]] = [
-            {"label": key, "kind": "line", "points": series_of(thinned, key)} for key in keys
-        ]
-        if any(entry["points"] for entry in series):
-            charts.append(chart(chart_id, title, series, x_label="step"))
-    per_domain: list[dict[str, Any]] = [
-        {"label": c, "kind": "points", "points": series_of(rows, f"eval/{c}/loss")} for c in components
-    ]
-    if per_domain:
-        charts.append(chart("eval_domains", "eval loss per domain", per_domain, x_label="step"))
-    per_subset: list[dict[str, Any]] = [
-        {"label": s, "kind": "points", "points": series_of(rows, f"eval/suite/{s}/loss")}
-        for s in eval_components(rows, "eval/suite/")
-    ]
-    if per_subset:
-        charts.append(chart("eval_suite", "eval loss per suite subset", per_subset, x_label="step"))
-    return {
-        "steps": len(rows),
-        "last_step": max(train),
-        "last_train_loss": train[max(train)],
-        "last_eval": evals[max(evals)] if evals else None,
-        "components": components,
-        "prediction": static["prediction"],
-        "prediction_error": static["prediction_error"],
-        "thinned": stride > 1,
-        "alerts": static["alerts"],
-        "lineage": static["lineage"],
-        "charts": charts,
-    }

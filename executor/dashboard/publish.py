@@ -8,13 +8,15 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     data/experiments.json                         /api/experiments, with each experiment's alert count
     data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
     data/step/<R>/{step,live,views,files}.json    one step (R: its path relative to the prefix)
-    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the parts that are not
-                                                  the run's own lines; the page draws those: site_run.js)
+    data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the dashboard's own
+                                                  /api/step/run answer, what both pages draw: run_view.py)
+    data/step/<R>/metrics.json                    /api/step/metrics: every key's series (metrics_view.py)
     data/step/<R>/alerts.json                     the run's alerts (executor/alerts.py), evaluated here
-    data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, appended (site_metrics.py)
+    data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, whole, appended (site_metrics.py)
 
-Not published: logs, file previews, the step's outputs themselves, user/host/worker names, config values with
-a secret-sounding key, any absolute path of the machine (README "Watch a run in public").
+Not published: logs, file previews, the step's outputs themselves; every JSON value written passes through
+redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: README "Watch a run
+in public").
 
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
@@ -25,6 +27,7 @@ long the run (README "Watch a run in public" has the figures).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import math
@@ -34,21 +37,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import alerts, storage
+from executor.dashboard import files
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
-from executor.dashboard.panels import PanelError, run_static
+from executor.dashboard.metrics_view import metrics_grid
+from executor.dashboard.panels import PanelError
+from executor.dashboard.redaction import Redactor
+from executor.dashboard.run_view import run_view
 from executor.dashboard.site_alerts import RunAlerts
 from executor.dashboard.site_changes import ChangeTracker
-from executor.dashboard.site_files import PublishError, SiteWriter, redact
+from executor.dashboard.site_files import PublishError, SiteWriter
 from executor.dashboard.site_metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.errors import StorageError
 from executor.lease import holder_lost_note
+from executor.status import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
 STEP_ROUTES = {"step": "/api/step", "live": "/api/step/live", "views": "/api/step/views", "files": "/api/step/files"}
 VIEW_ROUTES = {"ladder": "/api/step/ladder", "composition": "/api/step/composition"}
 ALL_ROWS = 1 << 30
+FRESHNESS = "data/site.json"
 
 
 @dataclass
@@ -72,6 +81,7 @@ class SitePublisher:
         max_chunks: int = MAX_CHUNKS,
         webhook_url: str | None = None,
         clock: Callable[[], float] = time.time,
+        interval_s: float | None = None,
     ):
         self.prefix = storage.make_absolute(prefix)
         if not storage.exists(self.prefix):
@@ -81,9 +91,14 @@ class SitePublisher:
         # its dirty steps' cached state: nothing cached need expire on a clock, so no cycle re-reads every step.
         self.app.cache.live_ttl_s = self.app.cache.finished_ttl_s = math.inf
         self.site = SiteWriter(destination)
-        self.metrics = MetricsPublisher(self.site, self.prefix, segment_bytes, max_chunks)
+        self.redactor = Redactor(self.prefix)
+        self.metrics = MetricsPublisher(self.site, self.redactor, segment_bytes, max_chunks)
         self.alerts = RunAlerts(self.prefix, webhook_url, clock)
         self.changes = ChangeTracker()
+        self.clock = clock
+        self.interval_s = interval_s
+        """Seconds between cycles when watching: each cycle then writes the heartbeat (site.json)."""
+        self._published_at = (self.site.read_json(FRESHNESS) or {}).get("published_at")
         self._alert_counts: dict[str, int] = {}
         """Alerts fired so far on each run, as of its last full look."""
         self._lost_shown: set[str] = set()
@@ -112,7 +127,7 @@ class SitePublisher:
         return body
 
     def _put(self, relative: str, value: Any) -> None:
-        self.site.write_json(relative, redact(value, self.prefix))
+        self.site.write_json(relative, self.redactor.value(value))
 
     def cycle(self) -> CycleReport:
         """Publish what changed since the last cycle; returns what it wrote."""
@@ -145,6 +160,7 @@ class SitePublisher:
             for summary in listing.get("experiments", []):
                 summary["alerts"] = counts.get(summary["file"], 0)
             self._put("data/experiments.json", listing)
+        self._put_freshness(self.site.files_written > written_before)
         self.site.save_manifest()
         return CycleReport(
             len(experiments),
@@ -171,6 +187,17 @@ class SitePublisher:
             done += 1
             if cycles is None or done < cycles:
                 time.sleep(seconds)
+
+    def _put_freshness(self, changed: bool) -> None:
+        """data/site.json: when the site last changed, and (watching) the publisher's heartbeat and interval, from
+        which the pages tell a RUNNING step whose publisher has stopped (3 intervals without a heartbeat)."""
+        now = dt.datetime.fromtimestamp(self.clock(), dt.UTC).isoformat(timespec="seconds")
+        if changed or self._published_at is None:
+            self._published_at = now
+        freshness = {"published_at": self._published_at, "interval_s": self.interval_s,
+                     "heartbeat": now if self.interval_s else None}  # fmt: skip
+        if self.interval_s or changed:  # a one-off publish promises no heartbeat: an idle cycle writes nothing
+            self.site.write_json(FRESHNESS, freshness)
 
     def _put_shell(self) -> None:
         assets = load_static()
@@ -206,13 +233,15 @@ class SitePublisher:
             return 0
         views = self._answer("/api/step/views", path=step.relative).get("views", [])
         fired = 0
-        if "run" in views:  # alerts first, so this cycle's run view already lists them
-            fired = self.alerts.evaluate(step, running=live.get("status") == "RUNNING")
-            fired_so_far = alerts.read_alerts(step.output_path)
-            self._alert_counts[step.relative] = len(fired_so_far)
-            self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
-            self._put(f"{folder}/run.json", self._run_static(step))
         if self.changes.has_metrics(step.relative):  # known from this cycle's listing: no read for the others
+            records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
+            if "run" in views:  # alerts first, so this cycle's run view already lists and marks them
+                fired = self.alerts.evaluate(step, running=live.get("status") == "RUNNING", records=records)
+                fired_so_far = alerts.read_alerts(step.output_path)
+                self._alert_counts[step.relative] = len(fired_so_far)
+                self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
+                self._put(f"{folder}/run.json", self._run_view(step, records))
+            self._put(f"{folder}/metrics.json", metrics_grid(records, alerts.read_alerts(step.output_path)))
             self.metrics.publish(step.output_path, folder)
         for name, route in STEP_ROUTES.items():
             self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
@@ -221,11 +250,25 @@ class SitePublisher:
                 self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
         return fired
 
-    def _run_static(self, step: ExperimentStep) -> dict[str, Any]:
+    def _run_view(self, step: ExperimentStep, records: list[dict[str, Any]]) -> dict[str, Any]:
         try:
-            return run_static(self.prefix, step.output_path)
+            return run_view(self.prefix, step.output_path, records)
         except PanelError as error:  # as the dashboard answers it: the page shows the message
             return {"error": str(error), "status": 422}
+
+
+def open_hint(destination: str) -> str:
+    """How to open the published site: its pages fetch JSON files, which browsers refuse to a page opened from
+    disk (file://), so a folder needs any static server."""
+    if destination.startswith("gs://"):
+        bucket_path = destination.removeprefix("gs://").rstrip("/")
+        return (f"open https://storage.googleapis.com/{bucket_path}/index.html (objects publicly readable) "
+                "or the bucket's website endpoint")  # fmt: skip
+    if destination.startswith("s3://"):
+        bucket, _, path = destination.removeprefix("s3://").partition("/")
+        return f"open https://{bucket}.s3.amazonaws.com/{path.rstrip('/')}/index.html (objects publicly readable)"
+    folder = storage.make_absolute(destination)
+    return f"serve it with: python -m http.server 8000 --bind 127.0.0.1 --directory {folder}  then open http://127.0.0.1:8000/"
 
 
 def publish(prefix: str, destination: str, watch_s: float | None = None, webhook_url: str | None = None) -> None:
@@ -233,7 +276,7 @@ def publish(prefix: str, destination: str, watch_s: float | None = None, webhook
     if watch_s is not None and watch_s <= 0:
         raise PublishError(f"--watch {watch_s}: give the seconds between republishing, a positive number")
     try:
-        publisher = SitePublisher(prefix, destination, webhook_url=webhook_url)
+        publisher = SitePublisher(prefix, destination, webhook_url=webhook_url, interval_s=watch_s)
         if watch_s is None:
             report = publisher.cycle()
             logger.info(

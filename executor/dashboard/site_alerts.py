@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import alerts, storage
-from executor.dashboard import files
 from executor.dashboard.experiments import ExperimentStep
-from executor.dashboard.panels import PanelError, predicted_curve, step_config
+from executor.dashboard.panels import MIXTURE_FILE, PanelError, predicted_curve, read_json, step_config
 from executor.lease import LeaseSettings, takeover_reason
-from executor.status import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +39,8 @@ class RunAlerts:
         self.running: dict[str, RunningRun] = {}
         """RUNNING runs at their last full look, by relative path."""
 
-    def evaluate(self, step: ExperimentStep, running: bool) -> int:
-        """Every rule on the run's metrics so far; returns how many alerts are new."""
+    def evaluate(self, step: ExperimentStep, running: bool, records: list[dict[str, Any]]) -> int:
+        """Every rule on the run's metrics lines so far (`records`); returns how many alerts are new."""
         where = f"step {step.name} ({step.relative})"
         try:
             config = step_config(step.output_path)
@@ -51,13 +49,13 @@ class RunAlerts:
             config = {}
         rules = alerts.AlertRules.from_config(config.get("alerts"), where)
         curve, _, _ = predicted_curve(self.prefix, step.output_path)
-        records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
         if running:
             self.running[step.relative] = RunningRun(rules, alerts.newest_line(records))
         else:
             self.running.pop(step.relative, None)
         live_lease = running and takeover_reason(step.output_path, LeaseSettings.from_env()) is None
-        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve)
+        mixture = read_json(storage.join(step.output_path, MIXTURE_FILE), MIXTURE_FILE)
+        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve, mixture=mixture)
         return self._record(step, rules, fired)
 
     def check_stall(self, step: ExperimentStep) -> int:

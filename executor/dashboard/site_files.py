@@ -1,11 +1,4 @@
-"""What a published site may show, and how its files reach a local folder, `gs://` or `s3://`.
-
-`redact` turns a view's JSON into its public form: the prefix becomes `<prefix>`, any other absolute path of
-the machine keeps only its last part (`/home/me/repo/experiments/hero.py` -> `…/hero.py`), config values
-whose key says secret (`password`, `token` as a key's last word, `api_key`, `secret`, `credential`...), as a
-mapping's key or as the `key` of a config row, become
-`<redacted>`, the fields that name people and machines (`user`, `host`, `worker`) are dropped, and a
-number that is not finite becomes the string `"nan"` / `"inf"` (JSON has no NaN: a browser would refuse the file).
+"""How the published site's files reach a local folder, `gs://` or `s3://` (what they may show: redaction.py).
 
 `SiteWriter` writes a file only when its bytes changed since the last write it knows of (its manifest, kept
 in the destination so a restarted `--watch` does not rewrite the site either), with the content type its name
@@ -20,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import mimetypes
-import re
 from typing import Any
 
 from executor import storage
@@ -31,42 +22,10 @@ from executor.errors import StorageError
 MANIFEST = "site-manifest.json"
 JSON_CACHE_CONTROL = "public, max-age=5"
 ASSET_CACHE_CONTROL = "public, max-age=300"
-REDACTED = "<redacted>"
-PRIVATE_FIELDS = frozenset({"user", "host", "worker", "hostname", "pid"})
-_SECRET_KEY = re.compile(
-    r"(secret|password|passwd|api_?key|credential|private_?key|(^|[._-])token$|auth_?token|authorization)", re.I
-)
-_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~>-])/(?:[^\s/\"'<>]+/)+(?=[^\s/\"'<>]+)")
 
 
 class PublishError(RuntimeError):
     """The destination cannot be written (or the prefix cannot be read); the message says which and why."""
-
-
-def _redact_text(text: str, prefix: str) -> str:
-    text = text.replace(prefix + "/", "<prefix>/").replace(prefix, "<prefix>")
-    return _ABSOLUTE_PATH.sub("…/", text)
-
-
-def redact(value: Any, prefix: str, key: str = "") -> Any:
-    """The public form of a view's JSON (module docstring)."""
-    if isinstance(value, dict):
-        if isinstance(value.get("key"), str) and _SECRET_KEY.search(value["key"]) and "value" in value:
-            value = {**value, "value": REDACTED}  # a config row of the step page: {"key", "value", "kind"}
-        return {
-            _redact_text(str(name), prefix): redact(item, prefix, str(name))
-            for name, item in value.items()
-            if str(name) not in PRIVATE_FIELDS
-        }
-    if isinstance(value, list):
-        return [redact(item, prefix, key) for item in value]
-    if key and _SECRET_KEY.search(key) and value not in (None, ""):
-        return REDACTED
-    if isinstance(value, str):
-        return _redact_text(value, prefix)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN: "nan", "inf", as alerts.jsonl writes them
-    return value
 
 
 def content_type(name: str) -> str:

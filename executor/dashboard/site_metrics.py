@@ -5,8 +5,9 @@
     data/step/<R>/metrics/c<E>-00000042.jsonl  the open chunks first .. next-1: one per cycle that saw new lines
 
 A cycle that finds K new complete lines in the step's metrics.jsonl writes them, redacted, as one new chunk and
-rewrites the index: it costs the new lines plus a constant, however long the run has been going. The page
-(static/site_run.js) fetches only what it has not seen and draws the charts itself. So that a page never has
+rewrites the index: it costs the new lines plus a constant, however long the run has been going. The pages do
+not read these lines (they draw run.json and metrics.json, made by the dashboard's own run_view.py and
+metrics_view.py); they are the run's figures, whole, for anyone to download and check. So that a reader never has
 thousands of chunks to fetch, a cycle whose new lines would bring the open chunks to `segment_bytes` or to
 `max_chunks` folds them, its new lines with them, into the next sealed segment (written once) and deletes them:
 such a cycle writes up to a segment, but in all each line is written at most twice (once when a cycle's lines
@@ -27,8 +28,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from executor import storage
-from executor.dashboard import files
-from executor.dashboard.site_files import SiteWriter, redact
+from executor.dashboard.redaction import Redactor
+from executor.dashboard.site_files import SiteWriter
 from executor.metrics_log import read_metrics_bytes
 from executor.status import METRICS_FILE
 
@@ -87,18 +88,20 @@ def _records(data: bytes) -> list[dict[str, Any]]:
     return records
 
 
-def redact_lines(data: bytes, prefix: str) -> tuple[bytes, int]:
+def redact_lines(data: bytes, redactor: Redactor) -> tuple[bytes, int]:
     """Metrics lines in their public form, and how many (a line that is not a JSON object is left out)."""
     records = _records(data)
-    return b"".join(json.dumps(redact(record, prefix)).encode() + b"\n" for record in records), len(records)
+    return b"".join(json.dumps(redactor.value(record)).encode() + b"\n" for record in records), len(records)
 
 
 class MetricsPublisher:
     """Publishes the metrics lines of each step it is given (module docstring); one index per step, kept here."""
 
-    def __init__(self, site: SiteWriter, prefix: str, segment_bytes: int = SEGMENT_BYTES, max_chunks: int = MAX_CHUNKS):
+    def __init__(
+        self, site: SiteWriter, redactor: Redactor, segment_bytes: int = SEGMENT_BYTES, max_chunks: int = MAX_CHUNKS
+    ):
         self.site = site
-        self.prefix = prefix
+        self.redactor = redactor
         self.segment_bytes = segment_bytes
         self.max_chunks = max_chunks
         self._indexes: dict[str, MetricsIndex] = {}
@@ -118,7 +121,7 @@ class MetricsPublisher:
         fresh = data[index.source_bytes - index.sealed_source_bytes :]
         fresh = fresh[: fresh.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
         if fresh:
-            public, lines = redact_lines(fresh, self.prefix)
+            public, lines = redact_lines(fresh, self.redactor)
             index.source_bytes += len(fresh)
             index.lines += lines
             index.bytes += len(public)
@@ -133,8 +136,7 @@ class MetricsPublisher:
         self._indexes[folder] = index
 
     def _write_index(self, index: MetricsIndex, folder: str) -> None:
-        layout = {"max_points": files.MAX_POINTS, "last_rows": files.PREVIEW_ROWS}  # how the page thins
-        self.site.write_json(f"{folder}/metrics/{INDEX}", {**asdict(index), **layout})
+        self.site.write_json(f"{folder}/metrics/{INDEX}", asdict(index))
 
     @staticmethod
     def _read(source: str, index: MetricsIndex) -> bytes | None:
@@ -152,7 +154,7 @@ class MetricsPublisher:
 
     def _seal(self, index: MetricsIndex, folder: str, open_source: bytes) -> None:
         """Fold the open chunks and the new lines (the stream's bytes `open_source`) into the next sealed segment."""
-        public, _ = redact_lines(open_source, self.prefix)
+        public, _ = redact_lines(open_source, self.redactor)
         self.site.write_once(f"{folder}/metrics/{index.segment_name(index.segments)}", public)
         chunks = range(index.first_chunk, index.next_chunk)
         index.segments += 1

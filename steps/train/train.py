@@ -27,6 +27,7 @@ The step translates its frozen config into Levanter's `TrainLmConfig` (model: `q
 - `metrics.jsonl`: every metric Levanter logs, with MFU from steps/model/model_size.py (steps/train/train_metrics.py).
 - `wandb/`: wandb's offline run files (`wandb sync` uploads them); `logs/`: Levanter's log files.
 - `lineage.json` (a fork only): the parent run and step it started from.
+- `prediction_seal.json` (a run with a `prediction_path`): the prediction's sha256 and time, sealed at the start.
 - `hf/`: the final checkpoint as an HF-style folder (config.json, model.safetensors, the tokenizer), which
   `steps.model.hf_export.load_hf_export` rebuilds exactly (`hf_export`).
 
@@ -91,6 +92,7 @@ from steps.train.input_checks import (
     weights_file_schedule,
 )
 from steps.train.parallelism import precision_policy
+from steps.train.prediction_seal import seal_prediction
 from steps.train.run_environment import (
     TRAINING,
     checkpoint_saves_in_their_phase,
@@ -242,6 +244,7 @@ def train(config: TrainConfig) -> None:
     check_checkpoints(storage.join(config.output_path, "checkpoints"), _step_label(config))
     record_mixture(config)
     record_lineage(config.output_path, config.initialize_from)
+    seal_prediction(config.output_path, config.prediction_path)
     with training_environment(config.output_path):
         run = levanter_config(config)
         try:
@@ -415,12 +418,14 @@ def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, l
 
 
 def record_mixture(config: TrainConfig) -> None:
-    """Write `mixture.json` (the schedule trained on, the weights dropped) and warn, by name, of each dropped cell."""
+    """Write `mixture.json` (the schedule trained on, the weights dropped, the block and batch sizes the served
+    shares are held to: executor/served_mixture.py) and warn, by name, of each dropped cell."""
     _, schedule, dropped = _mixture(config)
     if dropped:
         logger.warning("%s: weights on cells that tokenize left out are dropped (per phase): %s; the other "
                        "components' weights are renormalised", _step_label(config), dropped)  # fmt: skip
-    record = {"schedule": [[start, weights] for start, weights in schedule], "dropped": dropped}
+    record = {"schedule": [[start, weights] for start, weights in schedule], "dropped": dropped,
+              "block_size": config.mixture_block_size, "batch_size": config.train_batch_size}  # fmt: skip
     storage.write_json_atomic(storage.join(config.output_path, MIXTURE_FILE), record)
 
 

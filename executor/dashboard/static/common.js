@@ -39,6 +39,10 @@ async function api(path, params) {
 
 function badge(status) {
   const shown = status || "NEVER_RAN";
+  if (shown === "RUNNING" && siteStale()) {  // the site's publisher stopped: nobody knows it still runs
+    return h("span", { class: "badge RUNNING stale", "data-status": shown, "data-stale": "true",
+      title: "the publisher has not been seen for 3 of its intervals: this step may have stopped" }, "RUNNING · stale");
+  }
   return h("span", { class: `badge ${shown}`, "data-status": shown }, shown === "NEVER_RAN" ? "never ran" : shown);
 }
 

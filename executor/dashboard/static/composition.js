@@ -58,20 +58,7 @@ class CompositionPanel {
   }
 
   eatenTable() {
-    const eaten = this.data.eaten;
-    const sums = eaten.phases.map((phase) => Object.values(phase.tokens).reduce((a, b) => a + b, 0));
-    const head = h("tr", {}, h("th", {}, "component"), eaten.phases.map((phase, index) =>
-      h("th", { class: "num" }, `phase ${index + 1}: steps ${phase.start_step}-${phase.end_step}`)));
-    const rows = eaten.components.map((name) => h("tr", { "data-component": name }, h("td", { class: "mono" }, name),
-      eaten.phases.map((phase, index) => {
-        const tokens = phase.tokens[name] || 0, weight = (phase.weights || {})[name];
-        const title = weight === undefined ? "" : `planned weight ${Number(weight).toFixed(4)}`;
-        return h("td", { class: "num", "data-value": tokens, title }, fmtNum(tokens),
-          h("span", { class: "muted" }, sums[index] ? ` ${(100 * tokens / sums[index]).toFixed(1)}%` : ""));
-      })));
-    return h("div", {}, h("div", { class: "meta" }, h("span", {}, "eaten by step ", h("b", {}, eaten.step)),
-        h("span", { class: "muted" }, "tokens of each component trained on, from the run's data/tokens metrics")),
-      h("div", { class: "scroll" }, h("table", { "data-testid": "eaten-table" }, h("thead", {}, head), h("tbody", {}, rows))));
+    return servedTable(this.data.eaten);
   }
 
   grid() {
@@ -147,4 +134,24 @@ class CompositionPanel {
     this.render();
     this.element.querySelector(`tr[data-cell="${CSS.escape(name)}"]`)?.scrollIntoView({ block: "center" });
   }
+}
+
+// Per mixture phase and component: the planned share, the share served and its tokens (executor/served_mixture.py);
+// a component served more than 20% off its plan over a long enough phase is flagged. The run view shows it too.
+function servedTable(eaten) {
+  const drifted = new Set((eaten.drifted || []).map((found) => `${found.phase}/${found.component}`));
+  const head = h("tr", {}, h("th", {}, "component"), eaten.phases.map((phase, index) =>
+    h("th", { class: "num" }, `phase ${index + 1}: steps ${phase.start_step}-${phase.end_step}`)));
+  const rows = eaten.components.map((name) => h("tr", { "data-component": name }, h("td", { class: "mono" }, name),
+    eaten.phases.map((phase, index) => {
+      const tokens = phase.tokens[name] || 0, planned = (phase.planned || {})[name] || 0, served = (phase.served || {})[name] || 0;
+      const off = drifted.has(`${index}/${name}`);
+      return h("td", { class: off ? "num warn-inline" : "num", "data-value": tokens, "data-planned": planned, "data-served": served,
+        "data-drifted": String(off) }, `planned ${(100 * planned).toFixed(1)}% · served ${(100 * served).toFixed(1)}% · `, fmtNum(tokens));
+    })));
+  return h("div", {}, h("div", { class: "meta" }, h("span", {}, "served by step ", h("b", {}, eaten.step)),
+      h("span", { class: "muted" }, "planned share, share served and tokens of each component, from the run's data/tokens metrics"
+        + (eaten.block_size ? ` (mixture blocks of ${eaten.block_size} sequences)` : "")),
+      (eaten.drifted || []).length ? h("span", { class: "warn-inline", "data-testid": "mixture-drift" }, `${eaten.drifted.length} component(s) served more than 20% off plan`) : ""),
+    h("div", { class: "scroll" }, h("table", { "data-testid": "eaten-table" }, h("thead", {}, head), h("tbody", {}, rows))));
 }

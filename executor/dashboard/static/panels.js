@@ -48,6 +48,11 @@ function errorBarHook(spec) {
 function drawChart(box, spec, options) {
   const counts = Object.fromEntries(spec.series.map((series) => [series.label, series.values.filter((v) => v !== null).length]));
   box.dataset.points = JSON.stringify(counts);
+  box.dataset.last = JSON.stringify(Object.fromEntries(spec.series.map((series) => {
+    const index = series.values.findLastIndex((value) => value !== null);
+    return [series.label, index < 0 ? null : [spec.x[index], series.values[index]]];
+  })));
+  box.dataset.markers = markersAttribute(spec.markers);
   const low = spec.series.findIndex((series) => series.kind === "band_low");
   const high = spec.series.findIndex((series) => series.kind === "band_high");
   const width = Math.max(320, Math.floor(box.getBoundingClientRect().width) || 420);
@@ -55,11 +60,11 @@ function drawChart(box, spec, options) {
     width, height: (options && options.height) || 230,
     scales: { x: { time: false, distr: spec.log_x ? 3 : 1 } },
     axes: [{ label: spec.x_label || "", size: 38, values: spec.log_x ? (_, ticks) => ticks.map((tick) => (tick === null ? "" : tick.toExponential(0))) : undefined },
-      { size: 58 }],
+      { size: 64, values: tickLabels }],
     legend: { show: true },
     series: [{ label: spec.x_label || "x" }, ...spec.series.map(seriesOptions)],
     bands: low >= 0 && high >= 0 ? [{ series: [high + 1, low + 1], fill: BAND_FILL }] : [],
-    hooks: { draw: [errorBarHook(spec)] },
+    hooks: { draw: [errorBarHook(spec), markerHook(spec.markers)] },
   }, [spec.x, ...spec.series.map((series) => series.values)], box);
 }
 
@@ -104,15 +109,38 @@ class RunPanel extends ChartPanel {
     this.element.replaceChildren(
       h("div", { class: "meta" }, h("span", {}, "step ", h("b", {}, fmtNum(data.last_step))),
         h("span", {}, "train loss ", h("b", { "data-testid": "last-train-loss" }, fmtNum(data.last_train_loss))),
-        data.last_eval !== null ? h("span", {}, "eval loss ", h("b", {}, fmtNum(data.last_eval))) : "",
+        data.last_eval ? evalHeader(data.last_eval) : "",
         data.components.length ? h("span", {}, "domains ", h("b", {}, data.components.join(", "))) : "",
         source ? h("span", {}, "predicted by ", h("a", { href: stepHref(source), "data-testid": "prediction-link" }, source)) : "",
         data.lineage ? h("span", { "data-testid": "lineage" }, "fork of ", data.lineage.parent ? h("a", { href: stepHref(data.lineage.parent) }, data.lineage.parent) : "a run outside this prefix", ` at step ${data.lineage.step}`) : ""),
       data.prediction_error ? h("div", { class: "warn", "data-testid": "prediction-error" }, data.prediction_error) : "",
+      data.sealed ? sealLine(data.sealed) : "",
+      ...(data.nonfinite || []).map((bad) => h("div", { class: "error", "data-testid": "nonfinite", "data-key": bad.key },
+        `${bad.key} is not finite at ${fmtNum(bad.count)} step(s), from step ${fmtNum(bad.first)} to ${fmtNum(bad.last)} (last: ${bad.value}); marked in red on the charts`)),
+      data.thinned ? h("div", { class: "muted" }, `long run: each series keeps the lowest and highest point of each of ${fmtNum(data.buckets)} buckets, and every alert's step`) : "",
       alertList(data.alerts || []),
-      plots);
+      plots,
+      data.mixture ? h("div", { "data-testid": "run-mixture" }, h("h3", {}, "mixture: planned against served"), servedTable(data.mixture)) : "");
     draw();
   }
+}
+
+// "predicted at T, before the first step at T2, digest D": the prediction the run sealed when it started.
+function sealLine(seal) {
+  const trusted = seal.before_first_step === true && seal.matches !== false;
+  const order = seal.before_first_step === null ? "" : seal.before_first_step ? ", before the first step at " : ", NOT before the first step at ";
+  return h("div", { class: trusted ? "muted" : "warn", "data-testid": "sealed-prediction", "data-before": String(seal.before_first_step),
+    "data-matches": String(seal.matches), "data-sha256": seal.sha256 },
+    `predicted at ${seal.predicted_at || "?"}${order}${seal.first_step_at || ""}, digest `, h("span", { class: "mono" }, seal.sha256.slice(0, 16)),
+    seal.matches === false ? " (prediction.json no longer has this digest: it changed after the run started)" : "");
+}
+
+// The last eval point of the metric the ladder predicts, and where it sits against the band at its step.
+function evalHeader(last) {
+  const band = last.band;
+  return h("span", { "data-testid": "last-eval", "data-key": last.key, "data-value": last.value, "data-verdict": last.verdict || "" },
+    `${last.key} `, h("b", {}, fmtNum(last.value)), ` at step ${fmtNum(last.step)}`,
+    band ? h("span", { class: last.verdict === "inside" ? "muted" : "warn-inline" }, ` (${last.verdict} the band [${band.low.toFixed(4)}, ${band.high.toFixed(4)}])`) : "");
 }
 
 // The run's alerts (executor/alerts.py), newest first.

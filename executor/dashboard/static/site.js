@@ -22,12 +22,42 @@ function siteFile(path) {
   return `data/${path.split("/").map(encodeURIComponent).join("/")}`;
 }
 
+const FROM_DISK = "this site's pages read its JSON files, which browsers refuse to a page opened from disk (file://): "
+  + "serve the folder, e.g. python -m http.server 8000 --bind 127.0.0.1 --directory <this folder>, then open http://127.0.0.1:8000/";
+let SITE_FRESH = null, SITE_FRESH_AT = 0;
+
 async function siteJson(file) {
+  if (location.protocol === "file:") throw new Error(FROM_DISK);
   const response = await fetch(siteFile(file), { cache: "no-cache" });
   if (!response.ok) throw new Error(`${file}: not published (${response.status})`);
   const body = await response.json();
   if (body && body.error && body.status) throw new Error(body.error);
   return body;
+}
+
+// data/site.json (publish.py): when the site last changed and, while a publisher watches, its heartbeat.
+// Read at most once a poll, before any page's data, so a page never shows a step live that nobody watches.
+async function siteFreshness() {
+  if (Date.now() - SITE_FRESH_AT < 2000) return SITE_FRESH;
+  SITE_FRESH_AT = Date.now();
+  try { SITE_FRESH = await siteJson("site.json"); } catch (error) { SITE_FRESH = null; }
+  const element = document.getElementById("published");
+  if (element && SITE_FRESH) {
+    const stale = siteStale();
+    element.hidden = false;
+    element.className = stale ? "published stale" : "published";
+    element.dataset.stale = String(stale);
+    element.textContent = `published ${fmtAgo(SITE_FRESH.published_at)}` + (SITE_FRESH.heartbeat
+      ? (stale ? ` · publisher last seen ${fmtAgo(SITE_FRESH.heartbeat)}: running steps are shown stale` : ` · publisher seen ${fmtAgo(SITE_FRESH.heartbeat)}`) : "");
+  }
+  return SITE_FRESH;
+}
+
+// Whether the publisher has missed 3 heartbeats: what the site says of a RUNNING step is then out of date.
+function siteStale() {
+  const fresh = SITE_FRESH;
+  if (!SITE || !fresh || !fresh.interval_s || !fresh.heartbeat) return false;
+  return Date.now() - Date.parse(fresh.heartbeat) > 3 * fresh.interval_s * 1000;
 }
 
 // A row's duration: the site leaves it out while a step has not finished (so the table is not rewritten every
@@ -63,6 +93,7 @@ function siteSteps(page, params) {
 // What api(path, params) reads on the site: one published file per answer.
 async function siteApi(path, params) {
   const step = params.path;
+  await siteFreshness();
   switch (path) {
     case "/api/experiments": return siteJson("experiments.json");
     case "/api/experiment": return siteJson(`experiment/${params.file}/summary.json`);
@@ -73,8 +104,7 @@ async function siteApi(path, params) {
       if (params.dir) throw new Error("only a step's top folder is published");
       return siteJson(`step/${step}/files.json`);
     case "/api/step/preview": throw new Error("file contents are not published");
-    case "/api/step/run": return siteRunView(step);
-    case "/api/step/metrics": return siteMetrics(step);
+    case "/api/step/metrics": return siteJson(`step/${step}/metrics.json`).catch(() => ({ exists: false, keys: [], rows: 0 }));
     default: {
       const name = path.slice("/api/".length).replace(/^step\/?/, "") || "step";
       return siteJson(`step/${step}/${name}.json`);
