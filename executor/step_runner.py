@@ -4,7 +4,7 @@
 call it: a thread here, a Ray task later. The sequence is
 
     wait until the step is SUCCESS (skip) or its lease can be taken
-    -> .executor_info, RUNNING -> fn(config) under a heartbeat -> manifest -> SUCCESS (last)
+    -> .executor_info, RUNNING -> fn(config) under a heartbeat -> manifest -> SUCCESS (last, with the output digest)
 
 all while the heartbeat holds the lease, and on an exception FAILED with the traceback (or WAITING
 and a retry, while this executor run has attempts left). If the heartbeat finds the lease taken
@@ -203,10 +203,10 @@ def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attem
             error = _call_step_fn(task, stop, interrupter, attempt.starts_forced_run)
             beat.raise_if_lost()
             if error is None:
-                write_manifest(task.output_path)
-                fingerprint = {"code_fingerprint": task.fingerprint}
+                manifest = write_manifest(task.output_path)
+                details = {"code_fingerprint": task.fingerprint, "output_digest": manifest["digest"]}
                 success = StatusEvent(
-                    StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id, details=fingerprint
+                    StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id, details=details
                 )
                 _append_holding(task.output_path, lease, beat, success)
                 logger.info("%s: SUCCESS %s", task.label, task.output_path)
