@@ -50,6 +50,8 @@ STATUS_STYLES = {
     "FAILED": "bold red",
     "DEP_FAILED": "red",
 }
+DIGEST_CHARS = 12
+"""How much of an output digest `status` shows (`explain` and `compare` show it whole)."""
 EXAMPLES = "\n".join("  " + line for line in __doc__.split("\n\n")[1].splitlines())
 
 
@@ -121,7 +123,7 @@ def step_label(row: StepRow) -> str:
 
 def render_status(rows: list[StepRow], title: str, console: Console) -> None:
     table = Table(title=title, title_justify="left")
-    for column in ("step", "status", "attempts", "updated", "worker / message", "path"):
+    for column in ("step", "status", "attempts", "updated", "digest", "worker / message", "path"):
         table.add_column(column, overflow="fold")
     for row in rows:
         status = row.status or "never ran"
@@ -132,8 +134,15 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
             note = f"shards {done}/{total}, {row.progress.get('rows', 0)} rows; {note}"
         if row.drift:
             note = f"code drift! {note}"
+        digest = row.digest[:DIGEST_CHARS] if row.digest else ""
         table.add_row(
-            step_label(row), f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path
+            step_label(row),
+            f"[{style}]{status}[/]",
+            str(row.attempts),
+            row.updated or "",
+            digest,
+            note,
+            row.output_path,
         )
     console.print(table)
     counts = status_counts(rows)

@@ -20,6 +20,7 @@ from executor.status import (
     StatusEvent,
     StepStatus,
     attempts_so_far,
+    committed_digest,
     parse_events,
 )
 
@@ -38,6 +39,8 @@ class StepRow:
     drift: bool
     progress: dict[str, Any] | None = None
     """Shard progress of a RUNNING sharded step (`.executor_progress`)."""
+    digest: str | None = None
+    """The output digest its SUCCESS recorded (sha256 of the canonical manifest), if it is SUCCESS."""
 
 
 def step_row(name: str, output_path: str, events: list[StatusEvent], current_fingerprint: str | None = None) -> StepRow:
@@ -55,6 +58,7 @@ def step_row(name: str, output_path: str, events: list[StatusEvent], current_fin
         worker=last.worker if last else None,
         message=last.message if last else None,
         drift=bool(recorded and current_fingerprint and recorded != current_fingerprint),
+        digest=committed_digest(events),
     )
 
 
