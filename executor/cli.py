@@ -1,4 +1,4 @@
-"""`python -m executor status|explain|verify|dashboard|publish|wandb-sync`: inspect what a DAG left in storage.
+"""`python -m executor status|explain|verify|compare|dashboard|publish|wandb-sync`: inspect what a DAG left in storage.
 
 python -m executor status outputs                     # every step under a prefix
 python -m executor status 'outputs/experiments/demo-*.json'   # experiment files (several, or a glob)
@@ -6,6 +6,7 @@ python -m executor status outputs --latest demo       # the newest experiment of
 python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
 python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
 python -m executor verify outputs                     # recompute checksums of every finished step
+python -m executor compare outputs other/outputs      # same hash, same bytes? (exit 1 if not)
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
 python -m executor publish --prefix outputs --to site --watch 60   # a static public site, republished each minute
 python -m executor wandb-sync outputs/train/hero-1a2b3c4d  # upload a train step's offline wandb run
@@ -27,6 +28,7 @@ from rich.table import Table
 
 from executor import storage
 from executor.alerts import AlertConfigError
+from executor.compare import compare_prefixes
 from executor.dashboard.site_files import PublishError
 from executor.explain import explain_output
 from executor.inventory import (
@@ -263,6 +265,18 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     return worst
 
 
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    """Exit 1 when a step with the same hash holds different bytes under the two prefixes."""
+    for target in (args.a, args.b):
+        if not storage.exists(target):
+            raise TargetError(f"{target}: no such prefix")
+    if args.rtol is not None and not 0 <= args.rtol < 1:
+        raise TargetError(f"--rtol {args.rtol}: give a relative tolerance in [0, 1), e.g. 1e-5")
+    comparison = compare_prefixes(args.a, args.b, args.experiment, args.rtol, args.recorded)
+    console.print(comparison.render(), highlight=False, markup=False)
+    return 1 if comparison.differing else 0
+
+
 def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
     from executor.dashboard import serve  # imported here: the other commands do not need the web server
 
@@ -315,6 +329,22 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", "recompute checksums of finished steps against their manifests", "python -m executor verify outputs"
     )
     verify.add_argument("targets", nargs="+", help="step output paths, prefixes, or experiment JSON files or globs")
+    compare = command(
+        "compare",
+        "whether two prefixes hold the same bytes under the same step hashes (README: Reproducible by construction)",
+        "python -m executor compare outputs /mnt/other/outputs --rtol 1e-5",
+    )
+    compare.add_argument("a", help="a prefix (local, gs://, s3://)")
+    compare.add_argument("b", help="the prefix to compare it with")
+    compare.add_argument("--experiment", metavar="FILE", help="only the steps of this experiment JSON file")
+    compare.add_argument(
+        "--rtol",
+        type=float,
+        help="let the numbers of JSON/JSONL files (metrics, stats) differ by this relative tolerance",
+    )
+    compare.add_argument(
+        "--recorded", action="store_true", help="compare the digests the steps recorded instead of reading every file"
+    )
     dashboard = command(
         "dashboard",
         "serve a live, read-only web dashboard of a prefix",
@@ -347,8 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     console = Console(width=200) if not sys.stdout.isatty() else Console()
-    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "dashboard": cmd_dashboard,
-                "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
+    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "compare": cmd_compare,
+                "dashboard": cmd_dashboard, "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
     try:
         return handlers[args.command](args, console)
     except (TargetError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError) as error:

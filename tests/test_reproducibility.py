@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from conftest import make_step
 
-from executor import Executor
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.cli import main as cli_main
 from executor.status import read_events
 
@@ -53,3 +54,82 @@ def test_each_success_records_its_output_digest_and_status_and_explain_show_it(t
     assert f"output digest: sha256 of the canonical manifest (paths, sizes, sha256s) = {digests['a', 'tokens']}" in (
         capsys.readouterr().out
     )
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    output_path: str
+    steps: int = versioned(3)
+    scale: float = 1.0
+    """Not versioned: two runs that differ only here have the same hash and different bytes, as two CPU types do."""
+
+
+def write_metrics(config: MetricsConfig) -> None:
+    out = Path(config.output_path)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": step, "train/loss": 4.0 / (step + 1) * (config.scale if step else 1.0)})
+             for step in range(config.steps)]  # fmt: skip
+    (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (out / "weights.bin").write_bytes(b"\0" * 64)
+
+
+def _metrics_step(scale: float) -> ExecutorStep:
+    return ExecutorStep(name="train/toy", fn=write_metrics, config=MetricsConfig(THIS_OUTPUT_PATH, scale=scale))
+
+
+def _compare(capsys, *args: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = cli_main(["compare", *args])
+    return code, capsys.readouterr().out
+
+
+def test_compare_gives_each_step_one_of_four_outcomes_and_exits_1_on_same_hash_different_bytes(tmp_path, capsys):
+    """Same DAG under A and B: every shared step `same`; a step run only under A or only under B says so; a file
+    edited under B after its step committed makes that step DIFFERENT (exit 1), naming the file and the manifest it
+    no longer matches; `--experiment` keeps to that experiment's steps; `--recorded` trusts the digests recorded."""
+    corpus = make_step("corpus", text="alpha")
+    shared = [corpus, make_step("tokens", corpus, text="beta")]
+    a, b = tmp_path / "a", tmp_path / "b"
+    Executor(str(a)).run([*shared, make_step("extra_a", text="a")])
+    run_b = Executor(str(b))
+    run_b.run([*shared, make_step("extra_b", text="b")])
+    code, out = _compare(capsys, str(a), str(b))
+    assert code == 0, out
+    outcomes = {line.split()[-1 if "only" in line else 1].rsplit("-", 1)[0]: line.split("  ")[0].strip()
+                for line in out.splitlines() if line.startswith(("same", "only", "DIFFERENT"))}  # fmt: skip
+    assert outcomes == {"corpus": "same", "tokens": "same", "extra_a": "only in A", "extra_b": "only in B"}, out
+    assert "4 step(s): 2 same, 0 DIFFERENT, 1 only in A, 1 only in B" in out
+
+    tampered = Path(run_b.output_paths[shared[1]]) / "out.txt"
+    tampered.write_text(tampered.read_text() + "!")
+    code, out = _compare(capsys, str(a), str(b))
+    assert code == 1, out
+    assert f"DIFFERENT  tokens-{Path(run_b.output_paths[shared[1]]).name.rsplit('-', 1)[1]}" in out
+    assert "out.txt: differs" in out and "B: out.txt no longer match(es) its manifest" in out
+    assert "same hash, different bytes" in out
+    code, out = _compare(capsys, str(a), str(b), "--recorded")
+    assert code == 0, out  # the recorded digests agree: only reading the files finds the edit
+
+    experiment = next((b / "experiments").glob("*.json"))
+    code, out = _compare(capsys, str(a), str(b), "--experiment", str(experiment))
+    assert code == 1 and "extra_a" not in out and "only in B" in out and "3 step(s)" in out, out
+
+
+def test_compare_shows_the_first_differing_metrics_line_and_rtol_quantifies_the_drift(tmp_path, capsys):
+    """Two runs of one train step whose losses differ by 2e-7 relative (a CPU type's rounding): byte comparison
+    finds them DIFFERENT and shows metrics.jsonl's first differing line; `--rtol 1e-5` finds them equal within
+    the tolerance and says by how much they differ; `--rtol 1e-8` does not. Bytes that are not JSON never pass."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    Executor(str(a)).run([_metrics_step(1.0)])
+    Executor(str(b)).run([_metrics_step(1.0 + 2e-7)])
+    code, out = _compare(capsys, str(a), str(b))
+    assert code == 1 and "metrics.jsonl: differs; first differing line 2: A {" in out, out
+    assert "weights.bin" not in out  # identical, so not listed
+    code, out = _compare(capsys, str(a), str(b), "--rtol", "1e-5")
+    assert code == 0 and "equal within rtol: largest relative difference 2e-07" in out, out
+    code, out = _compare(capsys, str(a), str(b), "--rtol", "1e-8")
+    assert code == 1, out
+    (Path(next((b / "train").iterdir())) / "weights.bin").write_bytes(b"\1" * 64)
+    code, out = _compare(capsys, str(a), str(b), "--rtol", "0.5")
+    assert code == 1 and "weights.bin: differs" in out, out
+    assert cli_main(["compare", str(a), str(tmp_path / "nowhere")]) == 2
