@@ -1,4 +1,4 @@
-"""`python -m executor status|explain|verify|compare|dashboard|publish|wandb-sync`: inspect what a DAG left in storage.
+"""`python -m executor status|explain|verify|compare|pin|dashboard|publish|wandb-sync`: what a DAG left in storage.
 
 python -m executor status outputs                     # every step under a prefix
 python -m executor status 'outputs/experiments/demo-*.json'   # experiment files (several, or a glob)
@@ -7,6 +7,7 @@ python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs o
 python -m executor explain outputs tokenizer          # by step name (regex) under a prefix
 python -m executor verify outputs                     # recompute checksums of every finished step
 python -m executor compare outputs other/outputs      # same hash, same bytes? (exit 1 if not)
+python -m executor pin experiments/demo.py            # pin its finished steps' digests: experiments/demo.pins.json
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
 python -m executor publish --prefix outputs --to site --watch 60   # a static public site, republished each minute
 python -m executor wandb-sync outputs/train/hero-1a2b3c4d  # upload a train step's offline wandb run
@@ -41,6 +42,7 @@ from executor.inventory import (
     status_counts,
 )
 from executor.main import configure_logging, resolve_prefix
+from executor.pins import PinError, write_pins
 from executor.records import verify_manifest
 from executor.status import INFO_FILE, StepStatus
 from executor.wandb_sync import WandbSyncError, sync_step
@@ -277,6 +279,16 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     return 1 if comparison.differing else 0
 
 
+def cmd_pin(args: argparse.Namespace, console: Console) -> int:
+    path, pins, left_out = write_pins(args.experiment, storage.make_absolute(resolve_prefix(args.prefix)), args.to)
+    console.print(f"pinned {len(pins)} step(s) (name, version hash, output digest) in {path}", highlight=False)
+    if left_out:
+        console.print(f"not pinned, not finished: {', '.join(left_out)}", highlight=False, markup=False)
+    script = args.experiment if args.experiment.endswith(".py") else "EXPERIMENT.py"
+    console.print(f"run with it: python {script} --pins {path}", highlight=False, markup=False)
+    return 0
+
+
 def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
     from executor.dashboard import serve  # imported here: the other commands do not need the web server
 
@@ -345,6 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--recorded", action="store_true", help="compare the digests the steps recorded instead of reading every file"
     )
+    pin = command(
+        "pin",
+        "write a pin file: each finished step's name, version hash and output digest; runs given it fail loudly",
+        "python -m executor pin experiments/hero_535b.py --prefix outputs",
+    )
+    pin.add_argument("experiment", help="an experiment script (its newest run under --prefix) or experiment JSON file")
+    pin.add_argument("--prefix", help="for a script: where it ran (default: $EXECUTOR_PREFIX, else ./outputs)")
+    pin.add_argument("--to", help="where to write the pin file (default: beside the experiment, NAME.pins.json)")
     dashboard = command(
         "dashboard",
         "serve a live, read-only web dashboard of a prefix",
@@ -378,9 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     console = Console(width=200) if not sys.stdout.isatty() else Console()
     handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "compare": cmd_compare,
-                "dashboard": cmd_dashboard, "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
+                "pin": cmd_pin, "dashboard": cmd_dashboard, "publish": cmd_publish,
+                "wandb-sync": cmd_wandb_sync}  # fmt: skip
     try:
         return handlers[args.command](args, console)
-    except (TargetError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError) as error:
+    except (TargetError, FileNotFoundError, PublishError, AlertConfigError, WandbSyncError, PinError) as error:
         print(f"python -m executor {args.command}: {error}", file=sys.stderr)
         return 2

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from executor import storage
 from executor.inventory import find_step_outputs, load_experiment
-from executor.records import output_digest
-from executor.status import MANIFEST_FILE, STATUS_FILE, StepStatus, is_metadata, parse_events
+from executor.records import hash_files, output_digest
+from executor.status import MANIFEST_FILE, STATUS_FILE, StepStatus, parse_events
 
 SHOWN_FILES = 20
 """Differing files listed per step; the rest are counted."""
@@ -160,13 +159,7 @@ def _stored_steps(prefix: str) -> dict[str, str | None]:
 
 def _files_read(output_path: str) -> dict[str, dict[str, Any]]:
     """Path -> {path, size, sha256} of every output file, each one read and hashed now."""
-    files = storage.walk_files(output_path, skip=is_metadata)
-    with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(files)))) as pool:
-        digests = list(pool.map(lambda item: storage.sha256_file(storage.join(output_path, item[0])), files))
-    return {
-        relative: {"path": relative, "size": size, "sha256": digest}
-        for (relative, size), digest in zip(files, digests, strict=True)
-    }
+    return {entry["path"]: entry for entry in hash_files(output_path)}
 
 
 def _files_recorded(output_path: str) -> dict[str, dict[str, Any]]:

@@ -147,6 +147,15 @@ def write_manifest(output_path: str) -> dict[str, Any]:
     return manifest
 
 
+def hash_files(output_path: str) -> list[dict[str, Any]]:
+    """Manifest entries (path, size, sha256) of the output files as they are now, every one read and hashed: what
+    `compare` and a pinned run judge by, since a file edited after its step committed leaves the manifest as it was."""
+    files = storage.walk_files(output_path, skip=is_metadata)
+    with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(files)))) as pool:
+        digests = list(pool.map(lambda item: storage.sha256_file(storage.join(output_path, item[0])), files))
+    return [{"path": path, "size": size, "sha256": digest} for (path, size), digest in zip(files, digests, strict=True)]
+
+
 def output_digest(files: list[dict[str, Any]]) -> str:
     """The step's output digest: the sha256 of the canonical JSON of its manifest's files (path, size, sha256),
     sorted by path. Equal digests mean the same bytes under the same names; when the manifest was written, by whom

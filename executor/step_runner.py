@@ -29,6 +29,7 @@ from executor import storage
 from executor.errors import LeaseLostError
 from executor.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
 from executor.lease import Heartbeat, Lease, LeaseSettings
+from executor.pins import PinError, mismatch_message
 from executor.records import clear_outputs, info_path, write_manifest
 from executor.retry import RetryPolicy, is_transient
 from executor.status import (
@@ -84,6 +85,9 @@ class StepTask:
     """The executor's id; each call of `run_step` adds a suffix of its own."""
     lease_settings: LeaseSettings
     retry: RetryPolicy
+    pinned_digest: str | None = None
+    """The output digest a pin file holds for this step: committing other bytes is FAILED, not SUCCESS."""
+    pin_file: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -204,6 +208,8 @@ def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attem
             beat.raise_if_lost()
             if error is None:
                 manifest = write_manifest(task.output_path)
+                error = _pin_mismatch(task, manifest["digest"])
+            if error is None:
                 details = {"code_fingerprint": task.fingerprint, "output_digest": manifest["digest"]}
                 success = StatusEvent(
                     StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id, details=details
@@ -215,6 +221,25 @@ def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attem
             if isinstance(error, (StepInterrupted, KeyboardInterrupt)):
                 return _record_interrupt(task, lease, beat, attempt, error)
             return _record_failure(task, lease, beat, attempt, error, log_note)
+
+
+def _pin_mismatch(task: StepTask, digest: str) -> PinError | None:
+    if task.pinned_digest is None or digest == task.pinned_digest:
+        return None
+    return PinError(mismatch_message(task.label, task.output_path, digest, task.pinned_digest, task.pin_file))
+
+
+def record_pin_mismatch(output_path: str, worker_id: str, settings: LeaseSettings, message: str) -> bool:
+    """Record FAILED over a SUCCESS whose files no longer give the pinned digest (the output stays); True if
+    written, False if a live holder has the step (it records its own outcome)."""
+    lease = Lease(output_path, worker_id, settings)
+    if not lease.try_acquire():
+        return False
+    try:
+        _append_holding(output_path, lease, None, StatusEvent(StepStatus.FAILED, worker=worker_id, message=message))
+        return True
+    finally:
+        lease.release()
 
 
 def _still_running(task: StepTask, lease: Lease, attempt: _Attempt) -> bool:

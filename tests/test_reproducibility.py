@@ -8,10 +8,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from conftest import make_step
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, versioned
 from executor.cli import main as cli_main
+from executor.pins import PinError
 from executor.status import read_events
 
 
@@ -133,3 +135,72 @@ def test_compare_shows_the_first_differing_metrics_line_and_rtol_quantifies_the_
     code, out = _compare(capsys, str(a), str(b), "--rtol", "0.5")
     assert code == 1 and "weights.bin: differs" in out, out
     assert cli_main(["compare", str(a), str(tmp_path / "nowhere")]) == 2
+
+
+def _run(prefix: Path, steps: list[ExecutorStep], **kwargs) -> Executor:
+    executor = Executor(str(prefix))
+    executor.run(steps, caller="/somewhere/toy.py", **kwargs)
+    return executor
+
+
+def test_pin_writes_name_hash_and_digest_beside_the_experiment_and_a_drifted_hash_stops_the_run(tmp_path, capsys):
+    """`pin toy.py` finds the newest experiment of toy.py under the prefix and writes toy.pins.json beside the
+    script; a run given it whose pinned step has another hash (its versioned config changed, and so its
+    dependent's) is refused before anything is written, naming both hashes; the dry run marks the pinned steps."""
+    corpus = make_step("corpus", text="alpha")
+    steps = [corpus, make_step("tokens", corpus, text="beta")]
+    done = _run(tmp_path / "a", steps)
+    script = tmp_path / "toy.py"
+    assert cli_main(["pin", str(script), "--prefix", str(tmp_path / "a")]) == 0
+    assert "pinned 2 step(s)" in capsys.readouterr().out
+    pins = json.loads((tmp_path / "toy.pins.json").read_text())
+    expected = [{"name": step.name, "hash": Path(done.output_paths[step]).name.rsplit("-", 1)[1],
+                 "output_digest": read_events(done.output_paths[step])[-1].details["output_digest"]} for step in steps]
+    assert [{**pin, "hash": pin["hash"][:8]} for pin in pins["steps"]] == expected  # fmt: skip
+
+    drifted = make_step("corpus", text="ALPHA")
+    with pytest.raises(PinError, match=r"2 step\(s\) drifted .* nothing was run or written: corpus: pinned hash "
+                                       r"\w+…, this DAG's \w+… \(python -m executor explain .*; tokens: "):  # fmt: skip
+        _run(tmp_path / "b", [drifted, make_step("tokens", drifted, text="beta")], pins=str(tmp_path / "toy.pins.json"))
+    assert not (tmp_path / "b").exists()
+    capsys.readouterr()
+    _run(tmp_path / "c", steps, pins=str(tmp_path / "toy.pins.json"), dry_run=True)
+    out = capsys.readouterr().out
+    assert "2 step(s) pinned by" in out and out.count("[pinned: digest ") == 2, out
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_pinned_step_committing_other_bytes_is_failed_with_both_digests_and_its_output_kept(tmp_path) -> None:
+    """The pinned train step rerun elsewhere writes losses 1e-7 apart: FAILED, not SUCCESS, both digests in the
+    error and the status, its files left where they are; the step downstream of it never runs."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _run(a, [_metrics_step(1.0)])
+    assert cli_main(["pin", str(next((a / "experiments").glob("*.json"))), "--to", str(tmp_path / "pins.json")]) == 0
+    pinned = json.loads((tmp_path / "pins.json").read_text())["steps"][0]["output_digest"]
+    other = _metrics_step(1.0 + 1e-7)
+    after = make_step("report", other)
+    with pytest.raises(StepFailedError) as failure:
+        _run(b, [other, after], pins=str(tmp_path / "pins.json"))
+    output = next((b / "train").iterdir())
+    last = read_events(str(output))[-1]
+    assert last.status == "FAILED" and pinned in last.message and "is not the pinned" in last.message
+    found = json.loads((output / ".executor_manifest").read_text())["digest"]
+    assert found != pinned and f"output digest {found} is not the pinned {pinned}" in str(failure.value)
+    assert (output / "metrics.jsonl").exists() and "kept for inspection" in last.message
+    assert failure.value.dep_failed and not list(b.glob("report-*/out.txt"))
+
+
+def test_a_file_edited_after_commit_fails_the_pinned_run_before_any_step_runs(tmp_path) -> None:
+    """A pinned, finished step whose shard was edited since: the run re-reads it, records FAILED (output kept)
+    and stops before the new step downstream runs; without the pin file the run would have skipped it."""
+    corpus = make_step("corpus", text="alpha")
+    done = _run(tmp_path, [corpus])
+    experiment = next((tmp_path / "experiments").glob("*.json"))
+    assert cli_main(["pin", str(experiment), "--to", str(tmp_path / "p.json")]) == 0
+    shard = Path(done.output_paths[corpus]) / "out.txt"
+    shard.write_text("tampered")
+    later = make_step("later", corpus, text="z")
+    with pytest.raises(StepFailedError, match=r"1 pinned step\(s\) hold other bytes than their pins; nothing was run"):
+        _run(tmp_path, [corpus, later], pins=str(tmp_path / "p.json"))
+    assert read_events(done.output_paths[corpus])[-1].status == "FAILED" and shard.read_text() == "tampered"
+    assert not list(tmp_path.glob("later-*"))
