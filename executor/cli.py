@@ -1,4 +1,4 @@
-"""`python -m executor status|explain|verify|dashboard|publish|wandb-sync`: inspect what a DAG left in storage.
+"""`python -m executor status|explain|verify|compare|pin|dashboard|publish|wandb-sync`: what a DAG left in storage.
 
 python -m executor status outputs                     # every step under a prefix
 python -m executor status 'outputs/experiments/demo-*.json'   # experiment files (several, or a glob)
@@ -6,6 +6,8 @@ python -m executor status outputs --latest demo       # the newest experiment of
 python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
 python -m executor explain outputs 'tokenize.*'       # by step name (a regex matching the whole name)
 python -m executor verify outputs                     # recompute checksums of every finished step
+python -m executor compare outputs other/outputs      # same hash, same bytes? (exit 1 if not)
+python -m executor pin experiments/demo.py            # pin its finished steps' digests: experiments/demo.pins.json
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
 python -m executor publish --prefix outputs --to site --watch 60   # a static public site, republished each minute
 python -m executor wandb-sync outputs/train/hero-1a2b3c4d  # upload a train step's offline wandb run
@@ -27,6 +29,7 @@ from rich.table import Table
 
 from executor import storage
 from executor.alerts import AlertConfigError
+from executor.compare import compare_prefixes
 from executor.dashboard.site_files import PublishError
 from executor.explain import explain_output
 from executor.inventory import (
@@ -40,6 +43,7 @@ from executor.inventory import (
 )
 from executor.main import configure_logging, resolve_prefix
 from executor.patterns import PatternError, compile_pattern
+from executor.pins import PinError, write_pins
 from executor.records import verify_manifest
 from executor.status import INFO_FILE, StepStatus
 from executor.store_probe import StoreUnreachableError, probe
@@ -52,6 +56,8 @@ STATUS_STYLES = {
     "FAILED": "bold red",
     "DEP_FAILED": "red",
 }
+DIGEST_CHARS = 12
+"""How much of an output digest `status` shows (`explain` and `compare` show it whole)."""
 EXAMPLES = "\n".join("  " + line for line in __doc__.split("\n\n")[1].splitlines())
 
 
@@ -127,7 +133,7 @@ def step_label(row: StepRow) -> str:
 
 def render_status(rows: list[StepRow], title: str, console: Console) -> None:
     table = Table(title=title, title_justify="left")
-    for column in ("step", "status", "attempts", "updated", "worker / message", "path"):
+    for column in ("step", "status", "attempts", "updated", "digest", "worker / message", "path"):
         table.add_column(column, overflow="fold")
     for row in rows:
         status = f"{row.status} - holder lost" if row.holder_lost else row.status or "never ran"
@@ -138,8 +144,15 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
             note = f"shards {done}/{total}, {row.progress.get('rows', 0)} rows; {note}"
         if row.drift:
             note = f"code drift! {note}"
+        digest = row.digest[:DIGEST_CHARS] if row.digest else ""
         table.add_row(
-            step_label(row), f"[{style}]{status}[/]", str(row.attempts), row.updated or "", note, row.output_path
+            step_label(row),
+            f"[{style}]{status}[/]",
+            str(row.attempts),
+            row.updated or "",
+            digest,
+            note,
+            row.output_path,
         )
     console.print(table)
     for row in rows:
@@ -263,6 +276,28 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     return worst
 
 
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    """Exit 1 when a step with the same hash holds different bytes under the two prefixes."""
+    for target in (args.a, args.b):
+        if not storage.exists(target):
+            raise TargetError(f"{target}: no such prefix")
+    if args.rtol is not None and not 0 <= args.rtol < 1:
+        raise TargetError(f"--rtol {args.rtol}: give a relative tolerance in [0, 1), e.g. 1e-5")
+    comparison = compare_prefixes(args.a, args.b, args.experiment, args.rtol, args.recorded)
+    console.print(comparison.render(), highlight=False, markup=False)
+    return 1 if comparison.differing else 0
+
+
+def cmd_pin(args: argparse.Namespace, console: Console) -> int:
+    path, pins, left_out = write_pins(args.experiment, storage.make_absolute(resolve_prefix(args.prefix)), args.to)
+    console.print(f"pinned {len(pins)} step(s) (name, version hash, output digest) in {path}", highlight=False)
+    if left_out:
+        console.print(f"not pinned, not finished: {', '.join(left_out)}", highlight=False, markup=False)
+    script = args.experiment if args.experiment.endswith(".py") else "EXPERIMENT.py"
+    console.print(f"run with it: python {script} --pins {path}", highlight=False, markup=False)
+    return 0
+
+
 def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
     from executor.dashboard import serve  # imported here: the other commands do not need the web server
 
@@ -321,6 +356,30 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", "recompute checksums of finished steps against their manifests", "python -m executor verify outputs"
     )
     verify.add_argument("targets", nargs="+", help="step output paths, prefixes, or experiment JSON files or globs")
+    compare = command(
+        "compare",
+        "whether two prefixes hold the same bytes under the same step hashes (README: Reproducible by construction)",
+        "python -m executor compare outputs /mnt/other/outputs --rtol 1e-5",
+    )
+    compare.add_argument("a", help="a prefix (local, gs://, s3://)")
+    compare.add_argument("b", help="the prefix to compare it with")
+    compare.add_argument("--experiment", metavar="FILE", help="only the steps of this experiment JSON file")
+    compare.add_argument(
+        "--rtol",
+        type=float,
+        help="let the numbers of JSON/JSONL files (metrics, stats) differ by this relative tolerance",
+    )
+    compare.add_argument(
+        "--recorded", action="store_true", help="compare the digests the steps recorded instead of reading every file"
+    )
+    pin = command(
+        "pin",
+        "write a pin file: each finished step's name, version hash and output digest; runs given it fail loudly",
+        "python -m executor pin experiments/hero_535b.py --prefix outputs",
+    )
+    pin.add_argument("experiment", help="an experiment script (its newest run under --prefix) or experiment JSON file")
+    pin.add_argument("--prefix", help="for a script: where it ran (default: $EXECUTOR_PREFIX, else ./outputs)")
+    pin.add_argument("--to", help="where to write the pin file (default: beside the experiment, NAME.pins.json)")
     dashboard = command(
         "dashboard",
         "serve a live, read-only web dashboard of a prefix",
@@ -353,8 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     console = Console(width=200) if not sys.stdout.isatty() else Console()
-    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "dashboard": cmd_dashboard,
-                "publish": cmd_publish, "wandb-sync": cmd_wandb_sync}  # fmt: skip
+    handlers = {"status": cmd_status, "explain": cmd_explain, "verify": cmd_verify, "compare": cmd_compare,
+                "pin": cmd_pin, "dashboard": cmd_dashboard, "publish": cmd_publish,
+                "wandb-sync": cmd_wandb_sync}  # fmt: skip
     try:
         return handlers[args.command](args, console)
     except (
@@ -365,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         PublishError,
         AlertConfigError,
         WandbSyncError,
+        PinError,
     ) as error:
         print(f"python -m executor {args.command}: {error}", file=sys.stderr)
         return 2

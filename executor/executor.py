@@ -25,13 +25,14 @@ from executor.errors import ConfigError, StepFailedError
 from executor.explain import ExplainReport, explain
 from executor.force_guard import confirm_or_refuse, discarded_checkpoints
 from executor.lease import LeaseSettings, new_worker_id
+from executor.pins import mismatch_message, pins_for_plan, read_pins
 from executor.plan import Plan, PlannedStep, build_plan
-from executor.records import experiment_file_name, experiment_record, info_path, step_info
+from executor.records import experiment_file_name, experiment_record, hash_files, info_path, output_digest, step_info
 from executor.retry import DEFAULT_RETRY
 from executor.scheduler import schedule
 from executor.selection import Decision, select
 from executor.status import LOG_FILE, StatusEvent, StepStatus, create_initial_status, now_iso, read_many_events
-from executor.step_runner import Outcome, StepResult, StepTask, record_dep_failed
+from executor.step_runner import Outcome, StepResult, StepTask, record_dep_failed, record_pin_mismatch
 from executor.step_spec import ExecutorStep, InputName
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,10 @@ class Executor:
         """Whether the last `run` was a dry run (nothing was written)."""
         self.results: dict[PlannedStep, StepResult] = {}
         self.executor_info_path: str | None = None
+        self.pins: str | None = None
+        """The pin file the last `run` was given."""
+        self.pinned: dict[PlannedStep, str] = {}
+        """Planned step -> the output digest its pin holds (steps the pin file names at this hash)."""
 
     # --- planning ---------------------------------------------------------------------------
 
@@ -110,6 +115,7 @@ class Executor:
         caller: str | None = None,
         description: str | None = None,
         confirm_discard: Callable[[str], bool] | None = None,
+        pins: str | None = None,
     ) -> None:
         """Run every step of `steps` (and what they need) whose output is not SUCCESS yet.
 
@@ -118,13 +124,17 @@ class Executor:
         decide). Bad selections (a pattern matching no step, `max_concurrent` < 1) are errors raised
         before anything is written. A dry run prints the steps this run looks at (`show_all`: every step
         of the DAG) and writes nothing. A forced step's checkpoints are discarded only if `confirm_discard`
-        (given the list) says yes, or if it is None (executor/force_guard.py)."""
+        (given the list) says yes, or if it is None (executor/force_guard.py). `pins` names a pin file
+        (executor/pins.py): a step pinned under another hash stops the run before anything is written, and a pinned
+        step whose bytes are not the pinned ones is FAILED, its output kept."""
         if max_concurrent is not None and max_concurrent < 1:
             raise ConfigError(f"max_concurrent must be at least 1, got {max_concurrent}; nothing was run or written")
         planned_at = now_iso()
         self.dry_run = dry_run
         plan = build_plan(list(steps), self.prefix)
         self._expose(plan)
+        self.pins = pins
+        self.pinned = pins_for_plan(plan, read_pins(pins), pins) if pins else {}
         self.decisions = select(plan, run_only, force_run or [], force_run_failed)
         caller = caller or "experiment"
         self.executor_info_path = storage.join(self.executor_info_base_path, experiment_file_name(plan, caller))
@@ -145,9 +155,31 @@ class Executor:
         for decision in self.decisions:
             if decision.action == "skip":
                 logger.info("%s: SUCCESS already, skipping (%s)", decision.planned.label, decision.planned.output_path)
+        self._check_pinned_outputs()
         self._prepare(to_run)
         self.results = self._schedule(to_run, planned_at, max_concurrent)
         self._raise_for_failures()
+
+    def _check_pinned_outputs(self) -> None:
+        """Re-read every pinned step this run would skip; FAILED (output kept) for one whose files no longer give
+        the pinned digest, and the run stops before any step runs."""
+        finished = [d.planned for d in self.decisions if d.action == "skip" and d.planned in self.pinned]
+        with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(finished)))) as pool:
+            found = list(pool.map(lambda planned: output_digest(hash_files(planned.output_path)), finished))
+        messages = {}
+        for planned, digest in zip(finished, found, strict=True):
+            if digest != self.pinned[planned]:
+                message = mismatch_message(planned.label, planned.output_path, digest, self.pinned[planned], self.pins)
+                record_pin_mismatch(planned.output_path, self.worker_id, self.lease_settings, message)
+                logger.error("%s: FAILED (%s)", planned.label, message)
+                messages[planned] = message
+        if messages:
+            raise StepFailedError(
+                f"{len(messages)} pinned step(s) hold other bytes than their pins; nothing was run: "
+                + "; ".join(messages.values()),
+                [planned.label for planned in messages],
+                output_paths={planned.label: planned.output_path for planned in messages},
+            )
 
     def summary(self) -> str:
         """What the last run did: `N step(s) ran here (T taken over from a holder that was gone), E ran by another
@@ -177,8 +209,12 @@ class Executor:
         others = [planned for planned in plan.steps if planned not in looked_at] if show_all else []
         width = max((len(planned.label) for planned in plan.steps), default=0)
         print(f"Dry run: {len(self.decisions)} step(s) under {self.prefix}; nothing is written.")
+        if self.pins:
+            print(f"{len(self.pinned)} step(s) pinned by {self.pins} (their bytes are checked): marked [pinned]")
         for decision in self.decisions:
-            self._print_dry_run_line(decision.action, decision.planned, decision.reason, width)
+            pinned = self.pinned.get(decision.planned)
+            reason = f"{decision.reason} [pinned: digest {pinned[:12]}]" if pinned else decision.reason
+            self._print_dry_run_line(decision.action, decision.planned, reason, width)
         if others:
             print(f"Not looked at by this run ({len(others)}): no step that has to run needs them.")
         for planned, events in zip(others, read_many_events([p.output_path for p in others]), strict=True):
@@ -223,6 +259,8 @@ class Executor:
             worker_id=self.worker_id,
             lease_settings=self.lease_settings,
             retry=planned.step.retry or DEFAULT_RETRY,
+            pinned_digest=self.pinned.get(planned),
+            pin_file=self.pins,
         )
 
     def _schedule(

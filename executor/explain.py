@@ -20,7 +20,7 @@ from executor import storage
 from executor.identity import HASH_CHARS
 from executor.lease import holder_lost_note
 from executor.records import info_path
-from executor.status import INFO_FILE, StatusEvent, StepStatus, parse_events, status_path
+from executor.status import INFO_FILE, StatusEvent, StepStatus, committed_digest, parse_events, status_path
 
 _MISSING = object()
 _DEP_REFERENCE = re.compile(r"^DEP\[(\d+)\]")
@@ -50,6 +50,7 @@ class OtherVersion:
     status: str | None
     written: str | None
     differences: list[Difference]
+    digest: str | None = None
 
 
 @dataclass
@@ -61,6 +62,8 @@ class ExplainReport:
     status: str | None = None
     drift: str | None = None
     """A sentence when the code that wrote a SUCCESS output differs from the current code."""
+    digest: str | None = None
+    """The output digest its SUCCESS recorded (sha256 of the canonical manifest)."""
     others: list[OtherVersion] = field(default_factory=list)
 
     def render(self) -> str:
@@ -68,6 +71,7 @@ class ExplainReport:
         for key, value in sorted(flatten_version(self.version).items()):
             lines.append(f"  {key} = {_show(value)}")
         lines.append(f"hash: sha256 of the canonical JSON of the version = {self.hash}")
+        lines.append(f"output digest: sha256 of the canonical manifest (paths, sizes, sha256s) = {_digest(self)}")
         if self.drift:
             lines.append(f"code drift: {self.drift}")
         name = self.version.get("name", "?")
@@ -77,12 +81,21 @@ class ExplainReport:
             lines.append(f"compared with {len(self.others)} other version(s) of {name!r} beside it (nearest first):")
         for other in self.others:
             count = len(other.differences)
+            digest = f", digest {other.digest[:12]}" if other.digest else ""
             lines.append(
-                f"  {other.label} ({other.status or 'never ran'}, written {other.written or '?'}): "
+                f"  {other.label} ({other.status or 'never ran'}, written {other.written or '?'}{digest}): "
                 f"{count} difference{'s' if count != 1 else ''}"
             )
             lines.extend(f"    {difference.render()}" for difference in other.differences)
         return "\n".join(lines)
+
+
+def _digest(report: ExplainReport) -> str:
+    if report.digest:
+        return report.digest
+    if report.status == StepStatus.SUCCESS:
+        return "none recorded (it finished before output digests were; force_run it to record one)"
+    return "none yet (recorded when the step succeeds)"
 
 
 def _show(value: Any) -> str:
@@ -167,6 +180,7 @@ def explain(
         version=version,
         hash=full_hash,
         status=str(last.status) if last else None,
+        digest=committed_digest([last] if last else []),
     )
     if last is not None and last.status == StepStatus.RUNNING:
         lost = holder_lost_note(output_path, last.time)
@@ -192,6 +206,7 @@ def explain(
                 status=str(event.status) if event else None,
                 written=info.get("written"),
                 differences=diff_versions(info.get("version") or {}, version),
+                digest=committed_digest([event] if event else []),
             )
         )
     report.others.sort(key=lambda other: (len(other.differences), other.label))

@@ -21,6 +21,7 @@ from executor.status import (
     StatusEvent,
     StepStatus,
     attempts_so_far,
+    committed_digest,
     parse_events,
 )
 
@@ -47,6 +48,8 @@ class StepRow:
         """The status as `status` prints it: RUNNING says when nothing is running it any more."""
         status = self.status or "never ran"
         return f"{status} - {self.holder_lost}" if self.holder_lost else status
+    digest: str | None = None
+    """The output digest its SUCCESS recorded (sha256 of the canonical manifest), if it is SUCCESS."""
 
 
 def step_row(name: str, output_path: str, events: list[StatusEvent], current_fingerprint: str | None = None) -> StepRow:
@@ -64,6 +67,7 @@ def step_row(name: str, output_path: str, events: list[StatusEvent], current_fin
         worker=last.worker if last else None,
         message=last.message if last else None,
         drift=bool(recorded and current_fingerprint and recorded != current_fingerprint),
+        digest=committed_digest(events),
     )
 
 

@@ -5,6 +5,7 @@ python experiments/demo.py --dry_run true        # say what would run, write not
 python experiments/demo.py --force_run stats      # rerun one step (a regex matching whole step names)
 python experiments/demo.py --force_run 'train/.*' --yes   # rerun every train step, discarding their checkpoints
 python experiments/demo.py --run_only 'corpus,tokenizer' --force_run '["^stats$"]'
+python experiments/demo.py --pins experiments/demo.pins.json   # fail loudly where the bytes are not the pinned ones
 
 `--run_only` and `--force_run` take one pattern, comma-separated patterns, or a list (`'[a, b]'`,
 JSON or YAML flow style; use it for a regex that holds a comma). Mistakes the user can fix (a bad
@@ -61,6 +62,9 @@ class ExecutorMainConfig:
     """Steps running at once (at least 1). Default: max(4, CPUs) locally; on Ray, as many as the cluster takes."""
     backend: str = "local"
     """Where steps run: local (threads in this process) or ray (RAY_ADDRESS, else a local Ray)."""
+    pins: str | None = None
+    """A pin file (`python -m executor pin`): steps pinned under another hash stop the run before anything runs;
+    a pinned step whose bytes are not the pinned ones is FAILED, its output kept."""
     shared_filesystem: bool = False
     """The local-disk prefix is mounted on every node of the Ray cluster at RAY_ADDRESS (NFS, a shared
     volume); without it such a run needs an object-store prefix."""
@@ -170,6 +174,7 @@ def executor_main(
         caller=caller,
         description=description,
         confirm_discard=_confirmer(config.yes),
+        pins=config.pins,
     )
     if not config.dry_run:
         logger.info("%s; experiment: %s", executor.summary(), executor.executor_info_path)

@@ -1,4 +1,4 @@
-"""The JSON records the executor writes: `.executor_info`, the experiment file, and the manifest.
+"""The JSON records the executor writes: `.executor_info`, the experiment file, and the manifest with its digest.
 
 Resolved configs are written with `identity.readable_value`, the encoder versions use, loosened to
 write what has no canonical form as its `repr`: one canonicalizer, strict JSON in every record."""
@@ -133,16 +133,36 @@ def write_manifest(output_path: str) -> dict[str, Any]:
 
     with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(files)))) as pool:
         digests = list(pool.map(lambda item: digest(*item), files))
+    entries = [
+        {"path": relative, "size": size, "sha256": digest}
+        for (relative, size), digest in zip(files, digests, strict=True)
+    ]
     manifest = {
         "written": now_iso(),
-        "files": [
-            {"path": relative, "size": size, "sha256": digest}
-            for (relative, size), digest in zip(files, digests, strict=True)
-        ],
+        "files": entries,
         "total_bytes": sum(size for _relative, size in files),
+        "digest": output_digest(entries),
     }
     storage.write_json_atomic(storage.join(output_path, MANIFEST_FILE), manifest)
     return manifest
+
+
+def hash_files(output_path: str) -> list[dict[str, Any]]:
+    """Manifest entries (path, size, sha256) of the output files as they are now, every one read and hashed: what
+    `compare` and a pinned run judge by, since a file edited after its step committed leaves the manifest as it was."""
+    files = storage.walk_files(output_path, skip=is_metadata)
+    with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(files)))) as pool:
+        digests = list(pool.map(lambda item: storage.sha256_file(storage.join(output_path, item[0])), files))
+    return [{"path": path, "size": size, "sha256": digest} for (path, size), digest in zip(files, digests, strict=True)]
+
+
+def output_digest(files: list[dict[str, Any]]) -> str:
+    """The step's output digest: the sha256 of the canonical JSON of its manifest's files (path, size, sha256),
+    sorted by path. Equal digests mean the same bytes under the same names; when the manifest was written, by whom
+    and where play no part, so two machines that computed the same output agree."""
+    entries = [{"path": entry["path"], "size": entry["size"], "sha256": entry["sha256"]} for entry in files]
+    entries.sort(key=lambda entry: entry["path"])
+    return hashlib.sha256(canonical_json(entries).encode()).hexdigest()
 
 
 def clear_outputs(output_path: str) -> list[str]:

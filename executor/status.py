@@ -175,6 +175,14 @@ def append_event(output_path: str, event: StatusEvent) -> None:
     logger.debug("%s: %s", output_path, event.status)
 
 
+def committed_digest(events: Sequence[StatusEvent]) -> str | None:
+    """The output digest (sha256 of the canonical manifest, records.output_digest) the step's SUCCESS recorded;
+    None if it is not SUCCESS now, or finished before digests were recorded."""
+    if not events or events[-1].status != StepStatus.SUCCESS:
+        return None
+    return events[-1].details.get("output_digest")
+
+
 def attempts_so_far(events: Sequence[StatusEvent], run: str | None = None) -> int:
     """RUNNING events in the history; only those of executor run `run` if it is given."""
     return sum(

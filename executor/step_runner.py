@@ -4,7 +4,7 @@
 call it: a thread here, a Ray task later. The sequence is
 
     wait until the step is SUCCESS (skip) or its lease can be taken
-    -> .executor_info, RUNNING -> fn(config) under a heartbeat -> manifest -> SUCCESS (last)
+    -> .executor_info, RUNNING -> fn(config) under a heartbeat -> manifest -> SUCCESS (last, with the output digest)
 
 all while the heartbeat holds the lease, and on an exception FAILED with the traceback (or WAITING
 and a retry, while this executor run has attempts left). If the heartbeat finds the lease taken
@@ -29,6 +29,7 @@ from executor import storage
 from executor.errors import LeaseLostError
 from executor.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
 from executor.lease import Heartbeat, Lease, LeaseSettings
+from executor.pins import PinError, mismatch_message
 from executor.records import clear_outputs, info_path, write_manifest
 from executor.retry import RetryPolicy, is_transient
 from executor.status import (
@@ -86,6 +87,9 @@ class StepTask:
     """The executor's id; each call of `run_step` adds a suffix of its own."""
     lease_settings: LeaseSettings
     retry: RetryPolicy
+    pinned_digest: str | None = None
+    """The output digest a pin file holds for this step: committing other bytes is FAILED, not SUCCESS."""
+    pin_file: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -205,10 +209,12 @@ def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attem
             error = _call_step_fn(task, stop, interrupter, attempt.starts_forced_run)
             beat.raise_if_lost()
             if error is None:
-                write_manifest(task.output_path)
-                fingerprint = {"code_fingerprint": task.fingerprint}
+                manifest = write_manifest(task.output_path)
+                error = _pin_mismatch(task, manifest["digest"])
+            if error is None:
+                details = {"code_fingerprint": task.fingerprint, "output_digest": manifest["digest"]}
                 success = StatusEvent(
-                    StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id, details=fingerprint
+                    StepStatus.SUCCESS, attempt=attempt.number, worker=lease.worker_id, details=details
                 )
                 _append_holding(task.output_path, lease, beat, success)
                 logger.info("%s: SUCCESS %s", task.label, task.output_path)
@@ -217,6 +223,25 @@ def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attem
             if isinstance(error, (StepInterrupted, KeyboardInterrupt)):
                 return _record_interrupt(task, lease, beat, attempt, error)
             return _record_failure(task, lease, beat, attempt, error, log_note)
+
+
+def _pin_mismatch(task: StepTask, digest: str) -> PinError | None:
+    if task.pinned_digest is None or digest == task.pinned_digest:
+        return None
+    return PinError(mismatch_message(task.label, task.output_path, digest, task.pinned_digest, task.pin_file))
+
+
+def record_pin_mismatch(output_path: str, worker_id: str, settings: LeaseSettings, message: str) -> bool:
+    """Record FAILED over a SUCCESS whose files no longer give the pinned digest (the output stays); True if
+    written, False if a live holder has the step (it records its own outcome)."""
+    lease = Lease(output_path, worker_id, settings)
+    if not lease.try_acquire():
+        return False
+    try:
+        _append_holding(output_path, lease, None, StatusEvent(StepStatus.FAILED, worker=worker_id, message=message))
+        return True
+    finally:
+        lease.release()
 
 
 def _still_running(task: StepTask, lease: Lease, attempt: _Attempt) -> bool:

@@ -12,11 +12,13 @@ the same capped sequences, and the ladder fits their macro loss (`SUITE_MACRO_LO
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
 from experiments.defaults import default_download
 from steps.corpora.eval_suite_text import EvalSuiteTextConfig, build_eval_suite_text
+from steps.corpora.locked_packages import file_sha256
 from steps.data.source_schema import SourceSchema
 from steps.tokenize.eval_suite import EvalSuiteConfig, build_eval_suite
 
@@ -43,17 +45,19 @@ PALOMA_SUBSETS = (
 allenai/paloma on the Hub, records with `text` and `id`. The validation split: test stays unseen."""
 PALOMA_SCHEMA = SourceSchema("text", "id", gated=True, license="ODC-By 1.0 (AI2 ImpACT low-risk terms; gated)")
 TINY_SUITE_SUBSETS = (
-    "man_commands",
-    "man_syscalls",
-    "man_library",
-    "man_formats",
-    "man_overviews",
-    "man_admin",
-    "debian_changelogs",
     "package_readmes",
-    "debian_readmes",
+    "package_licenses",
+    "package_docs",
+    "doctests",
+    "c_headers",
+    "cython_sources",
+    "type_stubs",
+    "protobuf_definitions",
+    "message_catalogs",
 )
-"""Nine offline subsets no tiny training source reads (steps/corpora/eval_suite_text.py)."""
+"""Nine subsets of the locked packages' files that no tiny training source reads (steps/corpora/eval_suite_text.py)."""
+LOCK_FILE = Path(__file__).resolve().parent.parent / "requirements.lock"
+"""The lock the tiny suite's text is read from: what `make install` installed."""
 
 
 def paloma_include() -> list[str]:
@@ -61,13 +65,16 @@ def paloma_include() -> list[str]:
     return [f"{subset}/val/*" for subset in PALOMA_SUBSETS]
 
 
-def default_eval_suite_text(subsets: Sequence[str], bytes_per_subset: int = 16_000) -> ExecutorStep:
-    """The tiny suite's text, from what is installed: `subsets/<subset>/` each."""
+def default_eval_suite_text(
+    subsets: Sequence[str], bytes_per_subset: int = 16_000, lock_file: Path = LOCK_FILE
+) -> ExecutorStep:
+    """The tiny suite's text, from the packages `lock_file` pins (its sha256 versioned): `subsets/<subset>/` each."""
     return ExecutorStep(
         name="eval_suite/text",
         fn=build_eval_suite_text,
-        description=f"{len(subsets)} held-out subsets of offline text, {bytes_per_subset:,} bytes each",
+        description=f"{len(subsets)} held-out subsets of the locked packages' text, {bytes_per_subset:,} bytes each",
         config=EvalSuiteTextConfig(output_path=THIS_OUTPUT_PATH, subsets=versioned(list(subsets)),
+                                   lock_file=str(lock_file), lock_sha256=versioned(file_sha256(lock_file)),
                                    bytes_per_subset=versioned(bytes_per_subset)),
     )
 

@@ -5,7 +5,12 @@ fits the ladder on the suite's macro loss. The last test trains a tiny model (mi
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +18,22 @@ import pytest
 
 from executor import VersionedValue
 from executor.plan import build_plan
+from executor.records import output_digest
 from experiments import hero_535b
-from experiments.eval_suite import PALOMA_SUBSETS
+from experiments.eval_suite import LOCK_FILE, PALOMA_SUBSETS, TINY_SUITE_SUBSETS
 from steps.corpora.eval_suite_text import (
     SUBSETS,
+    TRAINING_PACKAGES,
     EvalSuiteTextConfig,
     build_eval_suite_text,
-    roff_to_text,
+    passages,
+)
+from steps.corpora.locked_packages import (
+    LockedPackageError,
+    file_sha256,
+    locked_files,
+    locked_versions,
+    read_verified,
 )
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.filter.decontaminate import DecontaminateConfig
@@ -29,28 +43,85 @@ from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
 
 
-def test_roff_markup_is_stripped_to_prose() -> None:
-    page = '.\\" a comment\n.TH read 2\n.SH NAME\nread \\- read from a file\n.PP\n.BR read ()\n'
-    page += 'attempts \\fIcount\\fP.\n'
-    assert roff_to_text(page).split() == ["NAME", "read", "-", "read", "from", "a", "file", "read", "()",
-                                          "attempts", "count."]  # fmt: skip
-    assert roff_to_text(".so man2/read.2\n") == ""  # an alias page has no text of its own
+def _config(output_path: Path, subsets: list[str], lock_file: Path = LOCK_FILE, **kwargs: int) -> EvalSuiteTextConfig:
+    return EvalSuiteTextConfig(str(output_path), subsets, str(lock_file), file_sha256(lock_file), **kwargs)
 
 
-def test_the_offline_suite_has_eight_or_more_subsets_of_the_same_size(tmp_path: Path) -> None:
-    stats = build_eval_suite_text(EvalSuiteTextConfig(str(tmp_path), list(SUBSETS), bytes_per_subset=4000))
-    assert len(stats) >= 8
+def test_the_suite_is_nine_subsets_of_the_locked_packages_text_each_file_named_with_its_version(tmp_path: Path):
+    """Every passage comes from a file of a package the lock pins, at the locked version, whose bytes are its wheel's
+    (RECORD's sha256); stats.json says which, and the lock's digest; no subset reads a `.py` file or a package whose
+    docstrings training reads; each subset stops at its byte cap and spans several files."""
+    stats = build_eval_suite_text(_config(tmp_path, list(TINY_SUITE_SUBSETS), bytes_per_subset=4000))
+    written = json.loads((tmp_path / "stats.json").read_text())
+    assert written["lock_sha256"] == file_sha256(LOCK_FILE) and written["subsets"] == stats
+    assert len(stats) == len(TINY_SUITE_SUBSETS) >= 8 and set(TINY_SUITE_SUBSETS) == set(SUBSETS)
+    pinned = locked_versions(LOCK_FILE)
+    root = Path(sysconfig.get_paths()["purelib"])
     for subset, figures in stats.items():
         records = [json.loads(line) for line in (tmp_path / "subsets" / subset / "passages.jsonl").open()]
-        assert 4000 <= figures["bytes"] < 4000 + 150 * 30, (subset, figures["bytes"])  # stops at the cap
+        assert 4000 <= figures["bytes"] < 4000 + 150 * 40, (subset, figures["bytes"])  # stops at the cap
         assert [record["id"] for record in records] == figures["ids"] and len(set(figures["ids"])) == len(records)
-        files = {record["id"].rsplit("#", 1)[0] for record in records}
-        assert len(files) >= 2, (subset, files)  # spread over files, at most two passages each
-        assert all(len(record["text"].split()) <= 150 or "\n" not in record["text"] for record in records)
-        if subset.startswith("man_"):
-            assert not any(marker in record["text"] for record in records for marker in ("\\fB", "\n.SH", ".\\\""))
+        assert len({record["text"] for record in records}) == len(records)  # licences repeat; passages do not
+        assert len(figures["sources"]) >= 2, subset  # spread over files, at most two passages each
+        for source in figures["sources"]:
+            assert pinned[source["package"]] == source["version"], source
+            assert hashlib.sha256((root / source["path"]).read_bytes()).hexdigest() == source["sha256"], source
+            assert not source["path"].endswith(".py") and source["package"] not in TRAINING_PACKAGES, source
+        files = {f"{subset}/{source['package']}/{source['path']}" for source in figures["sources"]}
+        assert {record["id"].rsplit("#", 1)[0] for record in records} == files
+    assert TRAINING_PACKAGES >= {"requests", "sympy", "scipy", "pandas"}
     with pytest.raises(ValueError, match=r"subsets \['nope'\] are not among"):
-        build_eval_suite_text(EvalSuiteTextConfig(str(tmp_path / "x"), ["nope"]))
+        build_eval_suite_text(_config(tmp_path / "x", ["nope"]))
+
+
+def test_a_lock_the_install_does_not_match_or_another_lock_is_refused_by_name(tmp_path: Path) -> None:
+    """A lock pinning a version .venv does not hold fails before any text is read, naming the package; a lock file
+    edited after the DAG was built fails on its digest; a file whose bytes are not its wheel's fails by path."""
+    edited = tmp_path / "requirements.lock"
+    edited.write_text(LOCK_FILE.read_text().replace(f"numpy=={locked_versions(LOCK_FILE)['numpy']}", "numpy==0.0.1"))
+    with pytest.raises(LockedPackageError, match=r"numpy==0\.0\.1 is pinned by .* but is installed at .*make install"):
+        build_eval_suite_text(_config(tmp_path / "a", ["c_headers"], lock_file=edited))
+    stale = EvalSuiteTextConfig(str(tmp_path / "b"), ["c_headers"], str(edited), file_sha256(LOCK_FILE))
+    with pytest.raises(LockedPackageError, match=r"has sha256 \w+…, not the \w+… its config was built with"):
+        build_eval_suite_text(stale)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    header = next(file for file in locked_files(LOCK_FILE) if file.path.endswith(".h"))
+    copy = tmp_path / "site" / header.path
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(read_verified(header) + b"/* edited */\n")
+    with pytest.raises(LockedPackageError, match=r"its wheel's RECORD says"):
+        read_verified(dataclasses.replace(header, root=str(tmp_path / "site")))
+
+
+def test_code_keeps_its_lines_and_prose_is_joined_into_paragraphs() -> None:
+    text = "int f(void);\n  int g(int x);\n\n\n/* a comment */\nint h;\n"
+    assert list(passages(text, 150, code=True)) == ["int f(void);\n  int g(int x);\n\n/* a comment */\nint h;"]
+    assert list(passages(text, 6, code=True)) == ["int f(void);\n  int g(int x);", "/* a comment */\nint h;"]
+    assert list(passages(text, 4, code=True)) == ["int f(void);", "  int g(int x);", "/* a comment */", "int h;"]
+    assert list(passages("one two\nthree\n\nfour", 150)) == ["one two three\nfour"]
+
+
+def test_the_suite_step_gives_the_same_digest_with_the_operating_systems_usr_share_hidden(tmp_path: Path) -> None:
+    """The step run by the executor as usual, then again under another prefix in a mount namespace where /usr/share
+    is an empty tmpfs (no man pages, no Debian docs, no fonts or locales): the same output digest, byte for byte."""
+    if subprocess.run(["unshare", "--mount", "--map-root-user", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --mount --map-root-user is not permitted here (no user namespaces)")
+    runs = {}
+    for hidden in (False, True):
+        prefix = str(tmp_path / ("hidden" if hidden else "plain"))
+        command = [sys.executable, str(Path(__file__).with_name("eval_suite_runner.py")), prefix]
+        if hidden:
+            shell = 'mount -t tmpfs none /usr/share && exec "$@"'
+            command = ["unshare", "--mount", "--map-root-user", "sh", "-c", shell, "sh", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[hidden] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs[True]["usr_share"] == [] and "man" in runs[False]["usr_share"]
+    manifests = {hidden: json.loads(Path(run["output_path"], ".executor_manifest").read_text())
+                 for hidden, run in runs.items()}  # fmt: skip
+    assert Path(runs[True]["output_path"]).name == Path(runs[False]["output_path"]).name  # the same step hash
+    assert manifests[True]["digest"] == manifests[False]["digest"] == output_digest(manifests[False]["files"])
+    assert len(manifests[True]["files"]) == len(TINY_SUITE_SUBSETS) + 1  # each subset's passages and stats.json
 
 
 @pytest.fixture(scope="module")

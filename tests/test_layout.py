@@ -128,7 +128,8 @@ def test_the_hero_dags_hashes_change_only_on_purpose(scale: str) -> None:
     change to what a step computes shows up here, to be recorded deliberately. The file was first written by
     planning both DAGs on the flat steps/ layout, before the steps/-by-stage move, which left every hash as it
     was; it is regenerated (in a commit of its own, saying why) when a recipe or the DAG's shape changes, as
-    issues 19 (full recipe: sigmoid combine, bf16), 21 (the ladder's fit) and 23 (global dedup) did."""
+    issues 19 (full recipe: sigmoid combine, bf16), 21 (the ladder's fit), 23 (global dedup) and 37 (the eval
+    suite read from the locked packages, the lock file's sha256 versioned: a new lock changes the tiny hashes) did."""
     pinned = json.loads(PINNED_HASHES.read_text())[scale]
     dag = hero_535b.tiny_scale() if scale == "tiny" else hero_535b.full_scale()
     plan = build_plan(hero_535b.build_dag(dag).steps, "/prefix")

@@ -47,10 +47,11 @@ logger = logging.getLogger(__name__)
 
 _TOKENS = re.compile(r"(\s+)")
 _FORMATS = {"prose_kjv": "jsonl.gz", "code_stdlib": "jsonl.zst", "reference_pydoc": "parquet"}
-_PACKAGES = {
+DOCSTRING_PACKAGES = {
     "math_docstrings": ("sympy", "mpmath", "scipy/special", "scipy/stats"),
     "web_docstrings": ("requests", "urllib3", "jinja2", "click", "rich", "pandas", "networkx", "transformers"),
 }
+"""Domain -> the packages (or a package's subfolder) whose docstrings it reads; the eval suite reads none of them."""
 _MAX_MODULE_BYTES = 60_000
 _OPENS_WITH_DOCSTRING = re.compile(r"(?:\s*#[^\n]*\n)*\s*[rRuU]?(?:\"\"\"|''')")
 _OPTIONAL = {"reference_fortunes": Path("/usr/share/games/fortunes"), "reference_wordnet": Path("/usr/share/wordnet")}
@@ -214,9 +215,9 @@ def _encode(documents: list[dict[str, Any]], extension: str) -> bytes:
 def _read_domain(domain: str) -> Iterator[dict[str, Any]]:
     readers = {"prose_kjv": _kjv, "code_stdlib": _stdlib, "reference_pydoc": _pydoc,
                "reference_fortunes": _fortunes, "reference_wordnet": _wordnet}  # fmt: skip
-    if domain not in readers and domain not in _PACKAGES:
-        raise ValueError(f"unknown corpus domain {domain!r}; known: {sorted([*readers, *_PACKAGES])}")
-    documents = readers[domain]() if domain in readers else _package_prose(_PACKAGES[domain])
+    if domain not in readers and domain not in DOCSTRING_PACKAGES:
+        raise ValueError(f"unknown corpus domain {domain!r}; known: {sorted([*readers, *DOCSTRING_PACKAGES])}")
+    documents = readers[domain]() if domain in readers else _package_prose(DOCSTRING_PACKAGES[domain])
     for number, (doc_id, text) in enumerate(documents):
         yield {"id": f"{domain}/{number:05d}-{doc_id}", "text": text, "source": domain, "metadata": None}
 
