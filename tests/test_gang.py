@@ -255,8 +255,10 @@ def counted_step(prefix: Path, name: str, **settings) -> tuple[Executor, Executo
                                                               resources=resources)  # fmt: skip
 
 
-COUNTED_TOTAL = sum(22.0 + 4 * iteration for iteration in range(8))
-"""Eight iterations of 4 devices holding 0, 1 (process 0) and 10, 11 (process 1), each plus the iteration."""
+def counted_total(iterations: int) -> float:
+    """The sum over `iterations` of 4 devices holding 0, 1 (process 0) and 10, 11 (process 1), each plus the
+    iteration."""
+    return sum(22.0 + 4 * iteration for iteration in range(iterations))
 
 
 @pytest.mark.ray
@@ -270,7 +272,7 @@ def test_stalled_gang_member_that_answers_its_heartbeat_is_torn_down_and_the_ret
     started = time.monotonic()
     executor.run([step])
     output_path = Path(executor.output_paths[step])
-    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": COUNTED_TOTAL}
+    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": counted_total(8)}
     events = [event for event in read_events(str(output_path)) if event.attempt]
     assert [event.status for event in events] == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING,
                                                   StepStatus.SUCCESS]  # fmt: skip
@@ -286,11 +288,11 @@ def test_stalled_gang_member_that_answers_its_heartbeat_is_torn_down_and_the_ret
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_stalled_watch_never_tears_down_a_slow_gang_that_advances(tmp_path, local_ray):
-    """Six seconds an iteration, 48 s in all, against a hang timeout of 15 s: one attempt, SUCCESS."""
-    executor, step = counted_step(tmp_path, "gang/slow", pace_s=6.0)
+    """Six seconds an iteration, 24 s in all, against a hang timeout of 15 s: one attempt, SUCCESS."""
+    executor, step = counted_step(tmp_path, "gang/slow", iterations=4, pace_s=6.0)
     executor.run([step])
     output_path = Path(executor.output_paths[step])
-    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": COUNTED_TOTAL}
+    assert json.loads((output_path / "result.json").read_text()) == {"done": 4, "total": counted_total(4)}
     statuses = [event.status for event in read_events(str(output_path)) if event.attempt]
     assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
 
