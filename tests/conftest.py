@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -10,8 +11,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import pytest
@@ -142,6 +144,26 @@ def run_in_threads(count: int, work: Callable[[], object]) -> list[BaseException
     for thread in threads:
         thread.join()
     return errors
+
+
+@contextlib.contextmanager
+def ray_cluster_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A Ray cluster of raylets on this machine (`ray.cluster_utils.Cluster`: a 1-CPU head, the caller adds nodes),
+    named by RAY_ADDRESS so the executor's Ray backend joins it; workers import the tests' step modules through
+    PYTHONPATH, which they inherit. Shut down, with this process's Ray, on exit."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in sys.path if path))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def pytest_configure(config: pytest.Config) -> None:

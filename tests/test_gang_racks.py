@@ -5,11 +5,10 @@ expert group of two consecutive ranks never spans racks, and the gang still comp
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import ray_cluster_on_this_machine
 from gang_steps import GlobalSumConfig, global_sum
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
@@ -24,21 +23,10 @@ RACKED = ResourceConfig(hosts=4, cpus=0.25, custom={"host": 1}, cpu_devices_per_
 
 @pytest.fixture
 def two_racks(monkeypatch):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in sys.path if path))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for rack in ("a", "b", "a", "b"):  # interleaved: node order alone would alternate the racks rank by rank
-        cluster.add_node(num_cpus=1, resources={"host": 1}, labels={"rack": rack})
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
-    try:
+    with ray_cluster_on_this_machine(monkeypatch) as cluster:
+        for rack in ("a", "b", "a", "b"):  # interleaved: node order alone would alternate the racks rank by rank
+            cluster.add_node(num_cpus=1, resources={"host": 1}, labels={"rack": rack})
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_rack_placement_asks_one_group_per_domain_packed_into_it():

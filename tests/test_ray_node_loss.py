@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 
 import pytest
-from conftest import wait_until
+from conftest import ray_cluster_on_this_machine, wait_until
 from node_steps import GateConfig, wait_for_gate
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, read_status
@@ -19,20 +18,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 @pytest.fixture
 def two_node_cluster(monkeypatch):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    # The nodes' workers import the test's step module; they inherit this process's environment.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in sys.path if path))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
-    try:
+    with ray_cluster_on_this_machine(monkeypatch) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_losing_the_node_mid_step_is_survived_by_retry(tmp_path, two_node_cluster, monkeypatch):
