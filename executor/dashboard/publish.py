@@ -6,6 +6,7 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
 
     index.html, static/...                        the page shell (routes by #/experiment/F, #/step/R) and assets
     data/experiments.json                         /api/experiments, with each experiment's alert count
+    data/site.json                                when the site last changed; watching, the heartbeat
     data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
     data/step/<R>/{step,live,views,files}.json    one step (R: its path relative to the prefix)
     data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the dashboard's own
@@ -21,8 +22,10 @@ in public").
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
 changed); a file is rewritten only when its bytes change, and a run's metrics lines go out as appended chunks,
-so a cycle in which a run logged K lines writes those K lines and a few small files of a fixed size, however
-long the run (README "Watch a run in public" has the figures).
+so a cycle in which a run logged K lines writes those K lines, a few small files of a fixed size and the run's
+two views (run.json, metrics.json: bounded by their buckets, series.py), however long the run (README "Watch a
+run in public" has the figures). Watching, each cycle also writes `data/site.json`, the publisher's heartbeat,
+from which the pages show a RUNNING step "stale" once the publisher has missed 3 cycles.
 """
 
 from __future__ import annotations
