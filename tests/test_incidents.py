@@ -1,0 +1,89 @@
+"""A run's incidents in public: an injected failure retried by the executor, the resume from a checkpoint that
+followed (steps redone), an alert, on the run view's timeline with the goodput, live and on the published site.
+
+The run is a real executor step: its first attempt logs steps 0-29 and loses its connection (a transient
+error, retried after a backoff); the second resumes from its step-19 "checkpoint", redoes 20-29 and goes on
+to 59, with a loss spike at 50.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import test_dashboard_browser as browser_tests
+from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
+from test_publish_browser import static_server
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
+from executor.dashboard.publish import SitePublisher
+from executor.retry import RetryPolicy
+from executor.status import METRICS_FILE
+
+browser = browser_tests.browser
+page = browser_tests.page
+SECONDS_A_STEP = 0.02
+
+
+@dataclass(frozen=True)
+class FlakyRunConfig:
+    output_path: str
+    steps: int = versioned(60)
+
+
+def flaky_run(config: FlakyRunConfig) -> None:
+    metrics = Path(config.output_path, METRICS_FILE)
+    resumed = metrics.exists()
+    first = 20 if resumed else 0
+    with metrics.open("a") as handle:
+        for step in range(first, 30 if not resumed else config.steps):
+            time.sleep(SECONDS_A_STEP)
+            loss = 4.0 - step / 100 + (8.0 if resumed and step == 50 else 0.0)
+            handle.write(json.dumps({"step": step, "time": time.time(), "train/loss": loss}) + "\n")
+            handle.flush()
+    if not resumed:
+        raise ConnectionError("lost the connection to the data loader's host")
+
+
+@pytest.fixture(scope="module")
+def flaky(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | str]:
+    root = tmp_path_factory.mktemp("incidents")
+    step = ExecutorStep(name="train/flaky", fn=flaky_run, config=FlakyRunConfig(THIS_OUTPUT_PATH),
+                        retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.2))  # fmt: skip
+    executor = Executor(str(root / "prefix"))
+    executor.run([step], caller="experiments/flaky.py")
+    SitePublisher(str(root / "prefix"), str(root / "site")).cycle()
+    relative = Path(executor.output_paths[step]).relative_to(root / "prefix").as_posix()
+    return {"root": root, "relative": relative}
+
+
+def test_the_timeline_holds_the_failure_the_retry_the_resume_and_the_alert(flaky) -> None:  # type: ignore[no-untyped-def]
+    run = json.loads((flaky["root"] / "site/data/step" / flaky["relative"] / "run.json").read_text())
+    timeline = run["incidents"]["timeline"]
+    kinds = [entry["kind"] for entry in timeline]
+    assert kinds.count("start") == 2 and kinds.count("success") == 1
+    [retry] = [entry for entry in timeline if entry["kind"] == "retry"]
+    assert "ConnectionError: lost the connection" in retry["text"] and retry["attempt"] == 1
+    [resume] = [entry for entry in timeline if entry["kind"] == "resume"]
+    assert (resume["step"], resume["redone"]) == (20, 10)
+    assert [entry["text"].split(":")[0] for entry in timeline if entry["kind"] == "alert"] == ["loss_spike"]
+    good = run["incidents"]["goodput"]
+    assert 0 < good["goodput"] < 1
+    assert good["lost_s"]["redone after a resume"] > 0 and good["lost_s"]["between attempts (failures, restarts)"] > 0
+    assert good["advancing_s"] + sum(good["lost_s"].values()) == pytest.approx(good["wall_s"])
+
+
+@pytest.mark.browser
+def test_the_published_run_view_shows_the_timeline(page, flaky) -> None:  # type: ignore[no-untyped-def]
+    expect = playwright_sync.expect
+    with static_server(flaky["root"] / "site") as base:
+        page.goto(f"{base}/index.html#/step/{flaky['relative']}")
+        incidents = page.locator("[data-testid=incidents]")
+        expect(incidents.locator("tr[data-kind=retry]")).to_contain_text("ConnectionError", timeout=DEADLINE_MS)
+        expect(incidents.locator("tr[data-kind=resume]")).to_contain_text("steps 20-29 redone")
+        expect(incidents.locator("[data-testid=goodput]")).to_contain_text("goodput ")
+        incidents.scroll_into_view_if_needed()
+        screenshot(page, "publish-incidents")
