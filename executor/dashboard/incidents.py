@@ -66,16 +66,18 @@ def status_incidents(events: Sequence[StatusEvent]) -> list[dict[str, Any]]:
 
 def resumes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each point where the lines go back (a resume from a checkpoint): the step resumed at, the steps redone."""
-    found, newest = [], None
+    found: list[dict[str, Any]] = []
+    newest = previous = None
     for line in rows:
         step = line.get("step")
         if not isinstance(step, int):
             continue
-        if newest is not None and step <= newest:
+        if previous is not None and newest is not None and step <= previous:
             text = f"resumed at step {step} from a checkpoint: steps {step}-{newest} redone"
             found.append({"time": _iso(line.get("time")), "kind": "resume", "step": step, "redone": newest - step + 1,
                           "text": text})  # fmt: skip
         newest = step if newest is None else max(newest, step)
+        previous = step
     return found
 
 
