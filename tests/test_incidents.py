@@ -1,5 +1,7 @@
 """A run's incidents in public: an injected failure retried by the executor, the resume from a checkpoint that
-followed (steps redone), an alert, on the run view's timeline with the goodput, live and on the published site.
+followed (steps redone), an alert, on the run view's timeline with the goodput, and on the experiment's timeline,
+on the published site (the live dashboard draws the same JSON). Not covered here: a gang torn down (its failure
+message names the gang; tests/test_gang*.py make such failures on two local Ray hosts).
 
 The run is a real executor step: its first attempt logs steps 0-29 and loses its connection (a transient
 error, retried after a backoff); the second resumes from its step-19 "checkpoint", redoes 20-29 and goes on
@@ -74,6 +76,9 @@ def test_the_timeline_holds_the_failure_the_retry_the_resume_and_the_alert(flaky
     assert 0 < good["goodput"] < 1
     assert good["lost_s"]["redone after a resume"] > 0 and good["lost_s"]["between attempts (failures, restarts)"] > 0
     assert good["advancing_s"] + sum(good["lost_s"].values()) == pytest.approx(good["wall_s"])
+    [experiment] = (flaky["root"] / "site/data/experiment").iterdir()
+    [entry] = json.loads((experiment / "incidents.json").read_text())["timeline"]
+    assert (entry["kind"], entry["step_name"], entry["path"]) == ("retry", "train/flaky", flaky["relative"])
 
 
 @pytest.mark.browser
@@ -87,3 +92,9 @@ def test_the_published_run_view_shows_the_timeline(page, flaky) -> None:  # type
         expect(incidents.locator("[data-testid=goodput]")).to_contain_text("goodput ")
         incidents.scroll_into_view_if_needed()
         screenshot(page, "publish-incidents")
+        page.goto(f"{base}/index.html")
+        page.locator("[data-testid=experiments] tbody tr").first.click()
+        expect(page.locator("[data-testid=experiment-incidents] tr[data-kind=retry]")).to_contain_text(
+            "train/flaky", timeout=DEADLINE_MS
+        )
+        screenshot(page, "publish-experiment-incidents")

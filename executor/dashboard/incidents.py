@@ -10,6 +10,8 @@ Fed only from the records the executor and the run already write:
   steps redone: the run had reached step M and went on from N <= M);
 - `alerts.jsonl`: each alert; `lineage.json`: the fork or rollback it started as.
 
+An experiment's timeline (`experiment_incidents`) gathers the failures, retries and takeovers of its steps.
+
 **Goodput** is the share of the run's wall time (its first RUNNING to its last record) spent advancing
 training: the time between consecutive metrics lines of one attempt whose step is new. The rest is given by
 cause: steps redone after a resume, starting (an attempt's RUNNING to its first line: compiling, loading the
@@ -24,6 +26,8 @@ from typing import Any
 
 from executor.status import StatusEvent
 
+MAX_EXPERIMENT_STEPS = 200
+"""Steps whose histories an experiment's timeline reads at most: those with a failure or a second attempt."""
 GANG_WORDS = ("gang", "host lost", "lost host", "member", "placement group")
 
 
@@ -126,3 +130,18 @@ def run_incidents(
                          "text": f"forked from {parent} at step {lineage.get('step')}"})  # fmt: skip
     timeline.sort(key=lambda entry: entry["time"] or "")
     return {"timeline": timeline, "goodput": goodput(events, lines)}
+
+
+def experiment_incidents(steps: Sequence[Any], states: Sequence[Any], histories: Any) -> dict[str, Any]:
+    """An experiment's timeline: the incidents (not the plain starts and finishes) of each step that failed or
+    took more than one attempt, each with its step's name and path, oldest first. `histories(paths)` reads the
+    status histories of the steps chosen (at most MAX_EXPERIMENT_STEPS)."""
+    chosen = [step for step, state in zip(steps, states, strict=True)
+              if state.attempts > 1 or state.status in ("FAILED", "DEP_FAILED")][:MAX_EXPERIMENT_STEPS]  # fmt: skip
+    timeline = []
+    for step, events in zip(chosen, histories([step.output_path for step in chosen]), strict=True):
+        for entry in status_incidents(events):
+            if entry["kind"] not in ("start", "success"):
+                timeline.append({**entry, "step_name": step.name, "path": step.relative})
+    timeline.sort(key=lambda entry: entry["time"] or "")
+    return {"timeline": timeline, "steps": len(chosen)}

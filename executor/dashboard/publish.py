@@ -8,6 +8,7 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     data/experiments.json                         /api/experiments, with each experiment's alert count
     data/site.json                                when the site last changed; watching, the heartbeat
     data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
+    data/experiment/<F>/incidents.json            its steps' failures, retries and takeovers (incidents.py)
     data/step/<R>/{step,live,views,files}.json    one step (R: its path relative to the prefix)
     data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the dashboard's own
                                                   /api/step/run answer, what both pages draw: run_view.py)
@@ -201,6 +202,7 @@ class SitePublisher:
         summary["alerts"] = alert_count
         self._put(f"{folder}/summary.json", summary)
         self._put(f"{folder}/graph.json", self._answer("/api/experiment/graph", file=experiment.file))
+        self._put(f"{folder}/incidents.json", self._answer("/api/experiment/incidents", file=experiment.file))
         table = self._answer("/api/experiment/steps", file=experiment.file, limit=str(ALL_ROWS))
         for row in table.get("rows", []):
             if row.get("finished") is None:  # the page counts an unfinished step's time from `started`, so the
