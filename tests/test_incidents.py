@@ -1,7 +1,7 @@
 """A run's incidents in public: an injected failure retried by the executor, the resume from a checkpoint that
 followed (steps redone), an alert, on the run view's timeline with the goodput, and on the experiment's timeline,
 on the published site (the live dashboard draws the same JSON). Not covered here: a gang torn down (its failure
-message names the gang; tests/test_gang*.py make such failures on two local Ray hosts).
+message names the gang member; tests/test_gang.py makes such failures on two local Ray hosts).
 
 The run is a real executor step: its first attempt logs steps 0-29 and loses its connection (a transient
 error, retried after a backoff); the second resumes from its step-19 "checkpoint", redoes 20-29 and goes on
@@ -98,3 +98,24 @@ def test_the_published_run_view_shows_the_timeline(page, flaky) -> None:  # type
             "train/flaky", timeout=DEADLINE_MS
         )
         screenshot(page, "publish-experiment-incidents")
+
+
+def test_a_lost_gang_member_and_a_takeover_are_named() -> None:
+    """The history a gang's lost member leaves (executor/gang.py's message, retried as a new gang) and a lease
+    taken over from a holder that died without a word."""
+    from executor.dashboard.incidents import status_incidents
+    from executor.status import StatusEvent, StepStatus
+
+    lost = (
+        "attempt 1 failed (transient): GangMemberLostError: train/hero: gang member 1 of 2 (pid 4242 on 10.0.0.7) "
+        "stopped heartbeating; the gang is torn down and the attempt retried as a new gang from the latest checkpoint"
+    )
+    events = [
+        StatusEvent(StepStatus.RUNNING, time="2026-01-01T00:00:00+00:00", attempt=1, lease=0),
+        StatusEvent(StepStatus.WAITING, time="2026-01-01T00:10:00+00:00", attempt=1, message=lost, lease=0),
+        StatusEvent(StepStatus.RUNNING, time="2026-01-01T00:11:00+00:00", attempt=2, lease=0),
+        StatusEvent(StepStatus.RUNNING, time="2026-01-01T01:00:00+00:00", attempt=3, lease=1),
+        StatusEvent(StepStatus.SUCCESS, time="2026-01-01T02:00:00+00:00", attempt=3, lease=1),
+    ]
+    kinds = [entry["kind"] for entry in status_incidents(events)]
+    assert kinds == ["start", "gang", "start", "takeover", "start", "success"]
