@@ -117,7 +117,7 @@ async function experimentPage(main, file) {
   main.replaceChildren(head, h("div", { class: "panel" }, h("h2", {}, "Graph"), graphBox, graphLegend()), incidentsBox, table.element);
   const refresh = async () => {
     const [summary, graph, incidents] = await Promise.all([api("/api/experiment", { file }), api("/api/experiment/graph", { file }),
-      api("/api/experiment/incidents", { file })]);
+      api("/api/experiment/incidents", { file }).catch(() => ({ timeline: [] }))]);  // a site published before it had none
     incidentsBox.hidden = !incidents.timeline.length;
     incidentsBox.replaceChildren(h("h2", {}, `Incidents (${incidents.timeline.length})`), h("table", {}, h("tbody", {},
       incidents.timeline.map((entry) => h("tr", { "data-kind": entry.kind }, h("td", { class: "mono" }, new Date(entry.time).toLocaleString("sv-SE")),
