@@ -2,6 +2,7 @@
 
     scaling/ladder ──> train/hero ──> evaluate/hero     (run with the real executor on a local prefix)
                        train/long                        a long run with one spike, one NaN and a NaN at its end
+                       train/hero ──> train/fork         a fork of the hero at step 100
 
 The scaling step writes a prediction.json the ladder view accepts, its band fitted on `eval/suite/macro_loss`.
 The hero logs, on lines of their own as the train step does, `eval/suite/macro_loss` inside the band and
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
 from executor.status import METRICS_FILE
+from steps.train.lineage import record_lineage
 from steps.train.prediction_seal import seal_prediction
 
 HERO_STEPS = 200
@@ -46,7 +48,15 @@ def ladder(config: LadderConfig) -> None:
         "fit": {"A": 40.0, "alpha": 0.1, "asymptote": 2.0, "rms_log_residual": 0.01},
         "prediction": {"compute": 1e18, "loss": 5.205, "low": low, "high": high},
         "rungs": [
-            {"name": f"d{width}", "compute": compute, "final_loss": 2.0 + 40.0 * compute**-0.1}
+            {
+                "name": f"d{width}",
+                "compute": compute,
+                "final_loss": 2.0 + 40.0 * compute**-0.1,
+                "curve": [
+                    {"tokens": tokens, "loss": 9.0 - (7.0 - 40.0 * compute**-0.1) * tokens / 50_000}
+                    for tokens in range(5_000, 50_001, 5_000)
+                ],
+            }
             for width, compute in ((64, 1e14), (128, 1e15), (256, 1e16))
         ],
         "curve": curve,
@@ -91,6 +101,19 @@ def evaluate(config: EvaluateConfig) -> None:
 
 
 @dataclass(frozen=True)
+class ForkConfig:
+    output_path: str
+    initialize_from: str
+
+
+def fork(config: ForkConfig) -> None:
+    """A fork of the hero at step 100, as the train step records one (steps/train/lineage.py)."""
+    record_lineage(config.output_path, config.initialize_from)
+    lines = [{"step": step, "train/loss": 5.5 - step / 1000, "optim/learning_rate": 1e-4} for step in range(101, 160)]
+    Path(config.output_path, METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@dataclass(frozen=True)
 class LongRunConfig:
     output_path: str
     steps: int = versioned(6_000)
@@ -118,8 +141,11 @@ def build_band_prefix(prefix: Path, long_steps: int = 6_000) -> dict[str, str]:
     evaluation = ExecutorStep(
         name="evaluate/hero", fn=evaluate, config=EvaluateConfig(THIS_OUTPUT_PATH, output_path_of(train))
     )
+    forked = ExecutorStep(
+        name="train/fork", fn=fork, config=ForkConfig(THIS_OUTPUT_PATH, output_path_of(train, "checkpoints/step-100"))
+    )
     long = ExecutorStep(name="train/long", fn=long_run, config=LongRunConfig(THIS_OUTPUT_PATH, versioned(long_steps)))
-    steps = [scaling, train, evaluation, long]
+    steps = [scaling, train, evaluation, forked, long]
     executor = Executor(str(prefix))
     executor.run(steps, caller="experiments/band_demo.py", description="the band and extremes test DAG")
     return {step.name: executor.output_paths[step][len(str(prefix)) + 1 :] for step in steps}

@@ -154,7 +154,7 @@ def test_the_ladder_and_composition_pages_render_on_the_site(page, tmp_path: Pat
     urls = record_requests(page)
     with static_server(tmp_path / "site") as base:
         page.goto(f"{base}/index.html#/step/{built['paths']['scaling']}")
-        expect(page.locator("[data-testid=ladder-view] [data-chart] canvas")).to_have_count(1, timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=ladder-view] [data-chart=\"ladder\"] canvas")).to_have_count(1, timeout=DEADLINE_MS)
         screenshot(page, "publish-ladder")
         page.goto(f"{base}/index.html#/step/{built['paths']['weights']}")
         expect(page.locator("[data-testid=composition-view]")).to_be_visible(timeout=DEADLINE_MS)
@@ -199,7 +199,7 @@ def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Pat
         expect(page.locator("[data-testid=sealed-prediction]")).to_have_attribute("data-before", "true")
         screenshot(page, "publish-hero-run")
         page.goto(f"{base}/index.html#/step/{relative['scaling/ladder']}")
-        expect(page.locator("[data-testid=ladder-view] [data-chart] canvas")).to_have_count(1, timeout=DEADLINE_MS)
+        expect(page.locator("[data-testid=ladder-view] [data-chart=\"ladder\"] canvas")).to_have_count(1, timeout=DEADLINE_MS)
         achieved = page.locator("[data-testid=achieved]")
         expect(achieved).to_contain_text("inside the band" if verdict == "inside" else "outside the band")
         screenshot(page, "publish-hero-ladder")

@@ -44,6 +44,7 @@ from executor.dashboard import files
 from executor.dashboard.cache import StatusCache
 from executor.dashboard.composition_view import composition_view
 from executor.dashboard.experiments import Experiment, ExperimentIndex
+from executor.dashboard.incidents import experiment_incidents
 from executor.dashboard.ladder_view import ladder_view
 from executor.dashboard.metrics_view import metrics_grid
 from executor.dashboard.panels import PanelError, available
@@ -51,7 +52,7 @@ from executor.dashboard.run_view import run_view
 from executor.dashboard.safety import UnsafePathError, check_relative, resolve_under
 from executor.dashboard.step_view import StepNotFoundError, live_state, step_detail
 from executor.dashboard.views import SORT_KEYS, StepQuery, experiment_summary, graph, shard_totals, steps_page
-from executor.status import INFO_FILE, LOG_FILE, METRICS_FILE
+from executor.status import INFO_FILE, LOG_FILE, METRICS_FILE, read_many_events
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class DashboardApp:
             "/api/experiment": self.api_experiment,
             "/api/experiment/graph": self.api_graph,
             "/api/experiment/steps": self.api_steps,
+            "/api/experiment/incidents": self.api_experiment_incidents,
             "/api/step": self.api_step,
             "/api/step/live": self.api_step_live,
             "/api/step/files": self.api_step_files,
@@ -197,6 +199,11 @@ class DashboardApp:
         return json_response(
             {"prefix": self.prefix, **experiment_summary(experiment, states), "running_shards": shard_totals(extras)}
         )
+
+    def api_experiment_incidents(self, query: Mapping[str, str]) -> Response:
+        experiment = self._experiment(query)
+        states = self.cache.states(experiment.output_paths)
+        return json_response(experiment_incidents(experiment.steps, states, read_many_events))
 
     def api_graph(self, query: Mapping[str, str]) -> Response:
         experiment = self._experiment(query)

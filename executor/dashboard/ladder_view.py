@@ -23,9 +23,12 @@ import math
 from typing import Any
 
 from executor import storage
+from executor.dashboard import files
 from executor.dashboard.experiments import Experiment
 from executor.dashboard.panels import PREDICTION_FILE, PanelError, chart, numbers, read_json
 from executor.dashboard.safety import relative_to
+from executor.metrics_log import predicted_metric, rows_by_step
+from executor.status import METRICS_FILE
 
 RESULTS_FILE = "results.json"
 ACHIEVED_DEPTH = 2
@@ -87,6 +90,39 @@ def achieved_loss(prefix: str, experiment: Experiment | None, relative: str) -> 
     return None
 
 
+def downstream_runs(experiment: Experiment | None, relative: str) -> list[Any]:
+    """The steps that depend on the scaling step directly (the target's train step)."""
+    step = experiment.by_relative.get(relative) if experiment else None
+    if experiment is None or step is None:
+        return []
+    return [other for other in experiment.steps if any(dep.index == step.index for dep in other.dependencies)]
+
+
+def compare_chart(document: dict[str, Any], experiment: Experiment | None, relative: str) -> dict[str, Any]:
+    """The rungs' and the target's eval loss against tokens on one chart (log x), the predicted curve between:
+    how the hero runs against the runs that predicted it."""
+    series: list[dict[str, Any]] = []
+    for rung in document.get("rungs") or []:
+        points = {float(point["tokens"]): float(point["loss"]) for point in rung.get("curve") or []
+                  if files.number(point.get("tokens")) and files.number(point.get("loss")) is not None}  # fmt: skip
+        if points:
+            series.append({"label": str(rung.get("name")), "kind": "line", "points": points})
+    curve = document.get("curve") or []
+    predicted = {float(point["tokens"]): float(point["loss"]) for point in curve
+                 if files.number(point.get("tokens")) and files.number(point.get("loss")) is not None}  # fmt: skip
+    if predicted:
+        series.append({"label": "predicted", "kind": "dashed", "points": predicted})
+    per_step = files.number((document.get("target") or {}).get("tokens_per_step")) or 0.0
+    for run in downstream_runs(experiment, relative) if per_step > 0 else []:
+        rows = rows_by_step(files.metrics_records(storage.join(run.output_path, METRICS_FILE)) or [])
+        metric = predicted_metric(rows)
+        points = {(step + 1) * per_step: value for step, row in rows.items()
+                  if (value := files.number(row.get(metric))) is not None}  # fmt: skip
+        if points:
+            series.append({"label": f"{run.name} ({metric})", "kind": "points", "points": points})
+    return chart("compare", "rungs and target: eval loss vs tokens", series, x_label="tokens", log_x=True)
+
+
 def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experiment | None) -> dict[str, Any]:
     path = storage.join(output_path, PREDICTION_FILE)
     document = read_json(path, "ladder view")
@@ -119,4 +155,5 @@ def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experi
         "curve_points": figures["curve_points"],
         "warnings": [str(warning) for warning in document.get("warnings") or []],
         "chart": chart("ladder", "loss vs compute", series, x_label="training FLOPs", log_x=True),
+        "compare": compare_chart(document, experiment, relative),
     }

@@ -203,8 +203,8 @@ def predicted_curve(prefix: str, output_path: str) -> tuple[list[dict[str, float
     return points, relative_to(prefix, path.rsplit("/", 1)[0]), None
 
 
-def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[str, Any] | None]:
-    """A fork's parent's train loss up to the step it forked at, and the lineage ({parent, step}) to show;
+def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
+    """A fork's parent's metrics rows up to the step it forked at, and the lineage ({parent, step}) to show;
     nothing for a run that is no fork, or whose parent lies outside the prefix."""
     lineage = read_json(storage.join(output_path, LINEAGE_FILE), LINEAGE_FILE)
     if not isinstance(lineage, dict) or not isinstance(lineage.get("parent"), str):
@@ -215,5 +215,5 @@ def parent_curve(prefix: str, output_path: str) -> tuple[dict[int, float], dict[
     records = files.metrics_records(storage.join(resolve_under(prefix, relative), METRICS_FILE)) or []
     fork_at = lineage.get("step")
     last: float = fork_at if isinstance(fork_at, int) else math.inf
-    losses = series_of(rows_by_step(records), TRAIN_LOSS)
-    return {step: loss for step, loss in losses.items() if step <= last}, {"parent": relative, "step": fork_at}
+    rows = rows_by_step(records)
+    return {step: row for step, row in rows.items() if step <= last}, {"parent": relative, "step": fork_at}

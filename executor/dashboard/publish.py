@@ -6,7 +6,9 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
 
     index.html, static/...                        the page shell (routes by #/experiment/F, #/step/R) and assets
     data/experiments.json                         /api/experiments, with each experiment's alert count
+    data/site.json                                when the site last changed; watching, the heartbeat
     data/experiment/<F>/{summary,graph,steps}.json  one experiment (steps: the whole table; the page filters)
+    data/experiment/<F>/incidents.json            its steps' failures, retries and takeovers (incidents.py)
     data/step/<R>/{step,live,views,files}.json    one step (R: its path relative to the prefix)
     data/step/<R>/{run,ladder,composition}.json   the views its outputs call for (run: the dashboard's own
                                                   /api/step/run answer, what both pages draw: run_view.py)
@@ -21,8 +23,10 @@ in public").
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
 changed); a file is rewritten only when its bytes change, and a run's metrics lines go out as appended chunks,
-so a cycle in which a run logged K lines writes those K lines and a few small files of a fixed size, however
-long the run (README "Watch a run in public" has the figures).
+so a cycle in which a run logged K lines writes those K lines, a few small files of a fixed size and the run's
+two views (run.json, metrics.json: bounded by their buckets, series.py), however long the run (README "Watch a
+run in public" has the figures). Watching, each cycle also writes `data/site.json`, the publisher's heartbeat,
+from which the pages show a RUNNING step "stale" once the publisher has missed 3 cycles.
 """
 
 from __future__ import annotations
@@ -219,6 +223,7 @@ class SitePublisher:
         summary["alerts"] = alert_count
         self._put(f"{folder}/summary.json", summary)
         self._put(f"{folder}/graph.json", self._answer("/api/experiment/graph", file=experiment.file))
+        self._put(f"{folder}/incidents.json", self._answer("/api/experiment/incidents", file=experiment.file))
         table = self._answer("/api/experiment/steps", file=experiment.file, limit=str(ALL_ROWS))
         for row in table.get("rows", []):
             if row.get("finished") is None:  # the page counts an unfinished step's time from `started`, so the

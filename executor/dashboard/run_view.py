@@ -12,6 +12,8 @@ the loss chart, the band beside it and the points drawn cannot differ between th
   points are listed on the chart (`markers`, drawn as marks at the top) and named in the header (`nonfinite`),
   and the header's last step is the last step logged, finite or not.
 - Alerts (`alerts.jsonl`) are marked on the chart their rule reads.
+- Its incidents (incidents.py): a timeline of attempts, failures, retries, takeovers, resumes, alerts and a
+  fork's start, and its goodput.
 - The prediction the run sealed when it started (`sealed`): its digest, when it was made, whether that was
   before the run's first step, and whether prediction.json still has that digest.
 """
@@ -28,6 +30,7 @@ from typing import Any
 from executor import storage
 from executor.alerts import AlertRules, read_alerts
 from executor.dashboard import files
+from executor.dashboard.incidents import run_incidents
 from executor.dashboard.panels import (
     MIXTURE_FILE,
     PREDICTION_FILE,
@@ -44,7 +47,7 @@ from executor.dashboard.panels import (
 from executor.dashboard.series import RUN_BUCKETS, by_key, downsample, json_number, nonfinite
 from executor.metrics_log import predicted_metric, rows_by_step
 from executor.served_mixture import drifted, served_by_phase
-from executor.status import METRICS_FILE, PREDICTION_SEAL_FILE
+from executor.status import METRICS_FILE, PREDICTION_SEAL_FILE, read_events
 
 RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("learning_rate", "learning rate", ("optim/learning_rate",)),
@@ -141,12 +144,15 @@ def loss_chart(
     return marked(spec, "loss", [(TRAIN_LOSS, train), (label, evals)], alerts)
 
 
-def metric_charts(columns: Columns, alerts: list[Any]) -> list[dict[str, Any]]:
+def metric_charts(columns: Columns, alerts: list[Any], parent: Columns) -> list[dict[str, Any]]:
+    """The run's other charts; a fork's parent's figures, up to the fork, beside its own on each."""
     keep = {alert["step"] for alert in alerts if isinstance(alert.get("step"), int)}
     charts = []
     for chart_id, title, keys in RUN_CHARTS:
         values = {key: columns.get(key, {}) for key in keys}
         series = [{"label": key, "kind": "line", "points": drawn(values[key], keep)} for key in keys]
+        series += [{"label": f"parent {key}", "kind": "line", "points": drawn(parent[key], set())}
+                   for key in keys if parent.get(key) and values[key]]  # fmt: skip
         if any(values.values()):
             spec = chart(chart_id, title, series, x_label="step")
             charts.append(marked(spec, chart_id, list(values.items()), alerts))
@@ -211,10 +217,14 @@ def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None
     if not train:
         raise PanelError(f"{storage.join(output_path, METRICS_FILE)} has no {TRAIN_LOSS} rows (yet): no run to show")
     curve, prediction_source, prediction_error = predicted_curve(prefix, output_path)
-    parent, lineage = parent_curve(prefix, output_path)
+    parent_rows, lineage = parent_curve(prefix, output_path)
+    parent = by_key(parent_rows)
     alerts = read_alerts(output_path)
     label, evals = eval_line(rows, columns)
-    charts = [loss_chart(columns, (label, evals), curve, parent, alerts), *metric_charts(columns, alerts)]
+    charts = [
+        loss_chart(columns, (label, evals), curve, parent.get(TRAIN_LOSS, {}), alerts),
+        *metric_charts(columns, alerts, parent),
+    ]
     last_step = max(train)
     chart_keys = [key for _, _, keys in RUN_CHARTS for key in keys]
     return {
@@ -232,5 +242,6 @@ def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None
         "lineage": lineage,
         "sealed": sealed_prediction(prefix, output_path, rows),
         "mixture": served_mixture(output_path, records),
+        "incidents": run_incidents(read_events(output_path), records, alerts, lineage),
         "charts": charts,
     }

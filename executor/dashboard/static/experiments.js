@@ -113,9 +113,16 @@ async function experimentPage(main, file) {
   });
   const refreshTable = async () => table.render(await api("/api/experiment/steps", table.query()));
   table = new StepTable(file, () => refreshTable().catch((error) => showError(table.element, error)));
-  main.replaceChildren(head, h("div", { class: "panel" }, h("h2", {}, "Graph"), graphBox, graphLegend()), table.element);
+  const incidentsBox = h("div", { class: "panel", "data-testid": "experiment-incidents", hidden: true });
+  main.replaceChildren(head, h("div", { class: "panel" }, h("h2", {}, "Graph"), graphBox, graphLegend()), incidentsBox, table.element);
   const refresh = async () => {
-    const [summary, graph] = await Promise.all([api("/api/experiment", { file }), api("/api/experiment/graph", { file })]);
+    const [summary, graph, incidents] = await Promise.all([api("/api/experiment", { file }), api("/api/experiment/graph", { file }),
+      api("/api/experiment/incidents", { file }).catch(() => ({ timeline: [] }))]);  // a site published before it had none
+    incidentsBox.hidden = !incidents.timeline.length;
+    incidentsBox.replaceChildren(h("h2", {}, `Incidents (${incidents.timeline.length})`), h("table", {}, h("tbody", {},
+      incidents.timeline.map((entry) => h("tr", { "data-kind": entry.kind }, h("td", { class: "mono" }, new Date(entry.time).toLocaleString("sv-SE")),
+        h("td", {}, h("span", { class: `incident ${entry.kind}` }, entry.kind)), h("td", {}, h("a", { href: stepHref(entry.path, file) }, entry.step_name)),
+        h("td", {}, entry.text))))));
     document.title = `${summary.script} · experiment`;
     const shards = summary.running_shards;
     head.replaceChildren(h("h1", {}, summary.script, " ", h("span", { class: "muted mono" }, file)),

@@ -120,6 +120,7 @@ class RunPanel extends ChartPanel {
       data.thinned ? h("div", { class: "muted" }, `long run: each series keeps the lowest and highest point of each of ${fmtNum(data.buckets)} buckets, and every alert's step`) : "",
       alertList(data.alerts || []),
       plots,
+      data.incidents ? incidentTimeline(data.incidents) : "",
       data.mixture ? h("div", { "data-testid": "run-mixture" }, h("h3", {}, "mixture: planned against served"), servedTable(data.mixture)) : "");
     draw();
   }
@@ -143,6 +144,19 @@ function evalHeader(last) {
     band ? h("span", { class: last.verdict === "inside" ? "muted" : "warn-inline" }, ` (${last.verdict} the band [${band.low.toFixed(4)}, ${band.high.toFixed(4)}])`) : "");
 }
 
+// What happened to the run (executor/dashboard/incidents.py): goodput, then every incident, oldest first.
+function incidentTimeline(incidents) {
+  const good = incidents.goodput;
+  const lost = good ? Object.entries(good.lost_s).filter(([, seconds]) => seconds > 0).map(([cause, seconds]) => `${cause} ${fmtDuration(seconds)}`) : [];
+  return h("div", { "data-testid": "incidents" }, h("h3", {}, "incidents"),
+    good ? h("div", { class: "meta", "data-testid": "goodput", "data-goodput": good.goodput },
+      h("span", {}, "goodput ", h("b", {}, good.goodput === null ? "?" : `${(100 * good.goodput).toFixed(1)}%`), ` of ${fmtDuration(good.wall_s)}`),
+      lost.length ? h("span", {}, `lost: ${lost.join(", ")}`) : "") : "",
+    h("table", {}, h("tbody", {}, incidents.timeline.map((entry) => h("tr", { "data-kind": entry.kind },
+      h("td", { class: "mono" }, entry.time ? new Date(entry.time).toLocaleString("sv-SE") : ""),
+      h("td", {}, h("span", { class: `incident ${entry.kind}` }, entry.kind)), h("td", {}, entry.text))))));
+}
+
 // The run's alerts (executor/alerts.py), newest first.
 function alertList(alerts) {
   if (!alerts.length) return "";
@@ -163,7 +177,7 @@ class LadderPanel extends ChartPanel {
   constructor() { super("/api/step/ladder", "ladder-view"); }
 
   render(data) {
-    const [plots, draw] = this.chartBoxes([data.chart]);
+    const [plots, draw] = this.chartBoxes(data.compare && data.compare.series.length ? [data.chart, data.compare] : [data.chart]);
     const fit = data.fit, prediction = data.prediction, achieved = data.achieved;
     const rows = data.rungs.map((rung) => h("tr", { "data-rung": rung.name }, h("td", {}, rung.name),
       h("td", { class: "num", "data-col": "compute", "data-value": rung.compute }, rung.compute.toExponential(3)),

@@ -98,6 +98,7 @@ async function siteApi(path, params) {
     case "/api/experiments": return siteJson("experiments.json");
     case "/api/experiment": return siteJson(`experiment/${params.file}/summary.json`);
     case "/api/experiment/graph": return siteJson(`experiment/${params.file}/graph.json`);
+    case "/api/experiment/incidents": return siteJson(`experiment/${params.file}/incidents.json`);
     case "/api/experiment/steps": return siteSteps(await siteJson(`experiment/${params.file}/steps.json`), params);
     case "/api/step/log": return { exists: false, text: "", published: false };
     case "/api/step/files":
