@@ -19,7 +19,7 @@ from executor import storage
 from executor.identity import canonical_json, readable_value
 from executor.plan import Plan, PlannedStep
 from executor.shard_writer import read_shard_markers
-from executor.status import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_metadata, now_iso
+from executor.status import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_executor_record, is_metadata, now_iso
 
 logger = logging.getLogger(__name__)
 
@@ -113,13 +113,20 @@ def experiment_file_name(plan: Plan, caller: str) -> str:
     return f"{script}-{identity[:8]}.json"
 
 
+def output_files(output_path: str) -> list[tuple[str, int]]:
+    """(relative path, size) of the step's own output files: everything but the executor's records."""
+    return [
+        (path, size) for path, size in storage.walk_files(output_path, skip=is_metadata) if not is_executor_record(path)
+    ]
+
+
 def write_manifest(output_path: str) -> dict[str, Any]:
     """List every output file with its size and sha256, then write `.executor_manifest`.
 
     Files committed by `run_sharded` already have their checksum in a shard marker; only the
     others are read and hashed.
     """
-    files = storage.walk_files(output_path, skip=is_metadata)
+    files = output_files(output_path)
     known = {
         entry["path"]: (entry["size"], entry["sha256"])
         for marker in read_shard_markers(output_path).values()
@@ -150,7 +157,7 @@ def write_manifest(output_path: str) -> dict[str, Any]:
 def hash_files(output_path: str) -> list[dict[str, Any]]:
     """Manifest entries (path, size, sha256) of the output files as they are now, every one read and hashed: what
     `compare` and a pinned run judge by, since a file edited after its step committed leaves the manifest as it was."""
-    files = storage.walk_files(output_path, skip=is_metadata)
+    files = output_files(output_path)
     with ThreadPoolExecutor(max_workers=min(storage.IO_THREADS, max(1, len(files)))) as pool:
         digests = list(pool.map(lambda item: storage.sha256_file(storage.join(output_path, item[0])), files))
     return [{"path": path, "size": size, "sha256": digest} for (path, size), digest in zip(files, digests, strict=True)]
@@ -195,7 +202,7 @@ def verify_manifest(output_path: str) -> list[str]:
         if digest != entry["sha256"]:
             problems.append(f"corrupt: {path} (sha256 {digest[:12]}…, manifest says {entry['sha256'][:12]}…)")
     listed = {entry["path"] for entry in manifest["files"]}
-    for relative, _size in storage.walk_files(output_path, skip=is_metadata):
+    for relative, _size in output_files(output_path):
         if relative not in listed:
             problems.append(f"not in manifest: {storage.join(output_path, relative)}")
     return problems

@@ -69,6 +69,14 @@ def is_metadata(top_level_name: str) -> bool:
     return top_level_name in METADATA_NAMES or top_level_name.startswith(".executor_")
 
 
+def is_executor_record(relative: str) -> bool:
+    """A file the executor owns, by its path relative to the output: under a top-level metadata name, or under
+    a `.executor_*` name at any depth (a nested sharded stage's markers and progress,
+    `work/hashes/.executor_shards/`, which hold times and worker ids). Manifests and digests leave these out."""
+    parts = relative.split("/")
+    return is_metadata(parts[0]) or any(part.startswith(".executor_") for part in parts)
+
+
 class StepStatus(StrEnum):
     WAITING = "WAITING"
     RUNNING = "RUNNING"

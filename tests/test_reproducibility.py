@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import make_step
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, versioned
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, storage, versioned
 from executor.cli import main as cli_main
 from executor.pins import PinError
+from executor.records import verify_manifest
+from executor.shard_writer import Shard, ShardWriter
+from executor.shards import run_sharded
 from executor.status import read_events
 
 
@@ -204,3 +207,35 @@ def test_a_file_edited_after_commit_fails_the_pinned_run_before_any_step_runs(tm
         _run(tmp_path, [corpus, later], pins=str(tmp_path / "p.json"))
     assert read_events(done.output_paths[corpus])[-1].status == "FAILED" and shard.read_text() == "tampered"
     assert not list(tmp_path.glob("later-*"))
+
+
+@dataclass(frozen=True)
+class NestedConfig:
+    output_path: str
+    shards: int = versioned(3)
+
+
+def _nested_part(shard_id: str, out: ShardWriter) -> dict:
+    with out.open(f"parts/{shard_id}.txt") as handle:
+        handle.write(f"shard {shard_id}\n".encode())
+    return {"rows": 1}
+
+
+def nested_stage(config: NestedConfig) -> None:
+    """Shards committed under work/parts/ (its markers and progress nested there), as the dedup steps do."""
+    shards = [Shard(f"{index:02d}", f"{index:02d}") for index in range(config.shards)]
+    run_sharded(storage.join(config.output_path, "work/parts"), shards, _nested_part, parallelism="thread")
+
+
+def test_a_nested_sharded_stages_markers_are_the_executors_and_stay_out_of_the_digest(tmp_path) -> None:
+    """The shard markers and progress of a stage under work/ hold times and worker ids: two runs write them
+    differently, yet the manifests list only the shards themselves and the digests agree (the data demo's dedup
+    and filter steps differed on the local and the Ray backend by nothing else)."""
+    step = ExecutorStep(name="nested", fn=nested_stage, config=NestedConfig(THIS_OUTPUT_PATH))
+    outputs = [Path(_run(tmp_path / prefix, [step]).output_paths[step]) for prefix in ("a", "b")]
+    markers = [sorted((output / "work/parts/.executor_shards").glob("*.json")) for output in outputs]
+    assert len(markers[0]) == 3 and markers[0][0].read_bytes() != markers[1][0].read_bytes()
+    manifests = [json.loads((output / ".executor_manifest").read_text()) for output in outputs]
+    assert [entry["path"] for entry in manifests[0]["files"]] == [f"work/parts/parts/{i:02d}.txt" for i in range(3)]
+    assert manifests[0]["digest"] == manifests[1]["digest"] == read_events(str(outputs[1]))[-1].details["output_digest"]
+    assert verify_manifest(str(outputs[0])) == []
