@@ -10,12 +10,21 @@ import shutil
 from pathlib import Path
 
 import pytest
+import test_training_bad_input
 from test_steps_train import SOURCES, build_data, train_config
-from test_training_bad_input import run_through_executor, train_through_executor
+from test_training_bad_input import (
+    checkpoint_copy,
+    evaluate_through_executor,
+    run_through_executor,
+    train_through_executor,
+)
 
 from executor import THIS_OUTPUT_PATH
 from steps.tokenize.eval_suite import EvalSuiteConfig, build_eval_suite
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
+
+trained = test_training_bad_input.trained
+"""One tiny run trained through the Executor (a module fixture of test_training_bad_input's)."""
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +103,20 @@ def test_an_eval_suite_without_subsets_says_so(data, tmp_path):
     config = dataclasses.replace(config, subsets={"a": str(tmp_path)}, tokens_per_subset=10)
     status, message, _ = run_through_executor(tmp_path / "prefix2", "eval/suite", build_eval_suite, config)
     assert status == "FAILED" and "tokens_per_subset=10 is below min_tokens=64" in message
+
+
+@pytest.mark.parametrize("damage", ["d", "manifest.ocdbt", "a file"])
+def test_an_evaluate_of_a_checkpoint_missing_part_of_its_database_names_it(data, trained, tmp_path, damage):
+    checkpoints, latest = checkpoint_copy(trained, tmp_path)
+    if damage == "a file":
+        latest = checkpoints / "step-99999"
+        latest.write_text("not a checkpoint")
+        expected = f"{latest} is a file, not a checkpoint folder"
+    else:
+        target = latest / damage
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+        expected = f"the checkpoint {latest} is damaged: its {damage} is missing"
+    status, message, output = evaluate_through_executor(data, tmp_path / "prefix", checkpoints)
+    assert status == "FAILED" and not (output / "results.json").exists()
+    assert f"evaluate step {output.name} ({output}): {expected}" in message
+    assert f"Move {latest} aside to use the previous complete checkpoint" in message
