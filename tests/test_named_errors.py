@@ -120,3 +120,23 @@ def test_an_evaluate_of_a_checkpoint_missing_part_of_its_database_names_it(data,
     assert status == "FAILED" and not (output / "results.json").exists()
     assert f"evaluate step {output.name} ({output}): {expected}" in message
     assert f"Move {latest} aside to use the previous complete checkpoint" in message
+
+
+def test_a_parquet_input_cut_in_half_names_the_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    numbers = range(2000)
+    table = pa.table({"id": [f"d{i}" for i in numbers], "text": [f"document number {i} " * 20 for i in numbers]})
+    pq.write_table(table, inputs / "part.parquet")
+    whole = (inputs / "part.parquet").read_bytes()
+    (inputs / "part.parquet").write_bytes(whole[: len(whole) // 2])
+    config = ExactDedupConfig(input_paths=[str(inputs)], output_path=THIS_OUTPUT_PATH, parallelism="thread")
+    status, message, _ = run_through_executor(tmp_path / "prefix", "dedup/exact", exact_dedup, config)
+    assert status == "FAILED"
+    assert f"input file {inputs}/part.parquet is not a readable Parquet file" in message
+    assert "download it again, or rerun the step that wrote it" in message
