@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from test_dashboard_api import write_synthetic_prefix
@@ -24,7 +25,20 @@ from executor.dashboard import make_server, serve_in_thread
 from executor.status import read_status
 
 pytestmark = pytest.mark.browser
-playwright_sync = pytest.importorskip("playwright.sync_api")
+
+
+def require(what: str, how: str) -> NoReturn:
+    """Without `what` a browser test is skipped on a workstation; under `CI=true` it fails, so a CI image that
+    lost Chromium or Playwright is seen instead of passing with every browser test skipped."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is missing under CI=true: {how}", pytrace=False)
+    pytest.skip(f"{what} is missing ({how})", allow_module_level=True)
+
+
+try:
+    import playwright.sync_api as playwright_sync
+except ImportError as error:  # a broken install too: the error says which
+    require("playwright", f"{error}; pip install playwright (make install)")
 
 DEADLINE_MS = 30_000
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).parent.parent / "build" / "test-artifacts")
@@ -38,7 +52,7 @@ def chromium_binary() -> str | None:
 def browser() -> Iterator[object]:
     binary = chromium_binary()
     if binary is None:
-        pytest.skip("no chromium binary (apt-get install -y chromium; .ci/run installs it)")
+        require("a chromium binary", "apt-get install -y chromium, or set CHROMIUM; .ci/run installs it")
     with playwright_sync.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox"])
         yield launched

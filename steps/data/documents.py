@@ -298,7 +298,7 @@ def _read_jsonl(path: str, report: ReadReport) -> Iterator[dict[str, Any]]:
 
 
 def _read_parquet(path: str, report: ReadReport) -> Iterator[dict[str, Any]]:
-    table = pq.read_table(io.BytesIO(_raw_bytes(path)))
+    table = _parquet_table(path)
     columns = set(table.column_names)
     for number, record in enumerate(table.to_pylist(), start=1):
         metadata = record.get("metadata")
@@ -422,4 +422,18 @@ def write_stats(output_path: str, stats: dict[str, Any]) -> None:
 
 def read_shard_table(path: str) -> pa.Table:
     """One of our own Parquet shards, whole (shards are sized to fit a worker's memory)."""
-    return pq.read_table(io.BytesIO(_raw_bytes(path)))
+    return _parquet_table(path)
+
+
+def _parquet_table(path: str) -> pa.Table:
+    """A whole Parquet file; BadInputError naming it if it is cut short or is not Parquet (pyarrow's own error
+    names only '<Buffer>')."""
+    try:
+        return pq.read_table(io.BytesIO(_raw_bytes(path)))
+    except (pa.ArrowInvalid, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise BadInputError(
+            f"input file {path} is not a readable Parquet file ({' '.join(str(error).split())}): it is cut short or "
+            "damaged; download it again, or rerun the step that wrote it (--force_run)"
+        ) from error

@@ -23,6 +23,8 @@ from executor import storage
 from steps.model.moe_model import MoeConfig, MoeLMHeadModel
 
 METADATA_FILE = "metadata.json"
+OCDBT_PARTS = ("manifest.ocdbt", "d")
+"""What a Levanter checkpoint's OCDBT database is made of, at the checkpoint's root."""
 
 
 class DamagedCheckpointError(ValueError):
@@ -30,11 +32,19 @@ class DamagedCheckpointError(ValueError):
 
 
 def check_checkpoints(checkpoints_path: str, label: str) -> None:
-    """Refuse a `checkpoints/` folder holding a checkpoint whose metadata.json exists but does not parse."""
-    for name in (storage.basename(path) for path in storage.list_names(checkpoints_path)):
+    """Refuse a `checkpoints/` folder holding a checkpoint whose metadata.json exists but does not parse, a
+    complete checkpoint missing half of its OCDBT database, or a `step-N` that is a file."""
+    for entry in storage.list_details(checkpoints_path):
+        name = entry["name"]
         if not name.startswith("step-"):
             continue
         folder = storage.join(checkpoints_path, name)
+        move_aside = (
+            f"Move {folder} aside to use the previous complete checkpoint, or point checkpoint_path at the step-N "
+            "folder you mean"
+        )
+        if entry.get("type") != "directory":
+            raise DamagedCheckpointError(f"{label}: {folder} is a file, not a checkpoint folder. {move_aside}")
         metadata_path = storage.join(folder, METADATA_FILE)
         raw = storage.read_bytes(metadata_path)
         try:
@@ -43,9 +53,22 @@ def check_checkpoints(checkpoints_path: str, label: str) -> None:
         except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise DamagedCheckpointError(
                 f"{label}: the checkpoint {folder} is damaged ({metadata_path}: {error}); Levanter would silently "
-                f"use an older one. Move {folder} aside to use the previous complete checkpoint, or point "
-                "checkpoint_path at the step-N folder you mean"
+                f"use an older one. {move_aside}"
             ) from error
+        if raw is not None:
+            _check_database(folder, label, move_aside)
+
+
+def _check_database(folder: str, label: str, move_aside: str) -> None:
+    """A complete checkpoint's arrays live in one OCDBT database at its root: `manifest.ocdbt` and the `d/`
+    folder it indexes. With one of them gone tensorstore fails with a page of its own internals; say which."""
+    present = set(storage.list_names(folder))
+    missing = [part for part in OCDBT_PARTS if part not in present]
+    if len(missing) == 1:  # both absent: a checkpoint of another layout, which Levanter reads its own way
+        raise DamagedCheckpointError(
+            f"{label}: the checkpoint {folder} is damaged: its {missing[0]} is missing (a complete checkpoint holds "
+            f"{' and '.join(OCDBT_PARTS)}). {move_aside}"
+        )
 
 
 def latest_checkpoint(checkpoints_path: str, label: str) -> str:

@@ -80,9 +80,12 @@ def build_eval_suite(config: EvalSuiteConfig) -> dict[str, Any]:
     """The step: every subset's capped cache and suite.json; returns suite.json's content."""
     label = f"eval suite step {storage.basename(config.output_path)} ({config.output_path})"
     check_cache_path(config.output_path, label)
-    if not config.subsets or config.tokens_per_subset < config.min_tokens:
-        raise ValueError(f"{label}: needs at least one subset and tokens_per_subset >= min_tokens "
-                         f"({config.tokens_per_subset} < {config.min_tokens}); fix the step's config")  # fmt: skip
+    if not config.subsets:
+        raise ValueError(f"{label}: subsets is empty: the suite needs at least one held-out subset "
+                         "(name -> documents); fix the step's config")  # fmt: skip
+    if config.tokens_per_subset < config.min_tokens:
+        raise ValueError(f"{label}: tokens_per_subset={config.tokens_per_subset} is below min_tokens="
+                         f"{config.min_tokens} (the sequence length); fix the step's config")  # fmt: skip
     cache_metadata(config.tokenizer_path)  # a tokenizer without an EOS fails here, before any subset is read
     shards = [Shard(name, (config, name, path)) for name, path in sorted(config.subsets.items())]
     report = run_sharded(config.output_path, shards, _subset_shard, parallelism="thread", description="eval suite")

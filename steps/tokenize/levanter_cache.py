@@ -346,10 +346,21 @@ def read_ledger(split_path: str) -> dict[str, Any] | None:
     return ledger
 
 
-def verify_cache(split_path: str, ledger: Mapping[str, Any]) -> None:
-    """Check each part the ledger lists against its arrays (see the module note); CacheCheckError names the file."""
+def verify_cache(split_path: str, ledger: Mapping[str, Any]) -> int:
+    """Check each part the ledger lists against its arrays (see the module note); CacheCheckError names the file.
+    Returns the cache's tokens."""
     ledger_path = storage.join(split_path, LEDGER_FILE)
-    for part_path, rows, tokens in _ledger_parts(split_path, ledger, ledger_path):
+    rerun = "rerun the tokenize step that wrote it (--force_run)"
+    if ledger.get("is_finished") is not True:
+        raise CacheCheckError(f"{ledger_path} says the cache is unfinished (is_finished: "
+                              f"{json.dumps(ledger.get('is_finished'))}): its tokenize step stopped before the end; "
+                              f"{rerun}")  # fmt: skip
+    parts = _ledger_parts(split_path, ledger, ledger_path)
+    listed = sum(rows for _path, rows, _tokens in parts)
+    if ledger.get("total_num_rows") != listed:
+        raise CacheCheckError(f"{ledger_path} says total_num_rows={ledger.get('total_num_rows')} but its parts "
+                              f"hold {listed} rows; the ledger is damaged: {rerun}")  # fmt: skip
+    for part_path, rows, tokens in parts:
         arrays = storage.join(part_path, TOKENS_FIELD)
         offsets = _open_for_check(storage.join(arrays, "offsets"), ledger_path)
         data = _open_for_check(storage.join(arrays, "data"), ledger_path)
@@ -361,6 +372,7 @@ def verify_cache(split_path: str, ledger: Mapping[str, Any]) -> None:
         for array, length in ((offsets, rows + 1), (data, tokens)):
             stride = int((array.chunk_layout.write_chunk.shape or (1,))[0] or 1)  # elements per stored file
             _read_elements(array, [*range(stride - 1, length - 1, stride), length - 1] if length else [], arrays)
+    return sum(tokens for _path, _rows, tokens in parts)
 
 
 def _ledger_parts(split_path: str, ledger: Mapping[str, Any], ledger_path: str) -> list[tuple[str, int, int]]:

@@ -201,7 +201,14 @@ def load_tokenizer(tokenizer_path: str) -> Tokenizer:
     text = storage.read_text(path)
     if text is None:
         raise FileNotFoundError(f"no {TOKENIZER_FILE} at {path}; point tokenizer_path at a train_tokenizer output")
-    return Tokenizer.from_str(text)
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as error:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        reason = " ".join(str(error).split())
+        raise ValueError(
+            f"{path} is not a readable tokenizer ({reason}): the file is cut short or damaged; rerun the "
+            "train_tokenizer step that wrote it (--force_run)"
+        ) from error
 
 
 def special_token_ids(tokenizer_path: str, tokenizer: Tokenizer) -> SpecialTokenIds:

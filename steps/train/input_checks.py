@@ -18,6 +18,7 @@ Each names the step, the component or file, and what to do:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -36,12 +37,12 @@ class TrainInputError(ValueError):
     """The train step's inputs cannot make a run: reported before any compute is spent."""
 
 
-def check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int) -> None:
-    """Refuse a missing or damaged cache, or one tokenized with another vocabulary."""
+def check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int, seq_len: int = 1) -> None:
+    """Refuse a missing or damaged cache, one tokenized with another vocabulary, or one holding less than one
+    sequence of `seq_len` tokens (Levanter reads no partial sequence, so it would be an empty dataset)."""
     try:
         ledger = read_ledger(split_path)
-        if ledger is not None:
-            verify_cache(split_path, ledger)
+        tokens = verify_cache(split_path, ledger) if ledger is not None else 0
     except CacheCheckError as error:
         raise TrainInputError(f"{label}: component {component!r}: {error}") from error
     if ledger is None:
@@ -55,6 +56,11 @@ def check_cache(label: str, component: str, split_path: str, tokenizer_vocab: in
         raise TrainInputError(
             f"{label}: component {component!r} at {split_path} was tokenized with a {cache_vocab}-token vocabulary "
             f"but the model's tokenizer has {tokenizer_vocab}; retokenize it with the model's tokenizer"
+        )
+    if tokens < seq_len:
+        raise TrainInputError(
+            f"{label}: component {component!r} at {split_path} holds {tokens} tokens, less than one sequence of "
+            f"{seq_len}; give it more documents, or leave it out of the run's components"
         )
 
 
@@ -151,6 +157,10 @@ def weights_file_schedule(
     if phases is None:
         raise TrainInputError(f"{label}: no {WEIGHTS_FILE} under {weights_path}; run the mixture_weights step first")
     fix = f"fix {weights_file} or rerun its mixture_weights step (--force_run)"
+    if not isinstance(phases, dict) or not isinstance(phases.get("phases"), list) or not phases["phases"]:
+        found = phases.get("phases") if isinstance(phases, dict) else phases
+        raise TrainInputError(f"{label}: {weights_file} lists no phases ({json.dumps(found)}): a run needs at "
+                              f"least one phase of weights; {fix}")  # fmt: skip
     schedule: Schedule = []
     dropped: dict[str, list[float]] = {}
     ended = 0.0

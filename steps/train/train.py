@@ -362,7 +362,10 @@ def check_inputs(config: TrainConfig) -> None:
         raise TrainInputError(f"{label}: {error}; fix the step's config") from error
     components, _ = data_mixture(config)
     checked_skips(label, config.skip_batches)
-    tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
+    try:
+        tokenizer_vocab = load_tokenizer(config.tokenizer_path).get_vocab_size()
+    except ValueError as error:  # a damaged tokenizer.json: named with the file, and with this step here
+        raise TrainInputError(f"{label}: {error}") from error
     if tokenizer_vocab != config.shape.vocab_size:
         raise TrainInputError(
             f"{label}: the tokenizer at {config.tokenizer_path} has {tokenizer_vocab} tokens but the model shape "
@@ -372,7 +375,8 @@ def check_inputs(config: TrainConfig) -> None:
     evaluated_only = suite_components(config)
     for name, path in components.items():
         for split in SPLITS[:1] if name in train_only else SPLITS[1:] if name in evaluated_only else SPLITS:
-            check_cache(label, name, storage.join(path, split), tokenizer_vocab)
+            sequence = config.shape.seq_len if split == "train" else 1  # the mixture samples whole sequences
+            check_cache(label, name, storage.join(path, split), tokenizer_vocab, sequence)
 
 
 def train_only_components(config: TrainConfig) -> set[str]:
