@@ -186,7 +186,8 @@ def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, An
         current = storage.read_bytes(path) if path else None
     except PanelError:
         current = None
-    first = files.number(rows[min(rows)].get("time")) if rows else None
+    timed = [step for step, row in rows.items() if files.number(row.get("time")) is not None]
+    first = files.number(rows[min(timed)].get("time")) if timed else None
     first_at = dt.datetime.fromtimestamp(first, dt.UTC).isoformat() if first is not None else None
     predicted_at = seal.get("predicted_at")
     before = None
