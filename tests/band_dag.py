@@ -20,8 +20,7 @@ from pathlib import Path
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
 from executor.status import METRICS_FILE
-from steps.train.lineage import record_lineage
-from steps.train.prediction_seal import seal_prediction
+from steps.train.lineage import record_lineage, seal_prediction
 
 HERO_STEPS = 200
 EVAL_EVERY = 50

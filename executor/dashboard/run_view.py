@@ -176,7 +176,7 @@ def header_nonfinite(columns: Columns, keys: list[str]) -> list[dict[str, Any]]:
 
 
 def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, Any] | None:
-    """The prediction the run sealed when it started (steps/train/prediction_seal.py): its digest and times, the
+    """The prediction the run sealed when it started (steps/train/lineage.py): its digest and times, the
     time of the run's first step, and whether prediction.json still has that digest."""
     seal = read_json(storage.join(output_path, PREDICTION_SEAL_FILE), PREDICTION_SEAL_FILE)
     if not isinstance(seal, dict) or not isinstance(seal.get("sha256"), str):

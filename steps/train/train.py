@@ -90,9 +90,8 @@ from steps.train.input_checks import (
     restarted,
     weights_file_schedule,
 )
-from steps.train.lineage import record_lineage
+from steps.train.lineage import record_lineage, seal_prediction
 from steps.train.parallelism import precision_policy
-from steps.train.prediction_seal import seal_prediction
 from steps.train.run_environment import close_log_files, keep_local_folder, local_dir, training_environment
 from steps.train.train_metrics import JsonlMetricsConfig, wandb_config
 
