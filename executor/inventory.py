@@ -48,6 +48,7 @@ class StepRow:
         """The status as `status` prints it: RUNNING says when nothing is running it any more."""
         status = self.status or "never ran"
         return f"{status} - {self.holder_lost}" if self.holder_lost else status
+
     digest: str | None = None
     """The output digest its SUCCESS recorded (sha256 of the canonical manifest), if it is SUCCESS."""
 

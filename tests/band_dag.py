@@ -20,8 +20,7 @@ from pathlib import Path
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
 from executor.status import METRICS_FILE
-from steps.train.lineage import record_lineage
-from steps.train.prediction_seal import seal_prediction
+from steps.train.train_metrics import record_lineage, seal_prediction
 
 HERO_STEPS = 200
 EVAL_EVERY = 50
@@ -107,7 +106,7 @@ class ForkConfig:
 
 
 def fork(config: ForkConfig) -> None:
-    """A fork of the hero at step 100, as the train step records one (steps/train/lineage.py)."""
+    """A fork of the hero at step 100, as the train step records one (steps/train/train_metrics.py)."""
     record_lineage(config.output_path, config.initialize_from)
     lines = [{"step": step, "train/loss": 5.5 - step / 1000, "optim/learning_rate": 1e-4} for step in range(101, 160)]
     Path(config.output_path, METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -32,3 +32,6 @@ def test_the_ladder_overlays_rungs_and_target_and_a_fork_its_parent(tmp_path: Pa
     [parent] = [chart for chart in view["charts"] if chart["id"] == "learning_rate"]
     steps = [x for x, value in zip(parent["x"], parent["series"][1]["values"], strict=True) if value is not None]
     assert max(steps) == 100  # the parent's figures up to the fork
+    # the hero logs its evals on lines of their own at a train step's number: no resume for that
+    hero_view = run_view(str(prefix), str(prefix / paths["train/hero"]))
+    assert [entry["kind"] for entry in hero_view["incidents"]["timeline"]] == ["start", "success"]

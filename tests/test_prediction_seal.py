@@ -12,7 +12,7 @@ from band_dag import build_band_prefix
 
 from executor.dashboard.run_view import run_view
 from executor.status import PREDICTION_SEAL_FILE
-from steps.train.prediction_seal import seal_prediction
+from steps.train.train_metrics import seal_prediction
 
 
 def test_the_seal_is_shown_kept_across_a_resume_and_broken_by_an_edit(tmp_path: Path) -> None:

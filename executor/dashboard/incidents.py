@@ -76,7 +76,7 @@ def resumes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         step = line.get("step")
         if not isinstance(step, int):
             continue
-        if previous is not None and newest is not None and step <= previous:
+        if previous is not None and newest is not None and step < previous:  # a step's later lines repeat it
             text = f"resumed at step {step} from a checkpoint: steps {step}-{newest} redone"
             found.append({"time": _iso(line.get("time")), "kind": "resume", "step": step, "redone": newest - step + 1,
                           "text": text})  # fmt: skip

@@ -176,7 +176,7 @@ def header_nonfinite(columns: Columns, keys: list[str]) -> list[dict[str, Any]]:
 
 
 def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, Any] | None:
-    """The prediction the run sealed when it started (steps/train/prediction_seal.py): its digest and times, the
+    """The prediction the run sealed when it started (steps/train/train_metrics.py): its digest and times, the
     time of the run's first step, and whether prediction.json still has that digest."""
     seal = read_json(storage.join(output_path, PREDICTION_SEAL_FILE), PREDICTION_SEAL_FILE)
     if not isinstance(seal, dict) or not isinstance(seal.get("sha256"), str):
@@ -186,7 +186,8 @@ def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, An
         current = storage.read_bytes(path) if path else None
     except PanelError:
         current = None
-    first = files.number(rows[min(rows)].get("time")) if rows else None
+    timed = [step for step, row in rows.items() if files.number(row.get("time")) is not None]
+    first = files.number(rows[min(timed)].get("time")) if timed else None
     first_at = dt.datetime.fromtimestamp(first, dt.UTC).isoformat() if first is not None else None
     predicted_at = seal.get("predicted_at")
     before = None

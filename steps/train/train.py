@@ -92,7 +92,6 @@ from steps.train.input_checks import (
     weights_file_schedule,
 )
 from steps.train.parallelism import precision_policy
-from steps.train.prediction_seal import seal_prediction
 from steps.train.run_environment import (
     TRAINING,
     checkpoint_saves_in_their_phase,
@@ -101,7 +100,7 @@ from steps.train.run_environment import (
     local_dir,
     training_environment,
 )
-from steps.train.train_metrics import JsonlMetricsConfig, record_lineage, wandb_config
+from steps.train.train_metrics import JsonlMetricsConfig, record_lineage, seal_prediction, wandb_config
 
 logger = logging.getLogger(__name__)
 

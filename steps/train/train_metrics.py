@@ -35,11 +35,17 @@ resumed step continues its own wandb run. Its config carries `executor/step`, `e
 `fork_from="<parent run id>?_step=N"` is set, so the public project draws the lineage too; a resumed fork
 omits it (wandb refuses `fork_from` with `resume`) and resumes its own run. Runs are offline unless
 WANDB_MODE says otherwise; `python -m executor wandb-sync <step output path>` uploads them later.
+
+A run also records where it came from, for the run view and the public site: a fork's `lineage.json` (its parent
+run and step, `record_lineage`) and the ladder's prediction it is watched against, sealed when it starts
+(`seal_prediction`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import hashlib
 import json
 import logging
 import math
@@ -55,7 +61,7 @@ from levanter.tracker.wandb import WandbConfig
 
 from executor import progress, storage
 from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
-from executor.status import INFO_FILE, LINEAGE_FILE
+from executor.status import INFO_FILE, LINEAGE_FILE, PREDICTION_SEAL_FILE, read_events
 from steps.train.data_order import TokensSeen
 from steps.train.hardware import mfu_denominator
 
@@ -82,6 +88,32 @@ def record_lineage(output_path: str, initialize_from: str | None) -> None:
     """Write `lineage.json` (`lineage_of`) for a fork; nothing for a run that starts from scratch."""
     if initialize_from is not None:
         storage.write_json_atomic(storage.join(output_path, LINEAGE_FILE), lineage_of(initialize_from))
+
+
+PREDICTION_FILE = "prediction.json"
+
+
+def seal_of(prediction_path: str, now: dt.datetime) -> dict[str, Any]:
+    """The seal of the scaling step's prediction: its digest, when the scaling step wrote it, and now."""
+    path = storage.join(prediction_path, PREDICTION_FILE)
+    data = storage.read_bytes(path)
+    if data is None:
+        raise ValueError(f"prediction_path {prediction_path} has no {PREDICTION_FILE}: run its scaling step first")
+    finished = [event.time for event in read_events(prediction_path) if str(event.status) == "SUCCESS"]
+    return {"prediction": path, "sha256": hashlib.sha256(data).hexdigest(),
+            "predicted_at": finished[0] if finished else None, "sealed_at": now.isoformat()}  # fmt: skip
+
+
+def seal_prediction(output_path: str, prediction_path: str | None) -> None:
+    """The prediction a run is watched against, sealed when it starts (Marin preregistered its hero's loss):
+    `<output_path>/prediction_seal.json` (`seal_of`: the prediction's sha256, when it was made, when the run
+    sealed it), written once by exclusive create, so a resumed run keeps its first seal. The run view
+    (executor/dashboard/run_view.py) shows "predicted at T, before the first step at T2, digest D" and says so
+    when prediction.json no longer has that digest."""
+    if prediction_path is None:
+        return
+    seal = seal_of(prediction_path, dt.datetime.now(dt.UTC))
+    storage.create_exclusive(storage.join(output_path, PREDICTION_SEAL_FILE), json.dumps(seal, indent=1))
 
 
 def _plain(value: Any) -> Any:

@@ -124,7 +124,7 @@ class MetricsView {
     const shown = matching.slice(0, MAX_GRID_CHARTS);
     this.count.textContent = `${matching.length} of ${metrics.keys.length} keys` + (matching.length > shown.length ? `, the first ${shown.length} drawn: type to narrow` : "");
     this.plots.replaceChildren();
-    shown.forEach((key, number) => this.plots.append(this.chart(key, x, number)));
+    shown.forEach((key, number) => this.chart(key, x, number));
   }
 
   chart(key, x, number) {
@@ -135,7 +135,8 @@ class MetricsView {
       ...series.alerts.map(([step, rule]) => ({ step, kind: "alert", label: rule }))] : [];
     const bad = series.nonfinite.length ? h("span", { class: "warn-inline", "data-testid": "nonfinite" }, ` ${series.nonfinite.length} non-finite (last: ${series.nonfinite[series.nonfinite.length - 1][1]} at step ${series.nonfinite[series.nonfinite.length - 1][0]})`) : "";
     const box = h("div", { class: "plot", "data-metric": key, "data-markers": markersAttribute(markers), "data-points": order.length }, h("h3", {}, key, bad));
-    const width = Math.max(320, Math.floor(this.plots.getBoundingClientRect().width / 2) - 20 || 420);
+    this.plots.append(box);  // in the grid first, so that its width is the grid column's
+    const width = Math.max(320, Math.floor(box.getBoundingClientRect().width) || 420);
     this.charts.push(new uPlot({
       width, height: 220,
       scales: { x: { time: false, distr: this.options.logX ? 3 : 1 }, y: { distr: this.options.logY ? 3 : 1 } },
@@ -145,7 +146,6 @@ class MetricsView {
         points: { show: order.length < 60 } }],
       hooks: { draw: [markerHook(markers)] },
     }, [order.map((index) => xs[index]), order.map((index) => series.y[index])], box));
-    return box;
   }
 
   table(metrics) {
