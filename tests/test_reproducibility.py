@@ -13,6 +13,7 @@ from conftest import make_step
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, storage, versioned
 from executor.cli import main as cli_main
+from executor.dashboard.step_view import step_detail
 from executor.pins import PinError
 from executor.records import verify_manifest
 from executor.shard_writer import Shard, ShardWriter
@@ -35,7 +36,8 @@ def _digest_from_disk(output_path: Path) -> str:
 
 def test_each_success_records_its_output_digest_and_status_and_explain_show_it(tmp_path: Path, capsys) -> None:
     """The SUCCESS event carries the digest of the bytes written (recomputed here from the files), the same under
-    two prefixes, written at different times; `status` shows its first 12 characters, `explain` all of it."""
+    two prefixes, written at different times; `status` shows its first 12 characters, `explain` and the step
+    page's JSON all of it."""
     corpus = make_step("corpus", text="alpha")
     steps = [corpus, make_step("tokens", corpus, text="beta")]
     digests = {}
@@ -55,6 +57,9 @@ def test_each_success_records_its_output_digest_and_status_and_explain_show_it(t
     assert cli_main(["status", str(tmp_path / "a")]) == 0
     shown = capsys.readouterr().out
     assert "digest" in shown and digests["a", "corpus"][:12] in shown and digests["a", "tokens"][:12] in shown
+    tokens = Path(Executor(str(tmp_path / "a")).explain(steps[1]).output_path)
+    page = step_detail(str(tmp_path / "a"), tokens.name, str(tokens), None)  # the dashboard's and the site's step page
+    assert page["output_digest"] == digests["a", "tokens"]
     assert cli_main(["explain", str(tmp_path / "a"), "^tokens$"]) == 0
     assert f"output digest: sha256 of the canonical manifest (paths, sizes, sha256s) = {digests['a', 'tokens']}" in (
         capsys.readouterr().out

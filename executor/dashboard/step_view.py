@@ -139,6 +139,13 @@ def live_state(output_path: str) -> dict[str, Any]:
     }
 
 
+def _output_digest(events: list[dict[str, Any]]) -> str | None:
+    """The output digest the step's SUCCESS recorded (records.output_digest), None unless it is SUCCESS."""
+    if not events or events[-1].get("status") != "SUCCESS":
+        return None
+    return (events[-1].get("details") or {}).get("output_digest")
+
+
 def step_detail(prefix: str, relative: str, output_path: str, experiment: Experiment | None) -> dict[str, Any]:
     info_blob, stats_blob, manifest_blob = storage.read_many(
         [storage.join(output_path, name) for name in (INFO_FILE, STATS_FILE, MANIFEST_FILE)]
@@ -194,5 +201,6 @@ def step_detail(prefix: str, relative: str, output_path: str, experiment: Experi
         "drift": drift,
         "stats": json_or_none(stats_blob),
         "output_bytes": manifest.get("total_bytes") if isinstance(manifest, dict) else None,
+        "output_digest": _output_digest(live["events"]),
         "rerun": rerun_command(prefix, name, experiment),
     }
