@@ -182,6 +182,25 @@ def test_rerun_resumes_from_the_killed_runs_checkpoint(killed_and_resumed):
     assert any(np.any(layer.mlp.balance.bias.array != 0) for layer in exported.transformer.layers_in_order())
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The metrics of the same run, trained start to end without a kill."""
+    prefix = tmp_path_factory.mktemp("train-uninterrupted")
+    log = prefix / "run.log"
+    assert start_train(prefix, train_config(data, "unused"), log).wait(timeout=1800) == 0, log.read_text()[-3000:]
+    return read_metrics(str(next(prefix.glob("train/tiny-moe-*"))))
+
+
+def test_a_resumed_run_has_the_uninterrupted_runs_losses(killed_and_resumed, uninterrupted):
+    # The claim behind resuming: weights, optimizer state, router bias and data order all come back. A resume at
+    # the right step with lost optimizer moments or a replayed batch would log other losses from there on.
+    resumed = dict(train_losses(killed_and_resumed["records"][killed_and_resumed["records_before"] :]))
+    whole = dict(train_losses(uninterrupted))
+    assert sorted(resumed) == list(range(killed_and_resumed["killed_at"][-1] + 1, STEPS))
+    assert [resumed[step] for step in sorted(resumed)] == pytest.approx([whole[step] for step in sorted(resumed)],
+                                                                        rel=1e-5, abs=1e-5)  # fmt: skip
+
+
 def test_metrics_jsonl_holds_what_the_dashboard_plots(killed_and_resumed):
     keys = set().union(*(record.keys() for record in killed_and_resumed["records"]))
     for key in ("train/loss", "optim/learning_rate", "grad/norm/total", "params/norm/total",
@@ -225,7 +244,7 @@ def test_evaluate_scores_the_final_checkpoint_as_the_train_steps_own_eval(data, 
     last_eval = [record for record in killed_and_resumed["records"] if f"eval/{SOURCES[0]}/loss" in record][-1]
     for source in SOURCES:
         figures = results["components"][source]
-        assert figures["loss"] == pytest.approx(last_eval[f"eval/{source}/loss"], rel=0.02), (figures, last_eval)
+        assert figures["loss"] == pytest.approx(last_eval[f"eval/{source}/loss"], rel=1e-3), (figures, last_eval)
         assert figures["loss"] < train_losses(killed_and_resumed["records"])[0][1] - 0.5, "not better than untrained"
         evaluated_tokens = EVAL_BATCHES * 8 * config.shape.seq_len
         expected_bpb = figures["loss"] / math.log(2) * tokens_per_byte(data, source, evaluated_tokens)
