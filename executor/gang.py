@@ -244,8 +244,12 @@ class _Gang:
         pings: dict[Any, int] = {}
         heard = {rank: time.monotonic() for rank in range(len(self.actors))}
         resources = self.launch.resources
-        advancing = progress.ProgressWatch(resources.hang_timeout_s, resources.first_step_timeout_s,
-                                           resources.checkpoint_timeout_s, time.monotonic())  # fmt: skip
+        advancing = progress.ProgressWatch(
+            resources.progress_timeout_s or resources.hang_timeout_s,
+            resources.first_step_timeout_s,
+            resources.checkpoint_timeout_s,
+            time.monotonic(),
+        )
         failure: tuple[int, BaseException] | None = None
         failed_at = 0.0
         while runs:

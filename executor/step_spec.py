@@ -56,6 +56,9 @@ class ResourceConfig:
     so consecutive ranks (an expert-parallel group) never span two domains."""
     hosts_per_domain: int | None = None
     """Hosts of a gang inside one fast domain (with `domain_label`); `hosts` must be a multiple of it."""
+    progress_timeout_s: float | None = None
+    """How long a gang that reports progress may go without a completed step (None: `hang_timeout_s`); what runs
+    between two steps (a periodic eval, the end-of-run eval) must fit in it."""
     first_step_timeout_s: float = 3600.0
     """How long a gang that reports progress may take to its first completed step (compiling)."""
     checkpoint_timeout_s: float = 1800.0
@@ -72,6 +75,8 @@ class ResourceConfig:
             raise ConfigError("ResourceConfig.domain_label and hosts_per_domain go together: set both or neither")
         if self.hosts_per_domain is not None and (self.hosts_per_domain < 1 or self.hosts % self.hosts_per_domain):
             raise ConfigError(f"ResourceConfig.hosts_per_domain={self.hosts_per_domain} must divide hosts={self.hosts}")
+        if self.progress_timeout_s is not None and not self.progress_timeout_s > 0:
+            raise ConfigError(f"ResourceConfig.progress_timeout_s must be positive, got {self.progress_timeout_s}")
         for name in ("hang_timeout_s", "first_step_timeout_s", "checkpoint_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"ResourceConfig.{name} must be positive, got {getattr(self, name)}")

@@ -51,7 +51,10 @@ CHECKPOINT_EVERY = 5
 HANG_TIMEOUT_S = 20.0
 """Twenty missed heartbeats (the driver pings every second): a member answers from a thread of its own while it
 compiles or trains, so on a busy 2-core machine only a stopped process stays silent that long."""
-STAND_IN = ResourceConfig(hosts=2, cpu_devices_per_host=2, cpus=0.5, hang_timeout_s=HANG_TIMEOUT_S)
+STAND_IN = ResourceConfig(hosts=2, cpu_devices_per_host=2, cpus=0.5, hang_timeout_s=HANG_TIMEOUT_S,
+                          progress_timeout_s=300.0)  # fmt: skip
+"""Steps may take longer than a heartbeat's timeout on a loaded machine (the end-of-run eval and save): the
+stall tests below set their own progress timeout."""
 
 
 def test_gang_bundles_for_gpu_nodes_and_tpu_slices_come_from_the_hardware_profile():
@@ -250,7 +253,7 @@ def test_stalled_watch_allows_the_first_step_and_checkpoints_their_own_time_and_
 
 def counted_step(prefix: Path, name: str, **settings) -> tuple[Executor, ExecutorStep]:
     config = CountedSumConfig(output_path=THIS_OUTPUT_PATH, **settings)
-    resources = dataclasses.replace(STAND_IN, hang_timeout_s=15.0)
+    resources = dataclasses.replace(STAND_IN, hang_timeout_s=15.0, progress_timeout_s=None)
     return Executor(str(prefix), backend="ray"), ExecutorStep(name=name, fn=counted_sum, config=config,
                                                               resources=resources)  # fmt: skip
 

@@ -31,6 +31,7 @@ def full_plans(hardware: str) -> dict[str, dict]:
 
 @pytest.mark.slow
 @pytest.mark.training
+@pytest.mark.timeout(900)
 def test_every_planned_figure_lies_within_its_band_of_the_compiled_memory() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_plan_memory
