@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from executor import storage
-from executor.identity import canonical_json, readable_value
+from executor.identity import HASH_CHARS, canonical_json, readable_value
 from executor.plan import Plan, PlannedStep
 from executor.shard_writer import read_shard_markers
 from executor.status import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_executor_record, is_metadata, now_iso
@@ -76,6 +76,29 @@ def step_info(planned: PlannedStep, *, worker: str | None = None, started: str |
 
 def info_path(output_path: str) -> str:
     return storage.join(output_path, INFO_FILE)
+
+
+def recorded_path(path: str, output_path: str, folder: str | None = None) -> str:
+    """`path` as the step writing `output_path` names it in its files: relative to `folder` (default: the output
+    itself) when it lies under the step's prefix (another step's output of the same DAG, e.g. the files a
+    download copied, the tokenizer a cache was made with), so the same DAG under another prefix, or a copied
+    prefix, holds the same bytes (`storage.resolve_portable` gives the path back); any other path unchanged. The
+    prefix is read from the output's `.executor_info` (a step function called outside an executor has none)."""
+    prefix = _prefix_of(storage.make_absolute(output_path))
+    if prefix is None or not storage.make_absolute(path).startswith(prefix + "/"):
+        return path
+    return storage.portable_path(storage.make_absolute(path), storage.make_absolute(folder or output_path))
+
+
+@functools.lru_cache(maxsize=64)
+def _prefix_of(output_path: str) -> str | None:
+    info = storage.read_json(info_path(output_path))
+    if not isinstance(info, dict) or not isinstance(info.get("name"), str) or not isinstance(info.get("hash"), str):
+        return None
+    suffix = f"/{info['name']}-{info['hash'][:HASH_CHARS]}"
+    if storage.make_absolute(str(info.get("output_path", ""))) != output_path or not output_path.endswith(suffix):
+        return None  # an override_output_path: no prefix of the DAG's
+    return output_path.removesuffix(suffix)
 
 
 def experiment_record(plan: Plan, *, caller: str, description: str | None) -> dict[str, Any]:

@@ -70,6 +70,35 @@ def join(base: str, *parts: str) -> str:
     return path
 
 
+def _store_and_key(path: str) -> tuple[str, str]:
+    """(the store: `protocol://bucket`, or "" for this machine's disk; the path inside it, from its root)."""
+    if on_local_disk(path):
+        return "", make_absolute(path.removeprefix("file://").removeprefix("local://"))
+    protocol, rest = path.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    return f"{protocol}://{bucket}", "/" + key
+
+
+def portable_path(path: str, start: str) -> str:
+    """`path` as a step records it in its output: relative to the folder `start` (its own output path) when both
+    lie in one store (one bucket, or this machine's disk), else unchanged. Another step's output named this way
+    is the same text under any prefix, so a copied or moved prefix, or the same DAG run under another prefix,
+    holds the same bytes; `resolve_portable(recorded, start)` gives the path back."""
+    (store, key), (start_store, start_key) = _store_and_key(path), _store_and_key(start)
+    if store != start_store:
+        return path
+    return posixpath.relpath(key, start_key)
+
+
+def resolve_portable(recorded: str, start: str) -> str:
+    """The path `portable_path(path, start)` recorded (a relative one is joined to `start` and normalised)."""
+    if is_url(recorded) or os.path.isabs(recorded):
+        return recorded
+    store, key = _store_and_key(start)
+    resolved = posixpath.normpath(posixpath.join(key, recorded))
+    return f"{store}{resolved}" if store else resolved
+
+
 def basename(path: str) -> str:
     return posixpath.basename(path.rstrip("/"))
 

@@ -172,3 +172,51 @@ def test_encodings_are_written_as_their_ids_and_a_length_that_lies_is_refused(tm
         part.write_encodings([Lying([5, 6, 7], 3), Lying([8, 9], 1)])  # type: ignore[list-item]
     with pytest.raises(ValueError, match=r"train/part-00000: 1 rows hold fewer ids than their lengths say"):
         part.write_encodings([Lying([5], 4)])  # type: ignore[list-item]
+
+
+def test_a_ledger_names_its_tokenizer_relatively_and_levanters_loader_sees_the_same_tokenizer(tmp_path, caplog):
+    """A cache written under two prefixes is the same bytes (the ledgers name the tokenizer relative to their own
+    folder), and Levanter's loader, given the tokenizer by its absolute path, logs no mismatch for it; it still
+    warns when the tokenizer is another one, or another figure differs."""
+    import logging
+
+    from levanter.store.cache import TreeCache
+
+    from steps.tokenize.levanter_cache import PartFigures, ledger_metadata, write_sharded_ledger
+
+    docs = documents()[:20]
+    written = {}
+    for prefix in ("a", "b"):
+        tokenizer = tmp_path / prefix / "tokenizer" / "hero-36d921a7"
+        output = tmp_path / prefix / "tokenized" / "cells-5c976cfd"
+        metadata = {**METADATA, "tokenizer": str(tokenizer)}
+        output.mkdir(parents=True)  # what the executor writes before the step runs: where its prefix ends
+        info = {"name": "tokenized/cells", "hash": "5c976cfd" + "0" * 56, "output_path": str(output)}
+        (output / ".executor_info").write_text(json.dumps(info))
+        writer = ShardWriter(str(output), "00000")
+        part = PartWriter(writer, "train/part-00000", metadata, prefix=[BOS], suffix=[EOS])
+        part.write(docs)
+        part.close()
+        writer.commit()
+        write_sharded_ledger(str(output / "train"), [PartFigures("part-00000", part.rows, part.tokens)], metadata,
+                             str(output))  # fmt: skip
+        written[prefix] = (output, file_bytes(output / "train"), metadata)
+    assert written["a"][1] == written["b"][1]
+    ledger = json.loads((written["a"][0] / "train" / LEDGER_FILE).read_text())
+    assert ledger["metadata"]["preprocessor_metadata"]["tokenizer"] == "../../../tokenizer/hero-36d921a7"
+    part_ledger = json.loads((written["a"][0] / "train" / "part-00000" / LEDGER_FILE).read_text())
+    assert part_ledger["metadata"]["preprocessor_metadata"]["tokenizer"] == "../../../../tokenizer/hero-36d921a7"
+    outside = {**METADATA, "tokenizer": str(tmp_path / "elsewhere" / "tokenizer")}  # not a step of this prefix
+    assert ledger_metadata(outside, str(written["a"][0]), str(written["a"][0] / "train")) == outside
+
+    output, _, metadata = written["b"]
+    with caplog.at_level(logging.WARNING, logger="levanter.store.cache"):
+        TreeCache.load(str(output / "train"), EXEMPLAR, CacheMetadata(metadata))
+    assert "Metadata mismatch" not in caplog.text
+    other = {**metadata, "tokenizer": str(tmp_path / "b" / "tokenizer" / "other-0badc0de")}
+    wider = {**metadata, "vocab_size": 6000}
+    for loader in (other, wider):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="levanter.store.cache"):
+            TreeCache.load(str(output / "train"), EXEMPLAR, CacheMetadata(loader))
+        assert "Metadata mismatch" in caplog.text, loader

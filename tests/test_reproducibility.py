@@ -244,3 +244,26 @@ def test_a_nested_sharded_stages_markers_are_the_executors_and_stay_out_of_the_d
     assert [entry["path"] for entry in manifests[0]["files"]] == [f"work/parts/parts/{i:02d}.txt" for i in range(3)]
     assert manifests[0]["digest"] == manifests[1]["digest"] == read_events(str(outputs[1]))[-1].details["output_digest"]
     assert verify_manifest(str(outputs[0])) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "start", "recorded"),
+    [
+        ("/data/p/raw/kjv-abc/files", "/data/p/download/kjv-def", "../../raw/kjv-abc/files"),
+        ("file:///data/p/raw/kjv-abc", "/data/p/download/kjv-def", "../../raw/kjv-abc"),
+        ("gs://b/p/raw/kjv-abc/x.parquet", "gs://b/p/download/kjv-def", "../../raw/kjv-abc/x.parquet"),
+        ("gs://other/raw/kjv-abc", "gs://b/p/download/kjv-def", "gs://other/raw/kjv-abc"),
+        ("s3://b/p/raw/kjv-abc", "gs://b/p/download/kjv-def", "s3://b/p/raw/kjv-abc"),
+        ("https://example.org/kjv/", "/data/p/download/kjv-def", "https://example.org/kjv/"),
+        ("gs://b/p/raw/kjv-abc", "/data/p/download/kjv-def", "gs://b/p/raw/kjv-abc"),
+    ],
+)
+def test_a_path_in_the_outputs_own_store_is_recorded_relative_to_it_and_resolves_back(path, start, recorded) -> None:
+    """What makes a download's manifest and a cache ledger the same bytes under another prefix: a path in the
+    same store (disk, or one bucket) relative to the output, any other unchanged; resolving gives the path back."""
+    assert storage.portable_path(path, start) == recorded
+    back = storage.resolve_portable(recorded, start)
+    assert back == (path.removeprefix("file://") if recorded != path else path)
+    moved = start.replace("/p/", "/q/")
+    if recorded != path:  # the same text names the same step's output under the moved prefix
+        assert storage.resolve_portable(recorded, moved) == back.replace("/p/", "/q/")

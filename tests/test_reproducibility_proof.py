@@ -3,14 +3,12 @@ tiny hero run twice with different worker counts; the data demo on the local and
 edited after its step committed, which `compare` reports and a pinned run refuses. (The eval suite step with the
 OS's /usr/share hidden is tests/test_eval_suite.py.) Slow: each runs a DAG twice on 2 busy cores.
 
-Each second run goes to the same prefix path as the first, whose output is moved aside first: some outputs still
-hold their dependencies' absolute paths (the download step's manifest.json and stats.json name the source they
-copied, a Levanter cache's ledger names its tokenizer), so the same DAG under another prefix differs in those
-files, which `compare` of two prefixes shows."""
+Each second run goes to a prefix of its own: an output names another step's output (the files a download copied,
+the tokenizer a cache was made with) relative to itself (`records.recorded_path`), so the same DAG under another
+prefix is the same bytes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,24 +25,15 @@ DATA_HALF = ["eval_suite", "tokenized/cells", "mix/weights"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
-def _run_twice(prefix: Path, first: Path, run: Callable[[int], None]) -> None:
-    """`run(0)` into `prefix`, its output moved to `first`, then `run(1)` into `prefix` again."""
-    run(0)
-    prefix.rename(first)
-    run(1)
-
-
 def test_the_data_half_of_the_tiny_hero_is_the_same_bytes_whatever_the_worker_count(tmp_path) -> None:
-    """One step at a time, then four at once (threads and shard pools interleave differently): every step
-    `compare`s `same`, by re-reading every file; none is only on one side."""
+    """One step at a time under one prefix, then four at once under another (threads and shard pools interleave
+    differently): every step `compare`s `same`, by re-reading every file; none is only on one side."""
     dag = hero_535b.build_dag(hero_535b.tiny_scale())
     workers = (1, 4)
 
-    def run(which: int) -> None:
-        Executor(str(tmp_path / "p")).run(dag.steps, run_only=DATA_HALF, max_concurrent=workers[which])
-
-    _run_twice(tmp_path / "p", tmp_path / "a", run)
-    comparison = compare_prefixes(str(tmp_path / "a"), str(tmp_path / "p"))
+    for prefix, max_concurrent in zip(("a", "b"), workers, strict=True):
+        Executor(str(tmp_path / prefix)).run(dag.steps, run_only=DATA_HALF, max_concurrent=max_concurrent)
+    comparison = compare_prefixes(str(tmp_path / "a"), str(tmp_path / "b"))
     outcomes = {step.key: step.outcome for step in comparison.steps}
     assert set(outcomes.values()) == {Outcome.SAME}, comparison.render()
     names = {key.rsplit("-", 1)[0] for key in outcomes}
@@ -61,21 +50,13 @@ def test_the_data_demo_gives_the_same_digests_on_both_backends_and_a_tampered_sh
     import ray
 
     request.addfinalizer(ray.shutdown)  # later tests must not find a Ray to fan shards out to
-    a, b = tmp_path / "a", tmp_path / "p"
+    a, b = tmp_path / "a", tmp_path / "b"
     runs = {}
-    backends = ("local", "ray")
-
-    def run(which: int) -> None:
-        runs[backends[which]] = Executor(str(b), backend=backends[which])
-        runs[backends[which]].run(data_demo.build_steps(docs_per_domain=40, near_copies=3), caller="/x/data_demo.py")
-
-    _run_twice(b, a, run)
-    moved = {"local": a, "ray": b}  # the local run's outputs were moved from b to a
+    for backend, prefix in (("local", a), ("ray", b)):
+        runs[backend] = Executor(str(prefix), backend=backend)
+        runs[backend].run(data_demo.build_steps(docs_per_domain=40, near_copies=3), caller="/x/data_demo.py")
     digests = {
-        backend: {
-            Path(path).name: read_events(str(moved[backend] / Path(path).relative_to(b)))[-1].details["output_digest"]
-            for path in run.output_paths.values()
-        }
+        backend: {Path(path).name: read_events(path)[-1].details["output_digest"] for path in run.output_paths.values()}
         for backend, run in runs.items()
     }
     assert digests["local"] == digests["ray"] and len(digests["ray"]) == len(data_demo.build_steps())

@@ -18,7 +18,9 @@ Columns: a source whose Parquet files name their text or id column otherwise (`t
 has them renamed to `text` and `id` once its bytes are verified (`steps/data/source_schema.py`); the
 manifest then holds the stored file's sha256 and `source_sha256`, the one the source published.
 
-Output: `files/<relative path>`, `manifest.json`, `stats.json`.
+Output: `files/<relative path>`, `manifest.json`, `stats.json`. A source that is another step's output of the
+DAG is named relative to the output (`records.recorded_path`), so the same DAG under another prefix writes the
+same bytes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor import storage
+from executor.records import recorded_path
 from executor.retry import TransientError
 from executor.shard_writer import Shard, ShardWriter
 from executor.shards import run_sharded
@@ -254,12 +257,14 @@ def download(config: DownloadConfig) -> None:
     report = run_sharded(config.output_path, shards, _download_shard, parallelism="thread",
                          max_workers=config.parallel, description=f"download {config.source}")  # fmt: skip
     files = [report.markers[shard.shard_id]["stats"] for shard in shards]
-    manifest = [{key: entry[key] for key in ("path", "url", "size", "sha256", "published", "verified")}
+    manifest = [{key: entry[key] for key in ("path", "size", "sha256", "published", "verified")}
+                | {"url": recorded_path(entry["url"], config.output_path)}
                 | ({"source_sha256": entry["source_sha256"]} if entry.get("source_sha256", entry["sha256"])
                    != entry["sha256"] else {})
                 for entry in files]  # fmt: skip
     storage.write_json_atomic(storage.join(config.output_path, "manifest.json"), manifest)
-    stats = {"source": config.source, "files": len(files), "bytes": sum(entry["size"] for entry in files),
+    stats = {"source": recorded_path(config.source, config.output_path), "files": len(files),
+             "bytes": sum(entry["size"] for entry in files),
              "files_verified_against_source": sum(1 for entry in files if entry["verified"]),
              "files_resumed": sum(1 for entry in files if entry["resumed_from"]),
              "files_this_run": report.ran}  # fmt: skip

@@ -98,7 +98,8 @@ def build_eval_suite(config: EvalSuiteConfig) -> dict[str, Any]:
                                  f"tokens, fewer than one sequence ({config.min_tokens}); give it more text or "
                                  "leave it out")  # fmt: skip
         part = PartFigures("part-00000", figures["documents"], figures["tokens"])
-        write_sharded_ledger(storage.join(config.output_path, name, "validation"), [part], metadata)
+        write_sharded_ledger(storage.join(config.output_path, name, "validation"), [part], metadata,
+                             config.output_path)  # fmt: skip
         subsets[name] = {key: figures[key] for key in ("documents", "tokens", "bytes", "capped")}
         if not figures["capped"]:
             logger.warning("%s: subset %s holds %d tokens, under the cap of %d: it is used whole", label, name,

@@ -28,15 +28,24 @@ is a JSON object, and each part it lists has its arrays, the row and token count
 offsets array's row count and last end), and a readable shard index in every stored file (one element read
 per file: zarr3 keeps a shard's index at its end, so a file cut short fails that read). A damaged cache is
 reported by file, where Levanter would fail only when the damaged row is sampled, hours in.
+
+A ledger names a tokenizer that is another step's output relative to the ledger's own folder (`ledger_metadata`,
+`records.recorded_path`), so a cache is the same bytes under any prefix. Levanter's loader
+compares a ledger's metadata with its own, which names the tokenizer by its absolute path, and warns on any
+difference: that one difference, the same tokenizer folder named both ways (its `<name>-<hash>` folder and the
+steps' path above it), is not logged (`SameTokenizerNamedRelatively`); any other is, as before.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import ipaddress
 import itertools
 import json
+import logging
 import os
+import posixpath
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +59,7 @@ from levanter.store.cache import CACHE_LAYOUT_SHARDED, CacheLedger, CacheMetadat
 from tokenizers import Encoding
 
 from executor import storage
+from executor.records import recorded_path
 from executor.shard_writer import ShardWriter
 
 TOKENS_FIELD = "input_ids"
@@ -57,6 +67,60 @@ EXEMPLAR = {TOKENS_FIELD: np.zeros((0,), dtype=np.int32)}
 """The row shape of a text cache: one int32 array of token ids per document (Levanter's `BatchTokenizer`)."""
 LEDGER_FILE = "shard_ledger.json"
 SUPPORTED_SCHEMES = ("", "file", "gs", "gcs", "s3")
+
+
+MISMATCH_WARNING = "Metadata mismatch: "
+"""How Levanter's cache loader (levanter.store.cache) starts its warning, followed by the DeepDiff."""
+
+
+def ledger_metadata(metadata: Mapping[str, Any], output_path: str, folder: str) -> dict[str, Any]:
+    """`metadata` as the ledger in `folder` (under the step's `output_path`) records it: a tokenizer that is
+    another step's output relative to `folder` (`records.recorded_path`)."""
+    tokenizer = metadata.get("tokenizer")
+    if not isinstance(tokenizer, str):
+        return dict(metadata)
+    return {**metadata, "tokenizer": recorded_path(tokenizer, output_path, folder)}
+
+
+def same_tokenizer(recorded: Any, loaded: Any) -> bool:
+    """Whether a ledger's relative tokenizer path (`ledger_metadata`) names the folder a loader gives by its
+    absolute path: the path left after the `..` steps ends the loaded one (it holds the tokenizer step's
+    content-hashed `<name>-<hash>` folder)."""
+    if not isinstance(recorded, str) or not isinstance(loaded, str) or storage.is_url(recorded):
+        return False
+    if recorded.startswith("/"):
+        return False
+    parts = posixpath.normpath(recorded).split("/")
+    tail = "/".join(itertools.dropwhile(lambda part: part == "..", parts))
+    return bool(tail) and ".." not in tail.split("/") and loaded.rstrip("/").endswith("/" + tail)
+
+
+class SameTokenizerNamedRelatively(logging.Filter):
+    """Drops Levanter's metadata-mismatch warning when its only difference is one tokenizer named relatively (by
+    the ledger) and absolutely (by the loader), the same folder (`same_tokenizer`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(MISMATCH_WARNING):
+            return True
+        try:
+            diff = ast.literal_eval(message[len(MISMATCH_WARNING) :])
+        except (ValueError, SyntaxError):
+            return True
+        changed = diff.get("values_changed") if isinstance(diff, dict) and set(diff) == {"values_changed"} else None
+        if not isinstance(changed, dict) or len(changed) != 1:
+            return True
+        ((where, values),) = changed.items()
+        return not (
+            where.endswith("['tokenizer']")
+            and isinstance(values, dict)
+            and same_tokenizer(values.get("old_value"), values.get("new_value"))
+        )
+
+
+_levanter_cache_logger = logging.getLogger("levanter.store.cache")
+if not any(isinstance(each, SameTokenizerNamedRelatively) for each in _levanter_cache_logger.filters):
+    _levanter_cache_logger.addFilter(SameTokenizerNamedRelatively())
 
 
 class UnsupportedCachePathError(ValueError):
@@ -223,7 +287,8 @@ class PartWriter:
             shard_rows={"": self.rows},
             finished_shards=[""],
             field_counts={TOKENS_FIELD: self.tokens},
-            metadata=CacheMetadata(self._metadata),
+            metadata=CacheMetadata(ledger_metadata(self._metadata, self._writer.output_path,
+                                                   storage.join(self._writer.output_path, self._relative))),
         )
         storage.write_atomic(storage.join(self._temp, LEDGER_FILE), ledger.to_json())
 
@@ -302,8 +367,11 @@ def _write_context() -> ts.Context:
     return ts.Context({"cache_pool": {}, "file_io_sync": False})
 
 
-def write_sharded_ledger(split_path: str, parts: Sequence[PartFigures], metadata: dict[str, Any]) -> CacheLedger:
-    """Write the ledger that makes the committed sub-caches `parts` (in order) one Levanter cache."""
+def write_sharded_ledger(
+    split_path: str, parts: Sequence[PartFigures], metadata: dict[str, Any], output_path: str
+) -> CacheLedger:
+    """Write the ledger that makes the committed sub-caches `parts` (in order) one Levanter cache, a folder of the
+    step output `output_path` (see `ledger_metadata`)."""
     parts = [part for part in parts if part.rows]  # an empty group wrote no sub-cache
     ledger = CacheLedger(
         total_num_rows=sum(part.rows for part in parts),
@@ -313,7 +381,7 @@ def write_sharded_ledger(split_path: str, parts: Sequence[PartFigures], metadata
         field_counts={TOKENS_FIELD: sum(part.tokens for part in parts)} if parts else {},
         field_counts_by_shard={part.name: {TOKENS_FIELD: part.tokens} for part in parts},
         layout=CACHE_LAYOUT_SHARDED,
-        metadata=CacheMetadata(metadata),
+        metadata=CacheMetadata(ledger_metadata(metadata, output_path, split_path)),
     )
     storage.write_atomic(storage.join(split_path, LEDGER_FILE), ledger.to_json())
     TreeCache.load(split_path, EXEMPLAR)  # Levanter's own checks of a sharded ledger

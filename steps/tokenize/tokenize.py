@@ -53,6 +53,7 @@ import xxhash
 from tokenizers import Encoding, Tokenizer
 
 from executor import storage
+from executor.records import recorded_path
 from executor.shard_writer import ShardWriter
 from executor.shards import ShardReport, run_sharded
 from steps.data.documents import (
@@ -178,7 +179,7 @@ def tokenize(config: TokenizeConfig) -> None:
     if config.per_folder:
         stats["components"] = _write_components(config.output_path, report, metadata)
     else:
-        _write_ledgers(config.output_path, sorted(report.markers.items()), metadata)
+        _write_ledgers(config.output_path, config.output_path, sorted(report.markers.items()), metadata)
     write_stats(config.output_path, stats)
     logger.info(
         "%s: %d documents, %d tokens (%.2f bytes per token)",
@@ -189,14 +190,17 @@ def tokenize(config: TokenizeConfig) -> None:
     )
 
 
-def _write_ledgers(cache_dir: str, markers: list[tuple[str, dict[str, Any]]], metadata: dict[str, Any]) -> None:
-    """One Levanter cache per split under `cache_dir` over the committed parts of `markers`' shard groups."""
+def _write_ledgers(
+    output_path: str, cache_dir: str, markers: list[tuple[str, dict[str, Any]]], metadata: dict[str, Any]
+) -> None:
+    """One Levanter cache per split under `cache_dir` (in the step's `output_path`) over the committed parts of
+    `markers`' shard groups."""
     for split in SPLITS:
         parts = [
             PartFigures(f"part-{shard_id}", marker["stats"][f"{split}_docs"], marker["stats"][f"{split}_tokens"])
             for shard_id, marker in markers
         ]
-        write_sharded_ledger(storage.join(cache_dir, split), parts, metadata)
+        write_sharded_ledger(storage.join(cache_dir, split), parts, metadata, output_path)
 
 
 def _write_components(output_path: str, report: ShardReport, metadata: dict[str, Any]) -> dict[str, Any]:
@@ -218,7 +222,7 @@ def _write_components(output_path: str, report: ShardReport, metadata: dict[str,
         if not figures["train_docs"]:
             excluded[name] = figures
             continue
-        _write_ledgers(storage.join(output_path, name), markers, metadata)
+        _write_ledgers(output_path, storage.join(output_path, name), markers, metadata)
         (usable if figures["validation_docs"] else train_only)[name] = figures
     document = {"components": usable, "train_only": train_only, "excluded": excluded}
     storage.write_json_atomic(storage.join(output_path, COMPONENTS_FILE), document)
@@ -453,6 +457,6 @@ def _stats(report: ShardReport, config: TokenizeConfig, files: int) -> dict[str,
         "docs_out": merged.get("docs_out", 0),
         "bytes_in": merged.get("bytes_in", 0),
         "tokens_out": tokens,
-        "tokenizer": config.tokenizer_path,
+        "tokenizer": recorded_path(config.tokenizer_path, config.output_path),
         "validation_fraction": config.validation_fraction,
     }
