@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -94,6 +95,18 @@ def test_a_checksum_mismatch_fails_the_file(tmp_path):
             download(DownloadConfig(source=server.url, files=["a.jsonl"], output_path=str(tmp_path / "out")))
     finally:
         server.close()
+
+
+def test_a_source_whose_server_is_down_names_the_cause_and_the_remedy(tmp_path):
+    """Connection refused (nothing listens on the port): the shard fails naming the URL, the cause and what to do,
+    not "transfer broke after 0 bytes"."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(ShardFailedError, match=rf"http://127.0.0.1:{port}/a.jsonl: connection refused: nothing "
+                                               rf"listens at 127.0.0.1:{port}; check the source URL"):  # fmt: skip
+        download(DownloadConfig(source=f"http://127.0.0.1:{port}", files=["a.jsonl"],
+                                output_path=str(tmp_path / "out")))  # fmt: skip
 
 
 def test_a_missing_source_is_a_clear_error(tmp_path):

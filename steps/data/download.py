@@ -32,8 +32,10 @@ import http.client
 import logging
 import os
 import re
+import socket
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,9 +163,22 @@ def _fetch_http(transfer: _Transfer, offset: int) -> None:
             raise TransientError(f"{transfer.url}: HTTP {error.code}") from error
         raise FileNotFoundError(f"{transfer.url}: HTTP {error.code} {error.reason}") from error
     except (OSError, urllib.error.URLError, http.client.HTTPException) as error:
-        raise TransientError(f"{transfer.url}: transfer broke after {_size(transfer.partial_path)} bytes") from error
+        raise TransientError(f"{transfer.url}: {_why_it_broke(error, transfer)}") from error
     if expected is not None and _size(transfer.partial_path) != expected:
         raise TransientError(f"{transfer.url}: got {_size(transfer.partial_path)} of {expected} bytes")
+
+
+def _why_it_broke(error: BaseException, transfer: _Transfer) -> str:
+    """What a failed HTTP transfer says: the cause a user can act on where the socket gives one."""
+    reason = getattr(error, "reason", error)
+    where = urllib.parse.urlsplit(transfer.url).netloc
+    if isinstance(reason, ConnectionRefusedError):
+        return f"connection refused: nothing listens at {where}; check the source URL, or start its server"
+    if isinstance(reason, socket.gaierror):
+        return f"the host of {where} is not found ({reason.strerror}); check the source URL or this machine's network"
+    if isinstance(reason, TimeoutError):
+        return f"no answer from {where} within timeout_s={transfer.timeout_s:g} s"
+    return f"transfer broke after {_size(transfer.partial_path)} bytes ({type(reason).__name__}: {reason})"
 
 
 def _expected_total(response: Any, offset: int) -> int | None:
