@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -51,6 +52,11 @@ class Backend(Protocol):
     def interrupt(self) -> None:
         """The user interrupted the run: stop running steps (recorded FAILED) and start no more."""
 
+    def abandon_stuck(self) -> int:
+        """After `interrupt`, give up on the steps still running (blocked in a native call): record them FAILED,
+        free their leases, and leave their threads behind; how many were."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -60,26 +66,48 @@ def default_local_concurrency() -> int:
 
 
 class LocalBackend:
+    """Each step in a daemon thread of this process (the scheduler keeps at most `max_in_flight` running): a
+    step abandoned after Ctrl-C, blocked in a native call, never keeps the process from exiting, where a
+    `ThreadPoolExecutor`'s workers are joined at interpreter exit."""
+
     name = "local"
 
     def __init__(self, max_concurrent: int | None, step_resources: Iterable[ResourceConfig | None] = ()):
         self.max_in_flight: int | None = max_concurrent or default_local_concurrency()
         claim_for_steps(step_resources)  # this process's JAX, before any step runs in it
-        self._pool = ThreadPoolExecutor(max_workers=self.max_in_flight, thread_name_prefix="executor-step")
         self._stop = StopSignal()
 
     def submit(self, task: StepTask, resources: ResourceConfig | None) -> Future[StepResult]:
         if resources is not None and resources.hosts > 1:
             ensure_ray()  # a gang's members are Ray actors, even under the local backend
             task = gang_task(task, resources)
-        return self._pool.submit(run_step, on_cpu_devices(task, resources), self._stop)
+        step_task = on_cpu_devices(task, resources)
+        return in_daemon_thread(run_step, step_task, self._stop, name=f"executor-step:{task.label}")
 
     def interrupt(self) -> None:
         self._stop.set()
 
+    def abandon_stuck(self) -> int:
+        return self._stop.abandon_running()
+
     def close(self) -> None:
-        # After an interrupt, do not wait on a step stuck in native code; its lease goes stale.
-        self._pool.shutdown(wait=not self._stop.is_set(), cancel_futures=True)
+        pass
+
+
+def in_daemon_thread(fn: Any, *args: Any, name: str) -> Future[Any]:
+    """`fn(*args)` in a daemon thread of its own; its result or exception in the future."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as error:  # the caller sees every outcome, a KeyboardInterrupt included
+            future.set_exception(error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 LOCAL_IDLE_WORKERS_PER_CPU = 2
@@ -228,6 +256,10 @@ class RayBackend:
         self._stop.set()
         for ref in self._refs:
             self._ray.cancel(ref)
+
+    def abandon_stuck(self) -> int:
+        """Gang drivers run here (their steps' threads); a Ray task blocked in a native call is Ray's to stop."""
+        return self._stop.abandon_running()
 
     def close(self) -> None:
         """Ray stays up for the rest of the process; it shuts itself down at exit."""

@@ -4,12 +4,20 @@ A step function is ordinary Python running in a worker thread; the only way to s
 cooperation is an exception raised asynchronously in that thread (`PyThreadState_SetAsyncExc`).
 `Interrupter` aims that exception at the thread only while the step function runs, so the runner's
 own bookkeeping (status writes, lease release) is never cut in half.
+
+Such an exception is raised only when the thread runs Python again: a step blocked in a native call (a read
+that never returns, a C library's loop) does not see it. After Ctrl-C the scheduler waits a moment and then
+*abandons* the steps still inside their functions (`StopSignal.abandon_running`): each one's callback, given
+by the runner, records FAILED "interrupted by the user", stops its heartbeat and frees its lease from the
+interrupting thread, and the step's own thread, should it ever come back, records nothing. The thread itself
+is a daemon (executor/backends.py), so the process exits without waiting for it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 
 
 class StepAborted(BaseException):
@@ -54,13 +62,22 @@ class StopSignal:
         with self._lock:
             self._running.discard(interrupter)
 
+    def abandon_running(self) -> int:
+        """Give up on every step still inside its function (the module docstring); how many were."""
+        with self._lock:
+            running = list(self._running)
+        return sum(interrupter.abandon() for interrupter in running)
+
 
 class Interrupter:
     """Raises an exception inside the step's thread, but only while the step function runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_abandon: Callable[[], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._thread_id: int | None = None
+        self._on_abandon = on_abandon
+        self.abandoned = False
+        """Given up on while its function ran: the step's thread must record nothing (the abandoner did)."""
 
     def __enter__(self) -> None:
         with self._lock:
@@ -72,6 +89,16 @@ class Interrupter:
                 # Clear an interrupt that was sent but not yet raised: from here on we are our own code.
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
             self._thread_id = None
+
+    def abandon(self) -> bool:
+        """If the step function is still running, mark it abandoned and run the `on_abandon` callback (in this
+        thread); False if it already returned (its thread records its own outcome) or none was given."""
+        with self._lock:
+            if self._thread_id is None or self._on_abandon is None or self.abandoned:
+                return False
+            self.abandoned = True
+        self._on_abandon()
+        return True
 
     def interrupt(self, exception: type[BaseException]) -> None:
         with self._lock:

@@ -329,6 +329,15 @@ class Heartbeat:
             thread.join()  # a renewal in flight lands first: the caller's release is the last write
         self._ticks.shutdown(wait=True, cancel_futures=True)
 
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop renewing from another thread than the holder's (a step given up on, see
+        executor/interrupts.py): a renewal in flight gets `timeout_s` to land, a tick in flight is not waited on."""
+        self._stop.set()
+        for thread in self._threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout_s)
+        self._ticks.shutdown(wait=False, cancel_futures=True)
+
     def raise_if_lost(self) -> None:
         if self.lost is not None:
             raise self.lost

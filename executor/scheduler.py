@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 INTERRUPT_GRACE_S = 30.0
 """After Ctrl-C, how long to wait for interrupted steps to record FAILED and free their leases."""
+STOP_GRACE_S = 2.0
+"""After Ctrl-C, how long a step function gets to stop before it is abandoned (executor/interrupts.py): one blocked
+in a native call never sees the exception that stops it, and the user asked for the run to end."""
+AFTER_ABANDON_S = 1.0
+"""...and how long the steps not abandoned (Ray tasks recording FAILED) then get before the run ends."""
 
 WAKE_S = 0.5
 """The loop never blocks longer than this. The kernel may deliver Ctrl-C's SIGINT to any thread (a step's, a
@@ -56,7 +61,12 @@ def schedule(
     except KeyboardInterrupt:
         logger.warning("interrupted: stopping %d running step(s); they are recorded FAILED", len(run.running))
         backend.interrupt()
-        wait(run.running, timeout=INTERRUPT_GRACE_S)
+        _, pending = wait(run.running, timeout=STOP_GRACE_S)
+        abandoned = backend.abandon_stuck() if pending else 0
+        if abandoned:  # their futures never complete: their threads stay blocked until the process exits
+            logger.warning("interrupted: %d step(s) did not stop within %.0f s (blocked in a native call): recorded "
+                           "FAILED, leases freed, their threads left behind", abandoned, STOP_GRACE_S)  # fmt: skip
+        wait(pending, timeout=AFTER_ABANDON_S if abandoned else INTERRUPT_GRACE_S)
         raise
     return run.results
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import threading
 import traceback
 import uuid
 from collections.abc import Callable
@@ -200,13 +201,26 @@ def _run_holding_lease(task: StepTask, lease: Lease, stop: StopSignal) -> StepRe
 def _run_attempt(task: StepTask, lease: Lease, stop: StopSignal, attempt: _Attempt) -> StepResult | _Retry:
     """The step function under the heartbeat and the step log, then its outcome recorded."""
     with StepLog(task.output_path) as step_log:
-        interrupter = Interrupter()
+        abandoned = threading.Event()
+
+        def abandon() -> None:  # from the interrupting thread: the step's is blocked where no exception reaches
+            try:
+                beat.stop()
+                _record_interrupt(task, lease, None, attempt, StepInterrupted(), ABANDONED)
+                lease.release()
+            finally:
+                abandoned.set()
+
+        interrupter = Interrupter(on_abandon=abandon)
 
         def stop_step(_lost: LeaseLostError) -> None:
             interrupter.interrupt(StepAborted)
 
         with Heartbeat(lease, on_lost=stop_step, on_tick=step_log.upload) as beat:
             error = _call_step_fn(task, stop, interrupter, attempt.starts_forced_run)
+            if interrupter.abandoned:  # recorded and freed by the abandoner; this thread came back late
+                abandoned.wait()
+                return StepResult(Outcome.FAILED, ABANDONED)
             beat.raise_if_lost()
             if error is None:
                 manifest = write_manifest(task.output_path)
@@ -298,11 +312,19 @@ def _call_step_fn(
     return None
 
 
+INTERRUPTED = "interrupted by the user"
+ABANDONED = f"{INTERRUPTED} (the step function did not stop: blocked in a native call, its thread was left behind)"
+
+
 def _record_interrupt(
-    task: StepTask, lease: Lease, beat: Heartbeat | None, attempt: _Attempt, interrupted: BaseException
+    task: StepTask,
+    lease: Lease,
+    beat: Heartbeat | None,
+    attempt: _Attempt,
+    interrupted: BaseException,
+    message: str = INTERRUPTED,
 ) -> StepResult:
     """FAILED "interrupted by the user", so the next run starts at once (the lease is freed after)."""
-    message = "interrupted by the user"
     failed = StatusEvent(StepStatus.FAILED, attempt=attempt.number, worker=lease.worker_id, message=message)
     try:
         _append_holding(task.output_path, lease, beat, failed)

@@ -31,3 +31,20 @@ def wait_for_gate(config: GateConfig) -> None:
     os.makedirs(config.output_path, exist_ok=True)
     with open(os.path.join(config.output_path, "done.txt"), "w") as handle:
         handle.write(record["node"])
+
+
+@dataclass(frozen=True)
+class FifoConfig:
+    output_path: str
+    fifo: str
+    """A named pipe: opening it for reading blocks, inside the kernel, until a writer opens it (plain)."""
+
+
+def read_a_fifo(config: FifoConfig) -> None:
+    """A step blocked in a native call: `open` of a FIFO no one writes never returns to Python, so no exception
+    raised in its thread is seen until a writer comes."""
+    with open(config.fifo, "rb") as handle:
+        data = handle.read()
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "read.bin"), "wb") as handle:
+        handle.write(data)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +63,57 @@ def test_ctrl_c_records_failed_and_frees_the_lease(tmp_path, backend, parent_ign
     rerun.run([step])  # default lease timings: it would wait 90 s for a lease that was not freed
     assert read_status(output) == "SUCCESS"
     assert [event.status for event in read_events(output)][-2:] == ["RUNNING", "SUCCESS"]
+
+
+def test_ctrl_c_ends_a_run_whose_step_is_blocked_in_a_native_call(tmp_path):
+    """The step waits inside the kernel (opening a named pipe no one writes), where the exception that stops a step
+    never arrives: the run still ends soon after Ctrl-C (the step abandoned: recorded FAILED, its heartbeat stopped,
+    its lease freed, its thread left to die with the process), with no thread's error at exit, and the next run
+    takes the step at once. The time from Ctrl-C to exit is printed (about 2-3 s here; the pipe would block
+    forever), and bounded only far above it."""
+    from gate_runner import fifo_step
+
+    prefix, fifo = tmp_path / "out", tmp_path / "pipe"
+    os.mkfifo(fifo)
+    step = fifo_step(str(fifo))
+    planner = Executor(str(prefix))
+    planner.run([step], dry_run=True)
+    output = planner.output_paths[step]
+    log = open(tmp_path / "run.log", "wb")
+    process = subprocess.Popen([sys.executable, RUNNER, str(prefix), str(fifo), "fifo"], stdout=log,
+                               stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        wait_until(lambda: read_status(output) == "RUNNING", "the step to run")
+        time.sleep(1.0)  # inside open() by now
+        interrupted_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        try:
+            assert process.wait(timeout=60) != 0
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            pytest.fail("the run did not end after Ctrl-C:\n" + (tmp_path / "run.log").read_text())
+        print(f"Ctrl-C to exit: {time.monotonic() - interrupted_at:.2f} s")
+    finally:
+        process.kill()
+        log.close()
+    text = (tmp_path / "run.log").read_text()
+    history = read_events(output)
+    assert history[-1].status == "FAILED" and history[-1].message == step_runner.ABANDONED, history
+    assert history[-1].message.startswith("interrupted by the user")
+    current = Lease(output, "observer", LeaseSettings()).current()
+    assert current is not None and current["released"] is True
+    assert "KeyboardInterrupt" in text and "did not stop within" in text
+    assert "Exception in thread" not in text and "Exception ignored" not in text, text
+
+    def write_the_pipe() -> None:
+        with open(fifo, "wb") as handle:  # blocks until the rerun's step opens it for reading
+            handle.write(b"go")
+
+    writer = threading.Thread(target=write_the_pipe, daemon=True)
+    writer.start()
+    Executor(str(prefix)).run([step])  # default lease timings: it would wait 90 s for a lease that was not freed
+    assert read_status(output) == "SUCCESS" and Path(output, "read.bin").read_bytes() == b"go"
 
 
 def run_interrupted(tmp_path: Path) -> tuple[Executor, ExecutorStep, str]:
