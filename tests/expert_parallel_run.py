@@ -48,8 +48,10 @@ SHAPE = MoeShape(d_model=32, n_layers=2, vocab_size=VOCAB, n_heads=4, head_dim=8
                  kv_heads_global=1, global_every=2, sliding_window=8, n_experts=8, top_k=2, expert_width=16,
                  latent_dim=16, n_shared_experts=2, shared_width=16, seq_len=32)  # fmt: skip
 MESH = {"data": 2, "expert": 2}
-LAYOUT_MESHES = ({"data": 1, "expert": 4}, {"data": 2, "expert": 2})
 LAYOUT_SHAPES = {"latent": SHAPE, "plain": dataclasses.replace(SHAPE, latent_dim=None)}
+LAYOUT_CASES = (({"data": 1, "expert": 4}, "latent"), ({"data": 2, "expert": 2}, "plain"))
+"""Each mesh once and each model once: the plain model's routed experts read d_model, which meets `experts` only
+where `data` (FSDP) is more than one device."""
 LAYOUT_STEPS = 3
 Batch, Vocab = hax.Axis("batch", BATCH), hax.Axis("vocab", VOCAB)
 
@@ -207,22 +209,22 @@ class GradientLayout(JitCallback):
 
 
 def layout_runs() -> list[dict]:
-    """`LAYOUT_STEPS` steps of each of `LAYOUT_SHAPES` on each of `LAYOUT_MESHES` (one device: without a mesh): the
+    """`LAYOUT_STEPS` steps of each of `LAYOUT_CASES` (one device: each of `LAYOUT_SHAPES` without a mesh): the
     losses and the layouts of the weights, their AdamW moments (`mu`, `nu`) and the first step's gradients."""
     runs = []
-    for mesh in LAYOUT_MESHES if DEVICES > 1 else (None,):
-        for name, shape in LAYOUT_SHAPES.items():
-            hook = GradientLayout()
-            with training(config(1.15, shape), mesh, shape, [hook]) as (trainer, state, examples):
-                adam = jax.tree.leaves(state.opt_state, is_leaf=lambda node: hasattr(node, "mu"))
-                moments = next(node for node in adam if hasattr(node, "mu"))
-                found = {"params": layout(state.model), "mu": layout(moments.mu), "nu": layout(moments.nu)}
-                losses = []
-                for example in examples[:LAYOUT_STEPS]:
-                    info = trainer.train_step(state, example)
-                    state = info.state
-                    losses.append(float(info.loss))
-            runs.append({"mesh": mesh, "model": name, "losses": losses, **found, "grads": hook.gradients})
+    cases = LAYOUT_CASES if DEVICES > 1 else tuple((None, name) for name in LAYOUT_SHAPES)
+    for mesh, name in cases:
+        shape, hook = LAYOUT_SHAPES[name], GradientLayout()
+        with training(config(1.15, shape), mesh, shape, [hook]) as (trainer, state, examples):
+            adam = jax.tree.leaves(state.opt_state, is_leaf=lambda node: hasattr(node, "mu"))
+            moments = next(node for node in adam if hasattr(node, "mu"))
+            found = {"params": layout(state.model), "mu": layout(moments.mu), "nu": layout(moments.nu)}
+            losses = []
+            for example in examples[:LAYOUT_STEPS]:
+                info = trainer.train_step(state, example)
+                state = info.state
+                losses.append(float(info.loss))
+        runs.append({"mesh": mesh, "model": name, "losses": losses, **found, "grads": hook.gradients})
     return runs
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import dataclass
 
 
@@ -40,6 +41,8 @@ class CountedSumConfig:
     """Member 1 of the first attempt sleeps `stall_s` inside this iteration while member 0 waits for it in the
     next collective: a gang whose members all answer their heartbeat but none advances."""
     stall_s: float = 0.0
+    stop_at: int | None = None
+    """Member 1 of the first attempt stops itself (SIGSTOP) inside this iteration: its heartbeat goes silent too."""
 
 
 def counted_sum(config: CountedSumConfig) -> None:
@@ -83,6 +86,9 @@ def iterate(config: CountedSumConfig, state: dict, total_of, sharding) -> None:
         if jax.process_index() == 1 and iteration == config.stall_at and not os.path.exists(stall_marker):
             open(stall_marker, "w").close()
             time.sleep(config.stall_s)
+        if jax.process_index() == 1 and iteration == config.stop_at and not os.path.exists(stall_marker):
+            open(stall_marker, "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(config.pace_s)
         local = np.arange(jax.local_device_count(), dtype=np.float32) + 10 * jax.process_index() + iteration
         total = float(total_of(jax.make_array_from_process_local_data(sharding, local)))

@@ -210,10 +210,10 @@ ROUTED = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3000)  # six short runs through Levanter's trainer: ~3 minutes on 2 busy cores
+@pytest.mark.timeout(3000)  # four short runs through Levanter's trainer: ~2 minutes on 2 busy cores
 def test_every_weight_its_moments_and_gradient_are_split_over_every_device_and_train_as_on_one_device() -> None:
-    """On data=1 x expert=4 and data=2 x expert=2, for a latent and a plain MoE (whose routed experts read
-    d_model: `embed` there would meet `experts`), each device holds a quarter of every weight, of its AdamW
+    """On data=1 x expert=4 (a latent MoE) and data=2 x expert=2 (a plain MoE, whose routed experts read d_model:
+    `embed` there meets `experts`), each device holds a quarter of every weight, of its AdamW
     moments and of its gradient: dense weights (attention, embeddings, LM head, norms, router, shared experts,
     latent projections) over data x expert, routed experts over `expert` and FSDP over `data`. Only the router
     bias and loads (carried, not trained) are split over `expert` alone. The losses are the one-device run's (with
@@ -223,7 +223,7 @@ def test_every_weight_its_moments_and_gradient_are_split_over_every_device_and_t
     one = {run["model"]: run for run in result(str(HERE / "expert_parallel_run.py"), "1", "layout")}
     four = result(str(HERE / "expert_parallel_run.py"), "4", "layout")
     cases = [(run["mesh"]["data"], run["model"]) for run in four]  # data=1 x expert=4, then data=2 x expert=2
-    assert cases == [(1, "latent"), (1, "plain"), (2, "latent"), (2, "plain")]
+    assert cases == [(1, "latent"), (2, "plain")]
     for run in four:
         label = f"{run['mesh']} {run['model']}"
         assert run["losses"] == pytest.approx(one[run["model"]]["losses"], abs=1e-4), label
