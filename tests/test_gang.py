@@ -259,6 +259,18 @@ def counted_step(prefix: Path, name: str, progress_timeout_s: float | None = Non
                                                               resources=resources)  # fmt: skip
 
 
+def run_retried_once(executor: Executor, step: ExecutorStep) -> tuple[Path, str]:
+    """Run a counted-sum gang step of 8 iterations that must fail once as transient and then finish with the
+    uninterrupted total: its output path and the failed attempt's message."""
+    executor.run([step])
+    output_path = Path(executor.output_paths[step])
+    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": counted_total(8)}
+    events = [event for event in read_events(str(output_path)) if event.attempt]
+    assert [event.status for event in events] == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING,
+                                                  StepStatus.SUCCESS]  # fmt: skip
+    return output_path, events[1].message or ""
+
+
 def counted_total(iterations: int) -> float:
     """The sum over `iterations` of 4 devices holding 0, 1 (process 0) and 10, 11 (process 1), each plus the
     iteration."""
@@ -274,13 +286,7 @@ def test_stalled_gang_member_that_answers_its_heartbeat_is_torn_down_and_the_ret
     retried gang resumes from iteration 3 to the uninterrupted total. Before, the gang waited out the sleep."""
     executor, step = counted_step(tmp_path, "gang/stalled", stall_at=3, stall_s=300.0)
     started = time.monotonic()
-    executor.run([step])
-    output_path = Path(executor.output_paths[step])
-    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": counted_total(8)}
-    events = [event for event in read_events(str(output_path)) if event.attempt]
-    assert [event.status for event in events] == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING,
-                                                  StepStatus.SUCCESS]  # fmt: skip
-    message = events[1].message or ""
+    output_path, message = run_retried_once(executor, step)
     assert "GangMemberLostError" in message and "is hung: no member completed a step" in message, message
     assert time.monotonic() - started < 300  # the sleep was cut short by the teardown, not waited out
     gang = json.loads((output_path / GANG_FILE).read_text())
@@ -310,13 +316,7 @@ def test_gang_member_stopped_is_found_hung_and_the_retry_resumes(tmp_path, local
     can fire), tears the gang down (the stopped process killed with the rest) and the retried gang resumes from
     the checkpointed iteration to the uninterrupted total."""
     executor, step = counted_step(tmp_path, "gang/stopped", progress_timeout_s=600.0, stop_at=3)
-    executor.run([step])
-    output_path = Path(executor.output_paths[step])
-    assert json.loads((output_path / "result.json").read_text()) == {"done": 8, "total": counted_total(8)}
-    events = [event for event in read_events(str(output_path)) if event.attempt]
-    assert [event.status for event in events] == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING,
-                                                  StepStatus.SUCCESS]  # fmt: skip
-    message = events[1].message or ""
+    output_path, message = run_retried_once(executor, step)
     assert "GangMemberLostError" in message and "gang member 1 of 2" in message and ") hung:" in message, message
     assert "answered no heartbeat" in message, message
     gang = json.loads((output_path / GANG_FILE).read_text())
