@@ -28,6 +28,11 @@ class StepInterrupted(BaseException):
     """Raised inside a step's thread when the user interrupts the executor (Ctrl-C)."""
 
 
+STOP_GRACE_S = 2.0
+"""After Ctrl-C, how long a step function gets to stop before it is abandoned: one blocked in a native call never
+sees the exception that stops it, and the user asked for the run to end."""
+
+
 class StopSignal:
     """Set when the user interrupts a run: running steps are interrupted, waiting ones give up.
 

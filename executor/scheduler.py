@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from executor.backends import Backend
+from executor.interrupts import STOP_GRACE_S
 from executor.plan import PlannedStep
 from executor.retry import DEFAULT_RETRY, is_transient
 from executor.step_runner import Outcome, StepResult, StepTask
@@ -26,9 +27,6 @@ logger = logging.getLogger(__name__)
 
 INTERRUPT_GRACE_S = 30.0
 """After Ctrl-C, how long to wait for interrupted steps to record FAILED and free their leases."""
-STOP_GRACE_S = 2.0
-"""After Ctrl-C, how long a step function gets to stop before it is abandoned (executor/interrupts.py): one blocked
-in a native call never sees the exception that stops it, and the user asked for the run to end."""
 AFTER_ABANDON_S = 1.0
 """...and how long the steps not abandoned (Ray tasks recording FAILED) then get before the run ends."""
 

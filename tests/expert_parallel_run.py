@@ -6,6 +6,7 @@ expert-parallel step moves (`minimum_collective_bytes`), as JSON.
 
     python tests/expert_parallel_run.py 4 [capacity_factor]     # default: dropless
     python tests/expert_parallel_run.py 4 layout                # `layout_runs`
+    python tests/expert_parallel_run.py 4 both                  # `run(1.15)` and `layout_runs`, one process
 
 The step compiled is the trainer's own jitted train step (gradient under the compute mapping, optimizer update,
 state laid out by the parameter mapping), so its collectives are those the train step runs. `layout` trains the
@@ -208,11 +209,12 @@ class GradientLayout(JitCallback):
         self.gradients = self.gradients or layout(cb_info)
 
 
-def layout_runs() -> list[dict]:
-    """`LAYOUT_STEPS` steps of each of `LAYOUT_CASES` (one device: each of `LAYOUT_SHAPES` without a mesh): the
-    losses and the layouts of the weights, their AdamW moments (`mu`, `nu`) and the first step's gradients."""
+def layout_runs(skip: Sequence[str] = ()) -> list[dict]:
+    """`LAYOUT_STEPS` steps of each of `LAYOUT_CASES` (one device: each of `LAYOUT_SHAPES` but `skip`, without a
+    mesh): the losses and the layouts of the weights, their AdamW moments (`mu`, `nu`) and the first step's
+    gradients."""
     runs = []
-    cases = LAYOUT_CASES if DEVICES > 1 else tuple((None, name) for name in LAYOUT_SHAPES)
+    cases = LAYOUT_CASES if DEVICES > 1 else tuple((None, name) for name in LAYOUT_SHAPES if name not in skip)
     for mesh, name in cases:
         shape, hook = LAYOUT_SHAPES[name], GradientLayout()
         with training(config(1.15, shape), mesh, shape, [hook]) as (trainer, state, examples):
@@ -228,8 +230,20 @@ def layout_runs() -> list[dict]:
     return runs
 
 
+def both_runs() -> dict:
+    """`run(1.15)` and `layout_runs()` in one process (one start of JAX and Levanter). One device trains the
+    latent model once: `run`'s first `LAYOUT_STEPS` losses are its layout run's (one device has no layout)."""
+    hero = run(1.15)
+    layouts = layout_runs(skip=("latent",) if DEVICES == 1 else ())
+    if DEVICES == 1:
+        layouts.insert(0, {"mesh": None, "model": "latent", "losses": hero["losses"][:LAYOUT_STEPS]})
+    return {"run": hero, "layout": layouts}
+
+
 if __name__ == "__main__":
     if sys.argv[2:] == ["layout"]:
         print("RESULT " + json.dumps(layout_runs()))
+    elif sys.argv[2:] == ["both"]:
+        print("RESULT " + json.dumps(both_runs()))
     else:
         print("RESULT " + json.dumps(run(float(sys.argv[2]) if len(sys.argv) > 2 else None)))

@@ -175,14 +175,25 @@ def test_eval_on_ep2_and_ep4_equals_one_device_and_sends_the_slot_grid_not_s_tim
     assert (figures["1"]["dropped"] > 20) == (factor != "none")
 
 
+TRAINED: dict[int, dict] = {}
+
+
+def trained_on(devices: int) -> dict:
+    """tests/expert_parallel_run.py's hero-shaped run and layout runs on `devices`, one subprocess for both
+    trainer tests (JAX and Levanter start once a device count; one device trains the latent model once)."""
+    if devices not in TRAINED:
+        TRAINED[devices] = result(str(HERE / "expert_parallel_run.py"), str(devices), "both")
+    return TRAINED[devices]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(3000)  # two runs through Levanter's trainer in subprocesses: 20 minutes on 2 busy cores
+@pytest.mark.timeout(3000)  # two processes through Levanter's trainer: 20 minutes on 2 busy cores
 def test_a_tiny_hero_shaped_moe_trains_on_data2_x_expert2_as_on_one_device() -> None:
     """With the hero's capacity factor 1.15 one device and the mesh run the same slot grid, so their sums differ
     only in order. (Dropless, one device runs a grouped matmul and the mesh rounds of the grid: with router-bias
     balancing on, their rounding differences flip a top-k choice within a few steps, 6e-4 to 4e-3 apart by step
     5; the dropless layer itself equals one device's to 1e-6, test_eval_on_ep2_and_ep4_*.)"""
-    one, four = (result(str(HERE / "expert_parallel_run.py"), str(devices), "1.15") for devices in (1, 4))
+    one, four = (trained_on(devices)["run"] for devices in (1, 4))
     assert four["losses"] == pytest.approx(one["losses"], abs=1e-4)
     # Half the experts per device (split over `expert`), half their hidden width (FSDP over `data`).
     assert four["expert_bytes_per_device"] * 4 == four["expert_bytes"] == one["expert_bytes_per_device"]
@@ -210,7 +221,7 @@ ROUTED = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3000)  # four short runs through Levanter's trainer: ~2 minutes on 2 busy cores
+@pytest.mark.timeout(3000)  # the processes above (run first alone: 20 minutes on 2 busy cores)
 def test_every_weight_its_moments_and_gradient_are_split_over_every_device_and_train_as_on_one_device() -> None:
     """On data=1 x expert=4 (a latent MoE) and data=2 x expert=2 (a plain MoE, whose routed experts read d_model:
     `embed` there meets `experts`), each device holds a quarter of every weight, of its AdamW
@@ -220,8 +231,8 @@ def test_every_weight_its_moments_and_gradient_are_split_over_every_device_and_t
     the hero's capacity, where both run the same slot grid).
     (With dense weights FSDP over `data` alone, as before issue 35, a device held them whole on data=1 x
     expert=4 and half of them on data=2 x expert=2.)"""
-    one = {run["model"]: run for run in result(str(HERE / "expert_parallel_run.py"), "1", "layout")}
-    four = result(str(HERE / "expert_parallel_run.py"), "4", "layout")
+    one = {run["model"]: run for run in trained_on(1)["layout"]}
+    four = trained_on(4)["layout"]
     cases = [(run["mesh"]["data"], run["model"]) for run in four]  # data=1 x expert=4, then data=2 x expert=2
     assert cases == [(1, "latent"), (2, "plain")]
     for run in four:
