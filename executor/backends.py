@@ -23,7 +23,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -32,7 +31,7 @@ from executor import storage
 from executor.cpu_devices import claim_for_steps, on_cpu_devices, single_host_devices, stand_in_environment
 from executor.errors import ConfigError
 from executor.gang import gang_task
-from executor.interrupts import STOP_GRACE_S, StopSignal
+from executor.interrupts import StopSignal
 from executor.step_runner import StepResult, StepTask, run_step
 from executor.step_spec import ResourceConfig
 
@@ -187,45 +186,10 @@ def ray_options(resources: ResourceConfig | None, max_attempts: int) -> dict[str
 
 
 def _run_step_in_ray(task: StepTask) -> StepResult:
-    """The step in a daemon thread of this Ray worker, whose task thread waits for it. Ray's cancel (Ctrl-C in the
-    driver) raises KeyboardInterrupt in the waiting thread, which stops the step as Ctrl-C does on the local
-    backend: interrupted, then abandoned after `STOP_GRACE_S` if it is blocked in a native call (recorded FAILED,
-    lease freed), and then this worker exits, so that no later task shares a process with the blocked thread."""
     root = logging.getLogger()
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)  # so the step's INFO lines reach its logs/step.log
-    stop = StopSignal()
-    running = in_daemon_thread(run_step, task, stop, name=f"executor-step:{task.label}")
-    try:
-        return _result_waking(running, None)
-    except KeyboardInterrupt:
-        stop.set()
-        try:
-            return _result_waking(running, STOP_GRACE_S)
-        except TimeoutError:
-            if not stop.abandon_running():
-                raise
-            logger.warning("%s: did not stop within %.0f s of Ray's cancel (blocked in a native call): recorded "
-                           "FAILED, lease freed; this worker exits", task.label, STOP_GRACE_S)  # fmt: skip
-            threading.Timer(WORKER_EXIT_AFTER_S, os._exit, args=(1,)).start()
-            raise KeyboardInterrupt from None
-
-
-WORKER_EXIT_AFTER_S = 1.0
-"""A Ray worker whose step was abandoned exits this long after its task ends (Ray has sent the task's end)."""
-
-
-def _result_waking(future: Future[StepResult], timeout: float | None) -> StepResult:
-    """`future.result(timeout)`, waking each half second so that Ray's KeyboardInterrupt lands in this thread."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-        if left <= 0:
-            raise TimeoutError
-        try:
-            return future.result(timeout=left)
-        except TimeoutError:
-            continue
+    return run_step(task)
 
 
 def _warm_worker(modules: tuple[str, ...]) -> int:
