@@ -348,6 +348,8 @@ def _record_failure(
 ) -> StepResult | _Retry:
     """FAILED with the traceback; or, for a retryable error with attempts left in this run, WAITING and a backoff."""
     message = f"{type(error).__name__}: {error}"
+    for note in getattr(error, "__notes__", None) or ():  # e.g. which gang member raised it
+        message += f" ({note})"
     if isinstance(error, OSError) and error.errno in _STORAGE_FULL_ERRNOS and not error.filename:
         message += f" (writing under {task.output_path})"  # a full disk's error names no file
     if log_note:

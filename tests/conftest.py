@@ -21,7 +21,8 @@ import pytest
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
 from executor.cpu_devices import with_stand_in_flags
 
-pytest_plugins = ["services", "hero_run"]  # the gcs_emulator and s3_server fixtures; the tiny hero run
+# The gcs_emulator and s3_server fixtures; the tiny hero run; the browser tests' Chromium and page.
+pytest_plugins = ["services", "hero_run", "browser_fixtures"]
 
 
 class CallLog:

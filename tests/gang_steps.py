@@ -43,6 +43,8 @@ class CountedSumConfig:
     stall_s: float = 0.0
     stop_at: int | None = None
     """Member 1 of the first attempt stops itself (SIGSTOP) inside this iteration: its heartbeat goes silent too."""
+    raise_at: int | None = None
+    """Member 1 raises `ValueError` inside this iteration, every attempt: a step's own bug, not a lost host."""
 
 
 def counted_sum(config: CountedSumConfig) -> None:
@@ -89,6 +91,8 @@ def iterate(config: CountedSumConfig, state: dict, total_of, sharding) -> None:
         if jax.process_index() == 1 and iteration == config.stop_at and not os.path.exists(stall_marker):
             open(stall_marker, "w").close()
             os.kill(os.getpid(), signal.SIGSTOP)
+        if jax.process_index() == 1 and iteration == config.raise_at:
+            raise ValueError(f"counted sum refuses iteration {iteration}")
         time.sleep(config.pace_s)
         local = np.arange(jax.local_device_count(), dtype=np.float32) + 10 * jax.process_index() + iteration
         total = float(total_of(jax.make_array_from_process_local_data(sharding, local)))

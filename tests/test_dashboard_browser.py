@@ -7,16 +7,13 @@ asserts on wall-clock time.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
+from browser_fixtures import DEADLINE_MS, expect, screenshot, served
 from test_dashboard_api import write_synthetic_prefix
 from test_dashboard_dag import GATES, build_prefix, gated_step
 
@@ -26,56 +23,11 @@ from executor.status import read_status
 
 pytestmark = pytest.mark.browser
 
-
-def require(what: str, how: str) -> NoReturn:
-    """Without `what` a browser test is skipped on a workstation; under `CI=true` it fails, so a CI image that
-    lost Chromium or Playwright is seen instead of passing with every browser test skipped."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} is missing under CI=true: {how}", pytrace=False)
-    pytest.skip(f"{what} is missing ({how})", allow_module_level=True)
-
-
-try:
-    import playwright.sync_api as playwright_sync
-except ImportError as error:  # a broken install too: the error says which
-    require("playwright", f"{error}; pip install playwright (make install)")
-
-DEADLINE_MS = 30_000
-ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).parent.parent / "build" / "test-artifacts")
-
-
-def chromium_binary() -> str | None:
-    return os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    binary = chromium_binary()
-    if binary is None:
-        require("a chromium binary", "apt-get install -y chromium, or set CHROMIUM; .ci/run installs it")
-    with playwright_sync.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox"])
-        yield launched
-        launched.close()
-
-
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("dashboard-browser")
     build_prefix(path)
     return path
-
-
-@contextlib.contextmanager
-def served(prefix: Path | str) -> Iterator[str]:
-    """The dashboard of `prefix` on a free local port; its base URL."""
-    server = make_server(str(prefix), port=0, live_ttl_s=0.1)
-    serve_in_thread(server)
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -84,25 +36,7 @@ def base_url(prefix: Path) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def page(browser: object) -> Iterator[object]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
-    opened = context.new_page()
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    yield opened
-    context.close()
-    assert not errors, f"JavaScript errors: {errors}"
-
-
-def screenshot(page: object, name: str) -> None:
-    folder = ARTIFACTS / "dashboard"
-    folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
-
-
 def test_experiment_and_step_pages(page, base_url: str) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
     page.goto(base_url + "/")
     rows = page.locator("[data-testid=experiments] tbody tr")
     expect(rows).to_have_count(2, timeout=DEADLINE_MS)
@@ -148,7 +82,6 @@ def test_experiment_and_step_pages(page, base_url: str) -> None:  # type: ignore
 
 
 def test_failed_step_page_shows_the_error(page, base_url: str, prefix: Path) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
     broken = next(path.name for path in (prefix / "data").iterdir() if path.name.startswith("broken-"))
     page.goto(f"{base_url}/step/data/{broken}")
     expect(page.locator("[data-testid=step-status]")).to_have_text("FAILED", timeout=DEADLINE_MS)
@@ -166,13 +99,21 @@ def wait_for_output_path(executor: Executor, step: object) -> str:
     raise AssertionError("the gated step never started running")
 
 
-def test_running_step_updates_without_reload(page, base_url: str, prefix: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
+def test_running_step_updates_without_reload(page, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On a prefix of its own: the shared one's experiment counts stay what the other tests expect, whatever the
+    order the tests run in (run first on the shared prefix, this test made the experiments page's count 3)."""
     monkeypatch.setenv("EXECUTOR_LEASE_HEARTBEAT_S", "0.2")  # the step log is uploaded on each heartbeat
     step = gated_step("browser-live")
+    prefix = tmp_path / "live"
+    prefix.mkdir()
     executor = Executor(str(prefix))
     runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/live.py"})
     runner.start()
+    with served(prefix) as base_url:
+        check_live_step(page, executor, step, prefix, base_url, runner)
+
+
+def check_live_step(page, executor: Executor, step, prefix: Path, base_url: str, runner: threading.Thread) -> None:  # type: ignore[no-untyped-def]
     try:
         output_path = wait_for_output_path(executor, step)
         relative = output_path[len(str(prefix)) + 1 :]
@@ -192,7 +133,6 @@ def test_running_step_updates_without_reload(page, base_url: str, prefix: Path, 
 
 
 def test_big_experiment_draws_groups(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
     file = write_synthetic_prefix(tmp_path, 1000)
     server = make_server(str(tmp_path), port=0)
     serve_in_thread(server)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import test_dashboard_browser as browser_tests
-from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
+from browser_fixtures import DEADLINE_MS, expect, screenshot
 from test_steps_train import SOURCES
 from views_dag import BUCKETS, LAW_E, REPLAY_GATES, TOPICS, TRAIN_STEPS, ReplayConfig, build_views_prefix, replay_run
 
@@ -204,8 +204,6 @@ def test_missing_or_garbled_files_give_a_clear_error_not_a_traceback(built, tmp_
 
 # --- in the browser -----------------------------------------------------------------------------------------------
 
-browser = browser_tests.browser  # the other browser tests' Chromium and page fixtures (a page fails on JS errors)
-page = browser_tests.page
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +214,7 @@ def base_url(built) -> Iterator[str]:
 
 def points_of(page, chart_id: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
     box = page.locator(f'[data-view] [data-chart="{chart_id}"]')
-    playwright_sync.expect(box.locator("canvas")).to_have_count(1, timeout=DEADLINE_MS)
+    expect(box.locator("canvas")).to_have_count(1, timeout=DEADLINE_MS)
     return json.loads(box.get_attribute("data-points"))
 
 
@@ -224,7 +222,7 @@ def points_of(page, chart_id: str) -> dict[str, int]:  # type: ignore[no-untyped
 def test_run_view_in_the_browser(built, page, base_url) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{base_url}/step/{built['paths']['train']}")
     view = page.locator('[data-view="run"]')
-    playwright_sync.expect(view.locator("[data-chart]")).to_have_count(9, timeout=DEADLINE_MS)
+    expect(view.locator("[data-chart]")).to_have_count(9, timeout=DEADLINE_MS)
     curve = read(built, "scaling", "prediction.json")["curve"]
     rows = last_line_wins(built["prefix"] / built["paths"]["train"] / "metrics.jsonl")
     loss = points_of(page, "loss")
@@ -233,8 +231,8 @@ def test_run_view_in_the_browser(built, page, base_url) -> None:  # type: ignore
     assert points_of(page, "router_bias") == {"router/bias/norm": sum("router/bias/norm" in r for r in rows.values())}
     assert set(points_of(page, "eval_domains")) == set(SOURCES)
     last = rows[max(step for step, row in rows.items() if "train/loss" in row)]["train/loss"]
-    playwright_sync.expect(view.locator("[data-testid=last-train-loss]")).to_have_text(f"{last:.4g}")
-    playwright_sync.expect(view.locator("[data-testid=prediction-link]")).to_have_text(built["paths"]["scaling"])
+    expect(view.locator("[data-testid=last-train-loss]")).to_have_text(f"{last:.4g}")
+    expect(view.locator("[data-testid=prediction-link]")).to_have_text(built["paths"]["scaling"])
     screenshot(page, "view-run")
 
 
@@ -244,13 +242,13 @@ def test_ladder_view_in_the_browser(built, page, base_url) -> None:  # type: ign
     view = page.locator('[data-view="ladder"]')
     prediction = read(built, "scaling", "prediction.json")
     rows = view.locator("[data-testid=rungs] tbody tr")
-    playwright_sync.expect(rows).to_have_count(len(prediction["rungs"]), timeout=DEADLINE_MS)
+    expect(rows).to_have_count(len(prediction["rungs"]), timeout=DEADLINE_MS)
     for rung in prediction["rungs"]:
         cell = view.locator(f'tr[data-rung="{rung["name"]}"] td[data-col="final_loss"]')
-        playwright_sync.expect(cell).to_have_text(f"{rung['final_loss']:.4f}")
+        expect(cell).to_have_text(f"{rung['final_loss']:.4f}")
         assert float(cell.get_attribute("data-value")) == rung["final_loss"]
     achieved = read(built, "evaluate", "results.json")["macro_loss"]
-    playwright_sync.expect(view.locator("[data-testid=achieved]")).to_contain_text(f"{achieved:.4f}")
+    expect(view.locator("[data-testid=achieved]")).to_contain_text(f"{achieved:.4f}")
     assert float(view.locator("[data-testid=achieved]").get_attribute("data-value")) == achieved
     points = points_of(page, "ladder")
     assert points["rungs (final loss)"] == 4 and points["achieved"] == 1 and points["fit"] >= 50
@@ -259,7 +257,6 @@ def test_ladder_view_in_the_browser(built, page, base_url) -> None:  # type: ign
 
 @pytest.mark.browser
 def test_composition_view_one_click_from_the_dag(built, page, base_url) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
     experiment = next(
         path.name for path in (built["prefix"] / "experiments").iterdir() if path.name.startswith("views-")
     )
@@ -292,7 +289,6 @@ def test_composition_view_one_click_from_the_dag(built, page, base_url) -> None:
 def test_run_view_grows_while_the_step_runs(built, page, base_url) -> None:  # type: ignore[no-untyped-def]
     """A step replaying the run's metrics in two parts: the open page shows the second part while the step is
     still RUNNING, without a reload."""
-    expect = playwright_sync.expect
     prefix, train = built["prefix"], built["paths"]["train"]
     REPLAY_GATES["live"] = (threading.Event(), threading.Event())
     step = ExecutorStep(name="train/replay", fn=replay_run, config=ReplayConfig(

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import browser_fixtures as browser_tests
 import pytest
-import test_dashboard_browser as browser_tests
+from browser_fixtures import expect
 from test_dashboard_browser import DEADLINE_MS
 from test_publish_browser import check_page_builds_the_servers_views, static_server
 from test_steps_train import build_data, train_config, train_losses
@@ -123,13 +124,10 @@ def test_wandb_sync_says_what_failed(runs, tmp_path: Path) -> None:
     assert empty.returncode == 2 and f"no offline wandb run under {tmp_path}/wandb/wandb" in empty.stderr
 
 
-browser = browser_tests.browser  # the dashboard tests' Chromium, and a page that fails on any JavaScript error
-page = browser_tests.page
 
 
 @pytest.mark.browser
 def test_the_published_run_view_shows_the_fork_and_its_parent(runs, page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    expect = browser_tests.playwright_sync.expect
     prefix, executor = runs["prefix"], runs["executor"]
     SitePublisher(str(prefix), str(tmp_path / "site")).cycle()
     relative = executor.output_paths[runs["fork"]][len(str(prefix)) + 1 :]

@@ -15,11 +15,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import browser_fixtures as browser_tests
 import numpy as np
 import pytest
-import test_dashboard_browser as browser_tests
+from browser_fixtures import DEADLINE_MS, expect, screenshot
 from hero_run import HeroRun, checkpoint_steps, files_under
-from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 from test_publish_browser import check_hero_site
 
 from executor import read_status
@@ -33,7 +33,6 @@ TINY_STEPS = len(json.loads((Path(__file__).parent / "data" / "hero_step_hashes.
 """The tiny hero DAG's steps, as pinned (tests/test_layout.py checks the plan against the same file)."""
 
 pytestmark = [pytest.mark.demo, pytest.mark.slow, pytest.mark.training, pytest.mark.ray, pytest.mark.timeout(3600)]
-expect = playwright_sync.expect
 
 RUNGS = {name: steps for name, _d, _layers, steps in (*TINY_RUNGS, TINY_HERO)}
 
@@ -125,21 +124,27 @@ def tokens_per_byte(cache_dir: str, tokenizer_path: str, tokens: int) -> float:
     return (len(stream) - 1) / len(tokenizer.decode(stream[1:].tolist(), skip_special_tokens=True).encode())
 
 
+EVAL_RTOL = 1e-3  # an evaluate step against its train step's last eval
+
+
 def test_each_evaluate_step_agrees_with_its_train_steps_last_eval(hero_run: HeroRun) -> None:
-    """On the eval suite (the ladder's metric) and on every cell: the same sequences, the same figures."""
+    """On the eval suite (the ladder's metric) and on every cell: the same sequences, the same figures, at the
+    1e-3 test_steps_train holds the same claim to (measured here: identical, the worst relative gap 0; 2% before)."""
     for rung, steps in RUNGS.items():
         results = json.loads((hero_run.outputs[f"evaluate/{rung}"] / "results.json").read_text())
         assert results["step"] == steps - 1 and results["metric"] == "eval_suite" and len(results["suite"]) >= 8
         records = read_metrics(str(hero_run.outputs[f"train/{rung}"]))
         last_eval = [record for record in records if "eval/suite/macro_loss" in record][-1]
         for cell, figures in results["components"].items():
-            assert figures["loss"] == pytest.approx(last_eval[f"eval/{cell}/loss"], rel=0.02), (rung, cell)
+            assert figures["loss"] == pytest.approx(last_eval[f"eval/{cell}/loss"], rel=EVAL_RTOL), (rung, cell)
         for subset, figures in results["suite"].items():
-            assert figures["loss"] == pytest.approx(last_eval[f"eval/suite/{subset}/loss"], rel=0.02), (rung, subset)
-        assert results["macro_loss"] == pytest.approx(last_eval["eval/suite/macro_loss"], rel=0.02)
+            expected = last_eval[f"eval/suite/{subset}/loss"]
+            assert figures["loss"] == pytest.approx(expected, rel=EVAL_RTOL), (rung, subset)
+        assert results["macro_loss"] == pytest.approx(last_eval["eval/suite/macro_loss"], rel=EVAL_RTOL)
         last_drops = [record for record in records if "eval/dropped_fraction" in record][-1]  # the recipe's capacity
         assert last_drops["step"] == last_eval["step"]
-        assert results["dropped_fraction"] == pytest.approx(last_drops["eval/dropped_fraction"], rel=0.02, abs=1e-4)
+        dropped = last_drops["eval/dropped_fraction"]
+        assert results["dropped_fraction"] == pytest.approx(dropped, rel=EVAL_RTOL, abs=1e-4)
         assert results["macro_loss"] == pytest.approx(float(np.mean([f["loss"] for f in results["suite"].values()])))
         losses = [figures["loss"] for figures in results["components"].values()]
         assert results["components_macro_loss"] == pytest.approx(float(np.mean(losses)))
@@ -234,8 +239,6 @@ def test_the_dashboard_views_read_the_run(hero_run: HeroRun) -> None:
 
 # --- the real run's views in the browser ---------------------------------------------------------------------------
 
-browser = browser_tests.browser  # the dashboard tests' Chromium and page fixtures (a page fails on JS errors)
-page = browser_tests.page
 
 
 @pytest.fixture(scope="module")

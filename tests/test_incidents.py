@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import test_dashboard_browser as browser_tests
-from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
+from browser_fixtures import DEADLINE_MS, expect, screenshot
 from test_publish_browser import static_server
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
@@ -25,8 +24,6 @@ from executor.dashboard.publish import SitePublisher
 from executor.retry import RetryPolicy
 from executor.status import METRICS_FILE
 
-browser = browser_tests.browser
-page = browser_tests.page
 SECONDS_A_STEP = 0.02
 
 
@@ -83,7 +80,6 @@ def test_the_timeline_holds_the_failure_the_retry_the_resume_and_the_alert(flaky
 
 @pytest.mark.browser
 def test_the_published_run_view_shows_the_timeline(page, flaky) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
     with static_server(flaky["root"] / "site") as base:
         page.goto(f"{base}/index.html#/step/{flaky['relative']}")
         incidents = page.locator("[data-testid=incidents]")

@@ -16,8 +16,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import browser_fixtures as browser_tests
 import pytest
-import test_dashboard_browser as browser_tests
+from browser_fixtures import expect
 from test_steps_train import SOURCES, build_data, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
@@ -127,13 +128,10 @@ def test_the_eaten_table_takes_a_resumed_runs_later_lines_and_stops_at_the_last_
         (0, 2, {"a": 30, "b": 0}), (3, 5, {"a": 0, "b": 30})]  # the third phase is not reached yet
 
 
-browser = browser_tests.browser  # the dashboard tests' Chromium, and a page that fails on any JavaScript error
-page = browser_tests.page
 
 
 @pytest.mark.browser
 def test_the_step_page_has_the_eaten_table(page, tmp_path, written_run) -> None:  # type: ignore[no-untyped-def]
-    expect = browser_tests.playwright_sync.expect
     with browser_tests.served(tmp_path) as base:
         page.goto(f"{base}/step/{written_run}")
         table = page.locator('[data-view="composition"] [data-testid=eaten-table]')

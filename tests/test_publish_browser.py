@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_dashboard_browser as browser_tests
+from browser_fixtures import DEADLINE_MS, expect, screenshot
 from publish_dag import build_publish_prefix, metrics_line
 from services import free_port, wait_for_port
-from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 
 from executor.alerts import read_alerts
 from executor.dashboard import files
@@ -33,8 +32,6 @@ from executor.status import METRICS_FILE
 
 pytestmark = pytest.mark.browser
 
-browser = browser_tests.browser  # the dashboard tests' Chromium, and a page that fails on any JavaScript error
-page = browser_tests.page
 
 
 @contextlib.contextmanager
@@ -58,7 +55,6 @@ def record_requests(page: Any) -> list[str]:
 
 
 def test_the_published_site_renders_from_a_static_server(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
     paths = build_publish_prefix(tmp_path / "prefix")
     SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site")).cycle()
     urls = record_requests(page)
@@ -117,7 +113,6 @@ def check_page_builds_the_servers_views(page: Any, prefix: Path, relative: str) 
 
 def test_a_line_appended_to_a_run_shows_on_the_published_run_view(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The run view is built in the page from the published lines: the next cycle's chunk is all it needs."""
-    expect = playwright_sync.expect
     paths = build_publish_prefix(tmp_path / "prefix")
     publisher = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site"))
     publisher.cycle()
@@ -148,7 +143,6 @@ def test_a_line_appended_to_a_run_shows_on_the_published_run_view(page, tmp_path
 def test_the_ladder_and_composition_pages_render_on_the_site(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from views_dag import build_views_prefix
 
-    expect = playwright_sync.expect
     built = build_views_prefix(tmp_path / "views")
     SitePublisher(str(built["prefix"]), str(tmp_path / "site")).cycle()
     urls = record_requests(page)
@@ -170,7 +164,6 @@ def test_the_ladder_and_composition_pages_render_on_the_site(page, tmp_path: Pat
 def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Path) -> None:
     """The tiny hero's prefix, published: the experiment, the hero's run view with its prediction, the ladder
     and the composition pages render its data, no alert on its health fires and no request leaves the site."""
-    expect = playwright_sync.expect
     SitePublisher(str(prefix), str(site)).cycle()
     # The demo's runs are healthy: no alert fires but throughput_drop, the one rule read from wall-clock time, which
     # a busy test machine (the other worker's gang, its compiles) can fire on any healthy run.

@@ -22,21 +22,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import test_dashboard_browser as browser_tests
 from band_dag import build_band_prefix
+from browser_fixtures import DEADLINE_MS, expect, screenshot
 from conftest import wait_until
 from publish_dag import STALL_GATES, StalledRunConfig, build_publish_prefix, stalled_run
 from services import free_port, wait_for_port
-from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
 from test_publish_browser import static_server
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.dashboard.publish import SitePublisher
 from executor.dashboard.run_view import run_view
 from executor.status import METRICS_FILE, read_status
-
-browser = browser_tests.browser
-page = browser_tests.page
 
 
 def test_a_watching_publisher_beats_and_a_one_off_publish_writes_nothing_idle(tmp_path: Path) -> None:
@@ -102,7 +98,6 @@ def test_publish_prints_a_command_that_serves_the_site(tmp_path: Path) -> None:
 
 @pytest.mark.browser
 def test_a_running_step_shows_stale_once_the_publisher_stops(page, tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
-    expect = playwright_sync.expect
     gate = "freshness"
     STALL_GATES[gate] = threading.Event()
     step = ExecutorStep(

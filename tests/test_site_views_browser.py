@@ -12,17 +12,14 @@ import json
 from typing import Any
 
 import pytest
-import test_dashboard_browser as browser_tests
 from band_dag import BAND, MACRO_FINAL, NAN_STEP, SPIKE_STEP, SUITE_FINAL, build_band_prefix
-from test_dashboard_browser import DEADLINE_MS, playwright_sync, screenshot
+from browser_fixtures import DEADLINE_MS, expect, screenshot
 from test_publish_browser import check_page_builds_the_servers_views, record_requests, static_server
 
 from executor.dashboard.publish import SitePublisher
 
 pytestmark = pytest.mark.browser
 
-browser = browser_tests.browser
-page = browser_tests.page
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +37,6 @@ def chart_data(page: Any, chart: str, attribute: str) -> Any:
 def test_the_run_view_draws_the_metric_the_band_was_fitted_on(page, published) -> None:  # type: ignore[no-untyped-def]
     """The hero's last eval point is the evaluate step's result, inside the band as the ladder page says; the
     eval/macro_loss the band was not fitted on (above it) is not the one drawn against it."""
-    expect = playwright_sync.expect
     paths, site = published["paths"], published["site"]
     results = json.loads((published["prefix"] / paths["evaluate/hero"] / "results.json").read_text())
     assert results["macro_loss"] == pytest.approx(SUITE_FINAL)
@@ -78,7 +74,6 @@ def test_the_run_view_draws_the_metric_the_band_was_fitted_on(page, published) -
 def test_a_long_runs_spike_and_nans_are_drawn_marked_and_named(page, published) -> None:  # type: ignore[no-untyped-def]
     """6,000 steps, past the run view's buckets: the one-step spike is drawn, both NaNs are marked on the chart
     and named in the header, and the header's last step is the run's last (NaN) step, not its last finite one."""
-    expect = playwright_sync.expect
     with static_server(published["site"]) as base:
         page.goto(f"{base}/index.html#/step/{published['paths']['train/long']}")
         header = page.locator("[data-testid=run-view] [data-testid=nonfinite]")
@@ -103,7 +98,6 @@ def test_a_long_runs_spike_and_nans_are_drawn_marked_and_named(page, published) 
 def test_every_metric_key_is_found_with_the_search_box_and_drawn(page, published) -> None:  # type: ignore[no-untyped-def]
     """Keys logged on different lines of a step are joined into one line each; train/loss comes first; a 3e-4
     learning rate gets ticks that tell it apart."""
-    expect = playwright_sync.expect
     with static_server(published["site"]) as base:
         page.goto(f"{base}/index.html#/step/{published['paths']['train/hero']}")
         plots = page.locator("[data-testid=metrics] [data-metric]")
