@@ -17,6 +17,7 @@ one-host step that asks for fake CPU devices (`cpu_devices_per_host`) gets them 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -32,7 +33,7 @@ from executor.cpu_devices import claim_for_steps, on_cpu_devices, single_host_de
 from executor.errors import ConfigError
 from executor.gang import gang_task
 from executor.interrupts import StopSignal
-from executor.step_runner import StepResult, StepTask, run_step
+from executor.step_runner import StepResult, StepTask, record_worker_killed, run_step
 from executor.step_spec import ResourceConfig
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Backend(Protocol):
 
     def abandon_stuck(self) -> int:
         """After `interrupt`, give up on the steps still running (blocked in a native call): record them FAILED,
-        free their leases, and leave their threads behind; how many were."""
+        free their leases, and leave their threads behind (or kill their worker processes); how many were."""
         ...
 
     def close(self) -> None: ...
@@ -215,7 +216,7 @@ class RayBackend:
         ensure_ray()
         self._ray = ray
         self._remote = ray.remote(_run_step_in_ray)
-        self._refs: list[Any] = []
+        self._refs: list[tuple[Any, StepTask]] = []
         self.warming: list[Any] = []
         """The warm-up tasks' refs (each gives its worker's pid): see `_warm_stand_in_workers`."""
         if not os.environ.get("RAY_ADDRESS"):  # on a cluster, steps land on nodes no warm-up can foresee
@@ -247,19 +248,30 @@ class RayBackend:
             return self._gang_drivers.submit(run_step, gang_task(task, resources), self._stop)
         options = ray_options(resources, task.retry.max_attempts)
         ref = self._remote.options(**options).remote(on_cpu_devices(task, resources))
-        self._refs.append(ref)
+        self._refs.append((ref, task))
         return ref.future()
 
     def interrupt(self) -> None:
         """Cancel the step tasks: each gets a KeyboardInterrupt, records FAILED and frees its lease; gang drivers
         stop (tearing their gangs down) the same way."""
         self._stop.set()
-        for ref in self._refs:
+        for ref, _task in self._refs:
             self._ray.cancel(ref)
 
     def abandon_stuck(self) -> int:
-        """Gang drivers run here (their steps' threads); a Ray task blocked in a native call is Ray's to stop."""
-        return self._stop.abandon_running()
+        """Gang drivers run here (their steps' threads: abandoned as on the local backend). A step task still
+        running (blocked in a native call, where the KeyboardInterrupt never lands) has its worker process killed
+        (`ray.cancel(force=True)`, its shard tasks with it) and is recorded FAILED `WORKER_KILLED`, its lease freed
+        (on a remote node, whose pids this host cannot see, the lease frees itself when it goes stale)."""
+        stuck = [(ref, task) for ref, task in self._refs if not self._ray.wait([ref], timeout=0)[0]]
+        for ref, _task in stuck:
+            self._ray.cancel(ref, force=True)
+        for ref, task in stuck:
+            with contextlib.suppress(Exception):  # the killed task's error, or a result that came first
+                self._ray.wait([ref], timeout=5)
+            if not record_worker_killed(task):
+                logger.warning("%s: its Ray worker was killed; its lease frees itself once stale", task.label)
+        return self._stop.abandon_running() + len(stuck)
 
     def close(self) -> None:
         """Ray stays up for the rest of the process; it shuts itself down at exit."""

@@ -63,7 +63,8 @@ def schedule(
         abandoned = backend.abandon_stuck() if pending else 0
         if abandoned:  # their futures never complete: their threads stay blocked until the process exits
             logger.warning("interrupted: %d step(s) did not stop within %.0f s (blocked in a native call): recorded "
-                           "FAILED, leases freed, their threads left behind", abandoned, STOP_GRACE_S)  # fmt: skip
+                           "FAILED, leases freed, their threads left behind or their Ray workers killed", abandoned,
+                           STOP_GRACE_S)  # fmt: skip
         wait(pending, timeout=AFTER_ABANDON_S if abandoned else INTERRUPT_GRACE_S)
         raise
     return run.results

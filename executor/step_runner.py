@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import logging
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -314,6 +315,30 @@ def _call_step_fn(
 
 INTERRUPTED = "interrupted by the user"
 ABANDONED = f"{INTERRUPTED} (the step function did not stop: blocked in a native call, its thread was left behind)"
+WORKER_KILLED = f"{INTERRUPTED} (the step function did not stop: blocked in a native call, its Ray worker was killed)"
+
+
+def record_worker_killed(task: StepTask, wait_s: float = 5.0) -> bool:
+    """After Ctrl-C, FAILED `WORKER_KILLED` for a step whose worker process was killed while it held the step: the
+    lease is taken over (its holder's pid is gone on this host) and freed. False, with nothing written, when the
+    holder is on another host or still alive after `wait_s` (the lease then frees itself when it goes stale), or
+    when the step finished meanwhile."""
+    lease = Lease(task.output_path, f"{task.worker_id}/interrupt", task.lease_settings)
+    deadline = time.monotonic() + wait_s
+    while not lease.try_acquire():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    try:
+        events = read_events(task.output_path)
+        if not events or events[-1].status != StepStatus.RUNNING:
+            return False  # it finished (or failed) before its worker died; that outcome stands
+        _append_holding(task.output_path, lease, None,
+                        StatusEvent(StepStatus.FAILED, attempt=events[-1].attempt, worker=lease.worker_id,
+                                    message=WORKER_KILLED))  # fmt: skip
+        return True
+    finally:
+        lease.release()
 
 
 def _record_interrupt(

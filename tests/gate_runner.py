@@ -1,5 +1,5 @@
 """Run a one-step DAG whose step waits for a gate file: `python tests/gate_runner.py PREFIX GATE [BACKEND]`; with
-BACKEND `fifo`, on the local backend, a step blocked in a native call until GATE, a named pipe, is written.
+BACKEND `fifo` (local backend) or `ray-fifo`, a step blocked in a native call until GATE, a named pipe, is written.
 
 The interrupt test sends this process SIGINT (Ctrl-C) while the step runs. A shell starts background
 jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler; this runner restores
@@ -32,7 +32,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     prefix, gate = sys.argv[1], sys.argv[2]
     backend = sys.argv[3] if len(sys.argv) > 3 else "local"
-    if backend == "fifo":  # GATE is a named pipe the step blocks on, in the kernel
-        Executor(prefix).run([fifo_step(gate)])
+    if backend in ("fifo", "ray-fifo"):  # GATE is a named pipe the step blocks on, in the kernel
+        Executor(prefix, backend="ray" if backend == "ray-fifo" else "local").run([fifo_step(gate)])
     else:
         Executor(prefix, backend=backend).run([gate_step(gate, prefix + "-records")])
