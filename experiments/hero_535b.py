@@ -488,14 +488,22 @@ def step_time_estimates(dag: HeroDag) -> dict[ExecutorStep, StepTimeEstimate]:
     return estimates
 
 
+def across(plan: ParallelismPlan, domains: int) -> str:
+    """Which axis runs across the plan's fast domains: the mesh's `domain` axis, or `data` over a part-filled last
+    domain; with one domain, `data` stays inside it."""
+    if "domain" in plan.mesh:
+        return "'domain' across them (the mesh's outermost axis), 'data' inside each"
+    return f"'data' {'across' if domains > 1 else 'inside'} them"
+
+
 def print_estimate(plan: ParallelismPlan, hardware: Hardware, estimate: StepTimeEstimate, flops: float) -> None:
     """The layout over fast domains, each collective's axis and bytes, and the roofline estimate beside the plan."""
     domains, per_domain = domains_used(plan, hardware)
     print(f"          layout: {domains} fast domain(s) of {hardware.fast_domain_devices} {hardware.name}s, {per_domain}"
-          f" devices used in each; 'expert' inside a domain, 'data' {'across' if domains > 1 else 'inside'} them")
+          f" devices used in each; 'expert' inside a domain, {across(plan, domains)}")
     for collective in estimate.collectives:
         where = "crosses domains" if collective.crosses_domains else "inside a domain"
-        print(f"            {collective.name:<36} on {collective.axis:<13} {where:<15} "
+        print(f"            {collective.name:<36} on {collective.axis:<24} {where:<15} "
               f"{collective.fast_bytes / 1e9:9.2f} GB fast + {collective.slow_bytes / 1e9:7.2f} GB slow per device"
               f"{'' if collective.overlapped else ', on the critical path'}")
     terms = ", ".join(f"{name} {seconds:.3g}" for name, seconds in estimate.terms_s().items())

@@ -34,6 +34,7 @@ os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device
 
 import haliax as hax  # noqa: E402
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 from levanter.callbacks import JitCallback  # noqa: E402
 from levanter.models.lm_model import LmExample  # noqa: E402
 from levanter.optim.config import AdamConfig  # noqa: E402
@@ -50,9 +51,14 @@ SHAPE = MoeShape(d_model=32, n_layers=2, vocab_size=VOCAB, n_heads=4, head_dim=8
                  latent_dim=16, n_shared_experts=2, shared_width=16, seq_len=32)  # fmt: skip
 MESH = {"data": 2, "expert": 2}
 LAYOUT_SHAPES = {"latent": SHAPE, "plain": dataclasses.replace(SHAPE, latent_dim=None)}
-LAYOUT_CASES = (({"data": 1, "expert": 4}, "latent"), ({"data": 2, "expert": 2}, "plain"))
+LAYOUT_CASES = (
+    ({"data": 1, "expert": 4}, "latent"),
+    ({"data": 2, "expert": 2}, "plain"),
+    ({"domain": 2, "data": 1, "expert": 2}, "plain"),
+)
 """Each mesh once and each model once: the plain model's routed experts read d_model, which meets `experts` only
-where `data` (FSDP) is more than one device."""
+where `data` (FSDP) is more than one device. The last is two racks of two devices (data parallel across them,
+expert parallel inside each): the layout of data=2 x expert=2 with its data axis named for the racks."""
 LAYOUT_STEPS = 3
 Batch, Vocab = hax.Axis("batch", BATCH), hax.Axis("vocab", VOCAB)
 
@@ -226,8 +232,60 @@ def layout_runs(skip: Sequence[str] = ()) -> list[dict]:
                 info = trainer.train_step(state, example)
                 state = info.state
                 losses.append(float(info.loss))
+            if mesh and "domain" in mesh:
+                found["racks"] = racks(trainer, state, examples[0])
         runs.append({"mesh": mesh, "model": name, "losses": losses, **found, "grads": hook.gradients})
     return runs
+
+
+def racks(trainer: Trainer, state: Any, example: LmExample) -> dict[str, Any]:
+    """A mesh with domains: its axis names, the devices of each domain, the batch's mesh axes, and every
+    all-to-all of the compiled train step with its shapes and its groups of devices."""
+    mesh = trainer.device_mesh
+    names = list(mesh.axis_names)
+    by_domain = np.moveaxis(np.vectorize(lambda device: device.id)(mesh.devices), names.index("domain"), 0)
+    hlo = trainer._jit_train_step_fn_no_hook.lower(state, (example,), {}).compile().as_text()
+    return {
+        "axis_names": names,
+        "domains": [sorted(int(i) for i in block.flat) for block in by_domain],
+        "batch_axes": list(jax.tree.leaves(tuple(example.tokens.array.sharding.spec))),
+        "all_to_all": all_to_all_groups(hlo, mesh),
+    }
+
+
+def all_to_all_groups(hlo: str, mesh: Any) -> list[dict[str, Any]]:
+    """Each all-to-all of `hlo`: the shapes it moves and its groups as lists of device ids, from any of XLA's three
+    replica-group notations (a named-mesh group lists the axes it spans; an iota or listed one, positions in the
+    mesh's device order)."""
+    ids = np.vectorize(lambda device: device.id)(mesh.devices)
+    found = []
+    for line in hlo.splitlines():
+        match = re.search(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) all-to-all(?:-start)?\(", line)
+        if not match:
+            continue
+        named = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", line)
+        iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", line)
+        listed = re.search(r"replica_groups=\{(\{[^=]*\})\}", line)
+        if named:
+            axes = [(axis, int(size)) for axis, size in re.findall(r"'([^']+)'=(\d+)", named.group(1))]
+            spanned = [axis.strip("'") for axis in named.group(2).split(",")]
+            grid = ids.reshape([size for _, size in axes])
+            moved = np.moveaxis(grid, [[a for a, _ in axes].index(axis) for axis in spanned], range(-len(spanned), 0))
+            groups = moved.reshape(-1, math.prod(size for axis, size in axes if axis in spanned))
+        elif iota:
+            count, size, dims = int(iota.group(1)), int(iota.group(2)), [int(d) for d in iota.group(3).split(",")]
+            positions = np.arange(math.prod(dims)).reshape(dims)
+            if iota.group(4):
+                positions = positions.transpose([int(d) for d in iota.group(4).split(",")])
+            groups = ids.flat[positions.reshape(count, size)]
+        elif listed:
+            groups = np.array([ids.flat[[int(i) for i in group.split(",")]]
+                               for group in re.findall(r"\{([0-9,]+)\}", listed.group(1))])  # fmt: skip
+        else:
+            groups = ids.reshape(1, -1)
+        shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", match.group(1))
+        found.append({"shapes": shapes, "groups": sorted(sorted(int(i) for i in group) for group in groups)})
+    return found
 
 
 def both_runs() -> dict:

@@ -59,7 +59,8 @@ def test_the_heros_plan_on_gb200_fits_with_ep64(tmp_path: Path, capsys: pytest.C
     entries = full_plan(tmp_path, "gb200")
     hero = entries["train/d6144"]
     assert (hero["hardware"], hero["hosts"], hero["devices"]) == ("gb200", 256, 1024)
-    assert hero["mesh"] == {"data": 16, "expert": 64} and hero["fits"]
+    # 16 racks of 64: data parallel across them, expert parallel inside each.
+    assert hero["mesh"] == {"domain": 16, "data": 1, "expert": 64} and hero["fits"]
     memory = hero["memory_per_device_bytes"]
     parts = ("parameters", "gradients", "optimizer_state", "activations", "dispatch")
     assert memory["total"] == sum(memory[part] for part in parts)
@@ -70,7 +71,7 @@ def test_the_heros_plan_on_gb200_fits_with_ep64(tmp_path: Path, capsys: pytest.C
     hero_step = hero_535b.build_dag(hero_535b.full_scale()).trains["d6144"][1]
     assert hero_step.config.per_device_parallelism == hero["microbatch"]  # microbatches, not the whole batch
     printed = capsys.readouterr().out
-    assert "256 hosts x 4 gb200 = 1024 devices, mesh {'data': 16, 'expert': 64}, microbatch" in printed
+    assert "256 hosts x 4 gb200 = 1024 devices, mesh {'domain': 16, 'data': 1, 'expert': 64}, microbatch" in printed
 
 
 def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) -> None:
@@ -88,8 +89,8 @@ def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) ->
 def test_a_plan_whose_mesh_splits_a_dimension_unevenly_is_refused_naming_the_step() -> None:
     # The published 11 racks x EP64: a data axis of 11 divides neither d_model 6144 nor the experts' width.
     plan = plan_parallelism(ladder_shape(6144, 48), 11_264, HARDWARE["gb200"], 704, capacity_factor=1.15)
-    assert plan.mesh == {"data": 11, "expert": 64} and plan.fits and not plan.as_json()["buildable"]
-    uneven = r"train/d6144: the mesh .*'data': 11.*d_model over data x expert \(6144 by 704\)"
+    assert plan.mesh == {"domain": 11, "data": 1, "expert": 64} and plan.fits and not plan.as_json()["buildable"]
+    uneven = r"train/d6144: the mesh .*'domain': 11.*d_model over data x expert \(6144 by 704\)"
     with pytest.raises(PlanDoesNotFitError, match=uneven):
         refuse_unless_fits("train/d6144", plan)
 
@@ -145,7 +146,7 @@ def test_a_plans_mesh_becomes_levanters_batch_fsdp_and_expert_split() -> None:
     assert trainer_mesh(None, shape, 8) == MeshConfig()
     with pytest.raises(ValueError, match=r"holds 4 devices but the run has 8"):
         trainer_mesh({"data": 2, "expert": 2}, shape, 8)
-    with pytest.raises(ValueError, match=r"must map axes among \('data', 'expert'\)"):
+    with pytest.raises(ValueError, match=r"must map axes among \('domain', 'data', 'expert'\)"):
         trainer_mesh({"data": 2, "tensor": 4}, shape, 8)
     uneven = r"splits d_model over data x expert \(768 by 5\), expert_width over data \(384 by 5\) unevenly"
     with pytest.raises(ValueError, match=uneven):

@@ -99,5 +99,5 @@ def test_the_dry_run_prints_the_rack_layout_each_collective_and_the_estimate(har
     assert printed.count("all-to-all of routed copies") == 5 and "layout: " in printed
     if hardware == "gb200":  # the hero's 16 racks: data crosses them, expert never does
         assert "layout: 16 fast domain(s) of 72 gb200s, 64 devices used in each" in printed
-        assert "all-gather of routed experts         on data          crosses domains" in printed
-        assert "all-to-all of routed copies          on expert        inside a domain" in printed
+        assert "all-gather of routed experts         on domain x data            crosses domains" in printed
+        assert "all-to-all of routed copies          on expert                   inside a domain" in printed

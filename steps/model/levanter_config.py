@@ -12,9 +12,10 @@ router-bias balancing. Every run gets that model, whatever its options, so that 
 same tree (the bias and expert loads are carried even when balancing is off) and evaluation routes exactly as
 training did. It holds exactly the weights steps/model/model_size.py counts for the shape.
 
-Layout: `trainer_mesh` turns a plan's mesh (`{"data": D, "expert": E}`, steps/train/parallelism.py) into
-Levanter's `MeshConfig`. Every device holds its own sequences and a 1/(D x E) share of every weight, its
-gradient and its AdamW moments:
+Layout: `trainer_mesh` turns a plan's mesh (`{"data": D, "expert": E}`, or `{"domain": R, "data": D, "expert": E}`
+on R fast domains, steps/train/parallelism.py) into Levanter's `MeshConfig`. Every device holds its own sequences
+and a 1/(R x D x E) share of every weight, its gradient and its AdamW moments (`data` below is `domain x data`
+where the mesh has domains: `domain` is the outermost axis, `expert` the innermost, inside one domain):
 
     what                                        its axis   split over
     the batch (compute)                         batch      data x expert
@@ -114,8 +115,25 @@ def _moe_config(
     )
 
 
-MESH_AXES = ("data", "expert")
-"""The mesh axes a plan may name: data parallelism (FSDP) and expert parallelism."""
+MESH_AXES = ("domain", "data", "expert")
+"""The mesh axes a plan may name: fast domains (racks, the outermost axis: data parallel across them), data
+parallelism (FSDP) within a domain, and expert parallelism (inside one domain)."""
+
+
+def data_parallel_size(mesh: Mapping[str, int]) -> int:
+    """Devices a weight's FSDP shard and the batch split over besides `expert`: `domain` x `data`."""
+    return mesh.get("domain", 1) * mesh.get("data", 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RackMeshConfig(MeshConfig):
+    """Levanter's mesh with `domain` its outermost axis, so that each domain is a block of consecutive devices
+    (jax.devices() lists a rack's devices together, host by host) and the `expert` axis, innermost, stays inside
+    one. Levanter orders its own axes (`data` first) before the ones a config adds."""
+
+    def axis_shapes(self, num_devices: int, num_slices: int) -> tuple[dict[str, int], dict[str, int]]:
+        ici, dcn = super().axis_shapes(num_devices, num_slices)
+        return {"domain": ici.pop("domain"), **ici}, dcn
 
 
 def trainer_mesh(mesh: Mapping[str, int] | None, shape: MoeShape, devices: int) -> MeshConfig:
@@ -126,24 +144,32 @@ def trainer_mesh(mesh: Mapping[str, int] | None, shape: MoeShape, devices: int) 
     unknown = sorted(set(mesh) - set(MESH_AXES))
     if unknown or any(not isinstance(size, int) or size < 1 for size in mesh.values()):
         raise ValueError(f"mesh {dict(mesh)} must map axes among {MESH_AXES} to positive sizes")
-    data, expert = mesh.get("data", 1), mesh.get("expert", 1)
-    if data * expert != devices:
-        raise ValueError(f"mesh {dict(mesh)} holds {data * expert} devices but the run has {devices}")
+    domain, data, expert = mesh.get("domain", 1), mesh.get("data", 1), mesh.get("expert", 1)
+    if domain * data * expert != devices:
+        raise ValueError(f"mesh {dict(mesh)} holds {domain * data * expert} devices but the run has {devices}")
     uneven = uneven_splits(shape, mesh)
     if uneven:
         raise ValueError(f"mesh {dict(mesh)} splits {', '.join(uneven)} unevenly; choose sizes that divide them")
-    return MeshConfig(
-        axes={"data": data, "expert": expert},
-        compute_mapping={"batch": ("data", "expert")},
+    if "domain" not in mesh:  # one fast domain: the mesh as it always was
+        return MeshConfig(
+            axes={"data": data, "expert": expert},
+            compute_mapping={"batch": ("data", "expert")},
+            shared_mapping={"experts": "expert"},
+            param_mapping={"embed": ("data", "expert"), "mlp": "data"},
+        )
+    # The same layout with data parallelism split in two: across domains, then within one.
+    return RackMeshConfig(
+        axes={"domain": domain, "data": data, "expert": expert},
+        compute_mapping={"batch": ("domain", "data", "expert")},
         shared_mapping={"experts": "expert"},
-        param_mapping={"embed": ("data", "expert"), "mlp": "data"},
+        param_mapping={"embed": ("domain", "data", "expert"), "mlp": ("domain", "data")},
     )
 
 
 def uneven_splits(shape: MoeShape, mesh: Mapping[str, int]) -> list[str]:
     """The dimensions `trainer_mesh`'s layout would split unevenly over `mesh` (JAX refuses those), as
     "name (size by parts)"; empty when the mesh can be built for `shape`."""
-    data, expert = mesh.get("data", 1), mesh.get("expert", 1)
+    data, expert = data_parallel_size(mesh), mesh.get("expert", 1)
     split = {
         "d_model over data x expert": (shape.d_model, data * expert),
         "experts over expert": (shape.n_experts, expert),

@@ -3,7 +3,9 @@
 The layout (nothing here is versioned: it changes where numbers live and what is kept or recomputed, never which
 numbers are computed):
 
-- **mesh** `{"data": D, "expert": E}` over `devices = D x E`. Every device holds distinct tokens (the batch
+- **mesh** `{"data": D, "expert": E}` over `devices = D x E`, or `{"domain": R, "data": D, "expert": E}` when the
+  run spans R whole fast domains (racks; `domain` outermost, data parallel across them, `expert` inside one: the
+  layout is the same as `{"data": R x D, "expert": E}`'s). Every device holds distinct tokens (the batch
   splits over all of them); every weight, its gradient and its AdamW moments are sharded over the whole mesh
   (dense weights over data x expert; routed experts split over `expert`, E groups of `n_experts / E`, and
   FSDP-sharded over `data` within a group) and gathered a layer at a time for compute. The all-to-all that sends
@@ -118,6 +120,17 @@ def devices_per_domain(devices: int, experts: int, hardware: Hardware) -> int:
     return min(devices, hardware.fast_domain_devices // experts * experts)
 
 
+def device_mesh(devices: int, experts: int, hardware: Hardware) -> dict[str, int]:
+    """`{"data": D, "expert": E}` within one fast domain; over several whole ones `{"domain": R, "data": D, "expert":
+    E}`, `domain` the outermost axis (each domain a block of consecutive devices, `expert` inside it). A run that
+    fills its last domain only in part keeps one `data` axis, which then crosses domains."""
+    per_domain = devices_per_domain(devices, experts, hardware)
+    domains = devices // per_domain
+    if domains > 1 and devices % per_domain == 0:
+        return {"domain": domains, "data": per_domain // experts, "expert": experts}
+    return {"data": devices // experts, "expert": experts}
+
+
 def plan_parallelism(
     shape: MoeShape,
     batch_size: int,
@@ -136,7 +149,7 @@ def plan_parallelism(
     if batch_size % devices:
         raise ValueError(f"a batch of {batch_size} sequences does not split over {devices} devices")
     experts = expert_parallel_size(shape, devices, hardware)
-    mesh = {"data": devices // experts, "expert": experts}
+    mesh = device_mesh(devices, experts, hardware)
     limit = int(hardware.memory_bytes_per_device * (1 - HEADROOM))
     per_device = batch_size // devices
     sizes = [microbatch] if microbatch else [m for m in range(per_device, 0, -1) if per_device % m == 0]

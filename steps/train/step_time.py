@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 from steps.model.expert_parallel import DROPLESS_ROUND_FACTOR
+from steps.model.levanter_config import data_parallel_size
 from steps.model.model_size import MoeShape, flops_per_token
 from steps.train.hardware import Hardware
 from steps.train.memory_model import (
@@ -118,7 +119,7 @@ def estimate_step_time(
     """The module docstring's estimate for a train step's `plan` on `hardware`, computing in `compute_bytes`."""
     if not plan.training:
         raise ValueError("the step-time estimate is for train steps; an evaluate step's plan has no backward pass")
-    data, experts = plan.mesh.get("data", 1), plan.mesh.get("expert", 1)
+    data, experts = data_parallel_size(plan.mesh), plan.mesh.get("expert", 1)
     passes = plan.batch_size // plan.devices // plan.microbatch
     recompute = 0 if plan.remat == "none" else 1
     reads = 2 + recompute  # forward, backward and the recomputed forward
@@ -144,7 +145,9 @@ def estimate_step_time(
 
     crosses = domains_used(plan, hardware)[0] > 1
     gathered, scattered = passes * reads * compute_bytes, passes * GRADIENT_BYTES  # bytes per parameter and step
-    dense_axis, routed_axis = ("data x expert", dense, data, experts, crosses), ("data", routed, data, 1, crosses)
+    outer = " x ".join(axis for axis in ("domain", "data") if axis in plan.mesh) or "data"  # data parallel axes
+    dense_axis = (f"{outer} x expert", dense, data, experts, crosses)
+    routed_axis = (outer, routed, data, 1, crosses)
     collectives = (
         _all_to_all(shape, plan, experts, passes * pass_tokens, reads, compute_bytes),
         _gathered("all-gather of dense weights", *dense_axis, gathered),

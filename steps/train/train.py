@@ -206,7 +206,8 @@ class TrainConfig:
     """What the backward pass recomputes: "none", "layer" or "period" (steps/model/config.py); the memory plan
     chooses it with the microbatch (steps/train/parallelism.py). Plain: it changes memory and time, not results."""
     mesh: Mapping[str, int] | None = None
-    """The plan's device mesh, `{"data": D, "expert": E}` over all D x E devices: the batch and the dense weights
+    """The plan's device mesh, `{"data": D, "expert": E}` over all D x E devices (or `{"domain": R, "data": D,
+    "expert": E}` over R fast domains, `domain` x `data` then splitting as `data` does): the batch and the dense weights
     (FSDP) split over both, routed experts over `expert` and FSDP over `data` (steps/model/levanter_config.py's
     `trainer_mesh`). None: Levanter's default, every device on `data`. Plain: layout, not what is computed."""
     peak_flops_per_device: float | None = None
