@@ -51,6 +51,7 @@ def ladder(config: LadderConfig) -> None:
                 "name": f"d{width}",
                 "compute": compute,
                 "final_loss": 2.0 + 40.0 * compute**-0.1,
+                "tokens": 50_000,  # as the scaling step records it: the run's tokens, beside its FLOPs
                 "curve": [
                     {"tokens": tokens, "loss": 9.0 - (7.0 - 40.0 * compute**-0.1) * tokens / 50_000}
                     for tokens in range(5_000, 50_001, 5_000)

@@ -45,6 +45,10 @@ class CountedSumConfig:
     """Member 1 of the first attempt stops itself (SIGSTOP) inside this iteration: its heartbeat goes silent too."""
     raise_at: int | None = None
     """Member 1 raises `ValueError` inside this iteration, every attempt: a step's own bug, not a lost host."""
+    checkpoint_every: int = 1
+    """Process 0 checkpoints `state.json` after every this many iterations: a retried gang redoes the rest."""
+    metrics: bool = False
+    """Process 0 logs each iteration to metrics.jsonl (`step`, `time`, `sum`), as a train step logs its steps."""
 
 
 def counted_sum(config: CountedSumConfig) -> None:
@@ -97,7 +101,10 @@ def iterate(config: CountedSumConfig, state: dict, total_of, sharding) -> None:
         local = np.arange(jax.local_device_count(), dtype=np.float32) + 10 * jax.process_index() + iteration
         total = float(total_of(jax.make_array_from_process_local_data(sharding, local)))
         state.update(done=iteration + 1, total=state["total"] + total)
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and config.metrics:
+            with open(os.path.join(config.output_path, "metrics.jsonl"), "a") as log:
+                log.write(json.dumps({"step": iteration, "time": time.time(), "sum": total}) + "\n")
+        if jax.process_index() == 0 and state["done"] % config.checkpoint_every == 0:
             with open(state_file + ".tmp", "w") as out:
                 json.dump(state, out)
             os.replace(state_file + ".tmp", state_file)

@@ -17,8 +17,7 @@ from typing import Any
 
 import browser_fixtures as browser_tests
 import pytest
-from browser_fixtures import expect
-from test_dashboard_browser import DEADLINE_MS
+from browser_fixtures import DEADLINE_MS, expect
 from test_publish_browser import check_page_builds_the_servers_views, static_server
 from test_steps_train import build_data, train_config, train_losses
 

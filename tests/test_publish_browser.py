@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_fixtures import DEADLINE_MS, expect, screenshot
+from browser_fixtures import ARTIFACTS, DEADLINE_MS, expect, screenshot
 from publish_dag import build_publish_prefix, metrics_line
 from services import free_port, wait_for_port
 
@@ -161,6 +161,14 @@ def test_the_ladder_and_composition_pages_render_on_the_site(page, tmp_path: Pat
     assert all(url.startswith(base + "/") or url.startswith("data:") for url in urls), urls
 
 
+def element_screenshot(locator: Any, name: str) -> None:
+    """A screenshot of one element (a view, a table) beside the dashboard's full-page ones."""
+    folder = ARTIFACTS / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    locator.scroll_into_view_if_needed()
+    locator.screenshot(path=str(folder / f"{name}.png"))
+
+
 def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Path) -> None:
     """The tiny hero's prefix, published: the experiment, the hero's run view with its prediction, the ladder
     and the composition pages render its data, no alert on its health fires and no request leaves the site."""
@@ -192,6 +200,21 @@ def check_hero_site(page: Any, prefix: Path, outputs: dict[str, Path], site: Pat
         verdict = last.get_attribute("data-verdict")
         expect(page.locator("[data-testid=sealed-prediction]")).to_have_attribute("data-before", "true")
         screenshot(page, "publish-hero-run")
+        element_screenshot(page.locator('[data-view="run"]'), "publish-hero-run-view")  # the run view alone
+        # The hero's own composition view: the mixture's planned share and the share served, per phase and component.
+        served = page.locator('[data-view="composition"] [data-testid=eaten-table] td[data-planned]')
+        expect(served.first).to_be_visible(timeout=DEADLINE_MS)
+        components = page.locator('[data-view="composition"] [data-testid=eaten-table] tr[data-component]').count()
+        assert components > 0 and served.count() % components == 0, (served.count(), components)
+        expect(served.first).to_contain_text("planned ")
+        expect(served.first).to_contain_text(" · served ")
+        element_screenshot(page.locator('[data-view="composition"]'), "publish-hero-composition-served")
+        page.goto(f"{base}/index.html#/step/{relative['train/d768']}")  # the rung the demo SIGKILLs mid-training
+        incidents = page.locator("[data-testid=incidents]")
+        # The kill leaves no failure in the history: the rerun's start is the second attempt's (a takeover).
+        expect(incidents.locator("tr[data-kind=start]")).to_have_count(2, timeout=DEADLINE_MS)
+        expect(incidents.locator("tr[data-kind=success]")).to_have_count(1)
+        element_screenshot(incidents, "publish-hero-incidents")
         page.goto(f"{base}/index.html#/step/{relative['scaling/ladder']}")
         ladder_canvas = page.locator('[data-testid=ladder-view] [data-chart="ladder"] canvas')
         expect(ladder_canvas).to_have_count(1, timeout=DEADLINE_MS)

@@ -2,7 +2,7 @@
 of a long run, and every metric key (tests/band_dag.py's real DAG, published, served by `python -m http.server`).
 
 Screenshots: `$TEST_ARTIFACTS_DIR/dashboard/site-band-run.png`, `site-band-ladder.png`, `site-long-run.png`,
-`site-metrics-search.png`.
+`site-metrics-search.png`, `site-compare-flops.png` (the ladder overlay against training FLOPs).
 """
 
 from __future__ import annotations
@@ -114,3 +114,32 @@ def test_every_metric_key_is_found_with_the_search_box_and_drawn(page, published
         ticks = page.evaluate("tickLabels(null, [0.0001, 0.00015, 0.0002, 0.00025, 0.0003])")
         assert len(set(ticks)) == 5 and all("e-4" in tick for tick in ticks), ticks
         screenshot(page, "site-metrics-search")
+
+
+def test_the_ladder_overlay_toggles_between_tokens_and_flops(page, published) -> None:  # type: ignore[no-untyped-def]
+    """The rungs and the target on one chart against tokens, then (the toggle) against training FLOPs: each run's
+    curve ends at its own compute as prediction.json records it. Screenshot `site-compare-flops.png`."""
+    ladder = published["paths"]["scaling/ladder"]
+    prediction = json.loads((published["prefix"] / ladder / "prediction.json").read_text())
+    with static_server(published["site"]) as base:
+        page.goto(f"{base}/index.html#/step/{ladder}")
+        view = page.locator("[data-testid=ladder-view]")
+        expect(view.locator('[data-chart="compare"] canvas')).to_have_count(1, timeout=DEADLINE_MS)
+        expect(view.locator("[data-testid=compare-axis]")).to_have_attribute("data-axis", "tokens")
+        by_tokens = json.loads(view.locator('[data-chart="compare"]').get_attribute("data-last"))
+        view.locator("[data-testid=compare-axis] button[data-axis=flops]").click()
+        expect(view.locator("[data-testid=compare-axis]")).to_have_attribute("data-axis", "flops")
+        expect(view.locator('[data-chart="compare_flops"] canvas')).to_have_count(1)
+        expect(view.locator('[data-chart="compare"]')).to_have_count(0)
+        expect(view.locator('[data-chart="compare_flops"] .u-legend')).to_contain_text("training FLOPs")
+        by_flops = json.loads(view.locator('[data-chart="compare_flops"]').get_attribute("data-last"))
+        assert set(by_flops) == set(by_tokens)
+        for rung in prediction["rungs"]:
+            assert by_tokens[rung["name"]][0] == rung["tokens"]
+            assert by_flops[rung["name"]][0] == pytest.approx(rung["compute"], rel=1e-9)
+            assert by_flops[rung["name"]][1] == by_tokens[rung["name"]][1]
+        [hero] = [label for label in by_flops if label.startswith("train/hero")]
+        assert by_flops[hero][0] == pytest.approx(prediction["target"]["compute"], rel=1e-9)
+        screenshot(page, "site-compare-flops")
+        view.locator("[data-testid=compare-axis] button[data-axis=tokens]").click()
+        expect(view.locator('[data-chart="compare"] canvas')).to_have_count(1)

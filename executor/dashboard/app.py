@@ -41,10 +41,10 @@ from typing import Any
 from executor import storage
 from executor.alerts import read_alerts
 from executor.dashboard import files
-from executor.dashboard.cache import StatusCache
+from executor.dashboard.cache import StatusCache, json_or_none
 from executor.dashboard.composition_view import composition_view
 from executor.dashboard.experiments import Experiment, ExperimentIndex
-from executor.dashboard.incidents import experiment_incidents
+from executor.dashboard.incidents import code_now, experiment_incidents
 from executor.dashboard.ladder_view import ladder_view
 from executor.dashboard.metrics_view import metrics_grid
 from executor.dashboard.panels import PanelError, available
@@ -106,6 +106,11 @@ def load_static() -> dict[str, bytes]:
 
     walk(root, "")
     return assets
+
+
+def read_infos(output_paths: list[str]) -> list[dict[str, Any] | None]:
+    """Many steps' `.executor_info`s, read in parallel (None for one missing or unreadable)."""
+    return [json_or_none(blob) for blob in storage.read_many(storage.join(path, INFO_FILE) for path in output_paths)]
 
 
 def _param(query: Mapping[str, str], name: str, default: str | None = None) -> str:
@@ -203,7 +208,7 @@ class DashboardApp:
     def api_experiment_incidents(self, query: Mapping[str, str]) -> Response:
         experiment = self._experiment(query)
         states = self.cache.states(experiment.output_paths)
-        return json_response(experiment_incidents(experiment.steps, states, read_many_events))
+        return json_response(experiment_incidents(experiment, states, read_many_events, read_infos))
 
     def api_graph(self, query: Mapping[str, str]) -> Response:
         experiment = self._experiment(query)
@@ -276,7 +281,8 @@ class DashboardApp:
         return json_response({"views": available(self._step_path(query))})
 
     def api_step_run(self, query: Mapping[str, str]) -> Response:
-        return json_response(run_view(self.prefix, self._step_path(query)))
+        relative, experiment = self._step_experiment(query)
+        return json_response(run_view(self.prefix, self._step_path(query), now=code_now(experiment, relative)))
 
     def api_step_ladder(self, query: Mapping[str, str]) -> Response:
         relative, experiment = self._step_experiment(query)

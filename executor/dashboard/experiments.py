@@ -140,6 +140,12 @@ class ExperimentIndex:
             if entry.get("type") != "directory" and entry["name"].endswith(".json")
         }
 
+    def expire(self) -> None:
+        """List the folder again at the next look, however recent the last: a publisher's cycle sees every file
+        written before it began (a rerun rewrites its experiment file in well under the listing's TTL)."""
+        with self._lock:
+            self._listed_at = -1e18
+
     def all(self) -> list[Experiment]:
         """Every experiment, newest first (by the time its DAG last started)."""
         with self._lock:

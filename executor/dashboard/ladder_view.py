@@ -14,6 +14,10 @@ smallest rung out past the target, the prediction with its band, and the achieve
 been evaluated. The achieved loss is the `macro_loss` of a `results.json` downstream of the scaling step in
 the experiment's graph (the target's train step depends on the scaling step, its evaluate step on the train
 step), found within `ACHIEVED_DEPTH` edges, never by step names.
+
+Beside it, the overlay of the runs: the rungs' eval curves, the predicted curve and the target run's eval points
+against tokens (`compare`) and against training FLOPs (`compare_flops`: tokens times the run's FLOPs per token,
+its recorded `compute` over its `tokens`); the page toggles between the two.
 """
 
 from __future__ import annotations
@@ -98,29 +102,65 @@ def downstream_runs(experiment: Experiment | None, relative: str) -> list[Any]:
     return [other for other in experiment.steps if any(dep.index == step.index for dep in other.dependencies)]
 
 
-def compare_chart(document: dict[str, Any], experiment: Experiment | None, relative: str) -> dict[str, Any]:
-    """The rungs' and the target's eval loss against tokens on one chart (log x), the predicted curve between:
-    how the hero runs against the runs that predicted it."""
+def flops_per_token(figures: Any) -> float | None:
+    """A run's training FLOPs per token as the scaling step recorded it: its `compute` (the one calculator's
+    `training_flops(shape, tokens)`, steps/model/model_size.py, linear in tokens) over its `tokens`. None when
+    either is missing or not positive."""
+    compute = files.number((figures or {}).get("compute"))
+    tokens = files.number((figures or {}).get("tokens"))
+    return compute / tokens if compute and tokens and compute > 0 and tokens > 0 else None
+
+
+def compare_series(document: dict[str, Any], experiment: Experiment | None, relative: str) -> list[dict[str, Any]]:
+    """The rungs' eval curves, the predicted curve and the target run's eval points, each against tokens, with the
+    FLOPs per token that puts it on a FLOPs axis (the rung's own; the target's for the prediction and the run)."""
+    target = document.get("target") or {}
+    target_flops = flops_per_token(target)
     series: list[dict[str, Any]] = []
     for rung in document.get("rungs") or []:
         points = {float(point["tokens"]): float(point["loss"]) for point in rung.get("curve") or []
                   if files.number(point.get("tokens")) and files.number(point.get("loss")) is not None}  # fmt: skip
         if points:
-            series.append({"label": str(rung.get("name")), "kind": "line", "points": points})
+            series.append({"label": str(rung.get("name")), "kind": "line", "points": points,
+                           "flops_per_token": flops_per_token(rung)})  # fmt: skip
     curve = document.get("curve") or []
     predicted = {float(point["tokens"]): float(point["loss"]) for point in curve
                  if files.number(point.get("tokens")) and files.number(point.get("loss")) is not None}  # fmt: skip
     if predicted:
-        series.append({"label": "predicted", "kind": "dashed", "points": predicted})
-    per_step = files.number((document.get("target") or {}).get("tokens_per_step")) or 0.0
+        series.append({"label": "predicted", "kind": "dashed", "points": predicted, "flops_per_token": target_flops})
+    per_step = files.number(target.get("tokens_per_step")) or 0.0
     for run in downstream_runs(experiment, relative) if per_step > 0 else []:
         rows = rows_by_step(files.metrics_records(storage.join(run.output_path, METRICS_FILE)) or [])
         metric = predicted_metric(rows)
         points = {(step + 1) * per_step: value for step, row in rows.items()
                   if (value := files.number(row.get(metric))) is not None}  # fmt: skip
         if points:
-            series.append({"label": f"{run.name} ({metric})", "kind": "points", "points": points})
+            series.append({"label": f"{run.name} ({metric})", "kind": "points", "points": points,
+                           "flops_per_token": target_flops})  # fmt: skip
+    return series
+
+
+def compare_chart(document: dict[str, Any], experiment: Experiment | None, relative: str) -> dict[str, Any]:
+    """The rungs' and the target's eval loss against tokens on one chart (log x), the predicted curve between:
+    how the hero runs against the runs that predicted it."""
+    series = compare_series(document, experiment, relative)
     return chart("compare", "rungs and target: eval loss vs tokens", series, x_label="tokens", log_x=True)
+
+
+def compare_flops_chart(document: dict[str, Any], experiment: Experiment | None, relative: str) -> dict[str, Any]:
+    """The same runs against training FLOPs (log x): each point's tokens times its run's FLOPs per token, so a
+    rung and the target meet where they spent the same compute. A run whose FLOPs per token prediction.json
+    cannot give (no `tokens` beside its `compute`) is left out and named in `missing`."""
+    series, missing = [], []
+    for one in compare_series(document, experiment, relative):
+        per_token = one.pop("flops_per_token")
+        if per_token is None:
+            missing.append(one["label"])
+            continue
+        series.append(one | {"points": {tokens * per_token: loss for tokens, loss in one["points"].items()}})
+    flops = chart("compare_flops", "rungs and target: eval loss vs training FLOPs", series,
+                  x_label="training FLOPs", log_x=True)  # fmt: skip
+    return flops | {"missing": missing}
 
 
 def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experiment | None) -> dict[str, Any]:
@@ -156,4 +196,7 @@ def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experi
         "warnings": [str(warning) for warning in document.get("warnings") or []],
         "chart": chart("ladder", "loss vs compute", series, x_label="training FLOPs", log_x=True),
         "compare": compare_chart(document, experiment, relative),
+        "compare_flops": compare_flops_chart(document, experiment, relative),
+        "flops_per_token": {str(rung.get("name")): flops_per_token(rung) for rung in document.get("rungs") or []}
+        | {"target": flops_per_token(figures["target"])},
     }

@@ -44,6 +44,7 @@ from executor import alerts, storage
 from executor.dashboard import files
 from executor.dashboard.app import DashboardApp, load_static
 from executor.dashboard.experiments import Experiment, ExperimentStep
+from executor.dashboard.incidents import code_now
 from executor.dashboard.metrics_view import metrics_grid
 from executor.dashboard.panels import PanelError
 from executor.dashboard.redaction import Redactor
@@ -137,6 +138,7 @@ class SitePublisher:
         """Publish what changed since the last cycle; returns what it wrote."""
         written_before, bytes_before = self.site.files_written, self.site.bytes_written
         self._put_shell()
+        self.app.experiments.expire()
         experiments = self.app.experiments.all()
         dirty_steps, dirty_experiments = self.changes.dirty(experiments)
         steps = {step.relative: (step, experiment.file) for experiment in experiments for step in experiment.steps}
@@ -257,7 +259,8 @@ class SitePublisher:
 
     def _run_view(self, step: ExperimentStep, records: list[dict[str, Any]]) -> dict[str, Any]:
         try:
-            return run_view(self.prefix, step.output_path, records)
+            now = code_now(self.app.experiments.containing(step.relative), step.relative)
+            return run_view(self.prefix, step.output_path, records, now)
         except PanelError as error:  # as the dashboard answers it: the page shows the message
             return {"error": str(error), "status": 422}
 

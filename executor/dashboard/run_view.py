@@ -12,8 +12,8 @@ the loss chart, the band beside it and the points drawn cannot differ between th
   points are listed on the chart (`markers`, drawn as marks at the top) and named in the header (`nonfinite`),
   and the header's last step is the last step logged, finite or not.
 - Alerts (`alerts.jsonl`) are marked on the chart their rule reads.
-- Its incidents (incidents.py): a timeline of attempts, failures, retries, takeovers, resumes, alerts and a
-  fork's start, and its goodput.
+- Its incidents (incidents.py): a timeline of attempts, failures, retries, takeovers, resumes, alerts, a
+  fork's start and code drift (against the code the newest experiment holding the run planned), and its goodput.
 - The prediction the run sealed when it started (`sealed`): its digest, when it was made, whether that was
   before the run's first step, and whether prediction.json still has that digest.
 """
@@ -30,7 +30,7 @@ from typing import Any
 from executor import storage
 from executor.alerts import AlertRules, read_alerts
 from executor.dashboard import files
-from executor.dashboard.incidents import run_incidents
+from executor.dashboard.incidents import CodeNow, code_drift, run_incidents
 from executor.dashboard.panels import (
     MIXTURE_FILE,
     PREDICTION_FILE,
@@ -47,7 +47,7 @@ from executor.dashboard.panels import (
 from executor.dashboard.series import RUN_BUCKETS, by_key, downsample, json_number, nonfinite
 from executor.metrics_log import predicted_metric, rows_by_step
 from executor.served_mixture import drifted, served_by_phase
-from executor.status import METRICS_FILE, PREDICTION_SEAL_FILE, read_events
+from executor.status import INFO_FILE, METRICS_FILE, PREDICTION_SEAL_FILE, StatusEvent, read_events
 
 RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("learning_rate", "learning rate", ("optim/learning_rate",)),
@@ -208,8 +208,19 @@ def served_mixture(output_path: str, records: list[dict[str, Any]]) -> dict[str,
     return served
 
 
-def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """What the run view draws (module docstring); `records`: the run's metrics lines when already read."""
+def run_drift(output_path: str, events: list[StatusEvent], now: CodeNow | None) -> dict[str, Any] | None:
+    """The run's code drift incident (incidents.code_drift); its `.executor_info` is read only when it drifted."""
+    if code_drift("", events, None, now) is None:
+        return None
+    info = storage.read_json(storage.join(output_path, INFO_FILE)) or {}
+    return code_drift(str(info.get("name") or storage.basename(output_path)), events, info, now)
+
+
+def run_view(
+    prefix: str, output_path: str, records: list[dict[str, Any]] | None = None, now: CodeNow | None = None
+) -> dict[str, Any]:
+    """What the run view draws (module docstring); `records`: the run's metrics lines when already read; `now`:
+    the run's code as the newest experiment holding it planned it (for code drift)."""
     if records is None:
         records = files.metrics_records(storage.join(output_path, METRICS_FILE)) or []
     rows = rows_by_step(records)
@@ -226,6 +237,7 @@ def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None
         loss_chart(columns, (label, evals), curve, parent.get(TRAIN_LOSS, {}), alerts),
         *metric_charts(columns, alerts, parent),
     ]
+    events = read_events(output_path)
     last_step = max(train)
     chart_keys = [key for _, _, keys in RUN_CHARTS for key in keys]
     return {
@@ -243,6 +255,6 @@ def run_view(prefix: str, output_path: str, records: list[dict[str, Any]] | None
         "lineage": lineage,
         "sealed": sealed_prediction(prefix, output_path, rows),
         "mixture": served_mixture(output_path, records),
-        "incidents": run_incidents(read_events(output_path), records, alerts, lineage),
+        "incidents": run_incidents(events, records, alerts, lineage, run_drift(output_path, events, now)),
         "charts": charts,
     }

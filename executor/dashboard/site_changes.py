@@ -71,20 +71,24 @@ class ChangeTracker:
 
     def __init__(self) -> None:
         self._marks: dict[str, Mark] = {}
-        self._experiments: dict[str, tuple[str, ...]] = {}
+        self._experiments: dict[str, tuple[tuple[str, str | None], ...]] = {}
 
     def dirty(self, experiments: Sequence[Experiment]) -> tuple[set[str], set[str]]:
         """(steps to republish, experiment files to republish) since the last call; everything the first time."""
         steps = {step.relative: step.output_path for experiment in experiments for step in experiment.steps}
         marks = dict(zip(steps, step_marks(list(steps.values())), strict=True))
         changed = {relative for relative, mark in marks.items() if self._marks.get(relative) != mark}
-        shapes = {experiment.file: tuple(step.relative for step in experiment.steps) for experiment in experiments}
+        # A rerun after a code change rewrites the same experiment file with new code fingerprints and touches no
+        # step folder: the fingerprints are part of the shape, so its steps show their code drift.
+        shapes = {experiment.file: tuple((step.relative, step.fingerprint) for step in experiment.steps)
+                  for experiment in experiments}  # fmt: skip
         for file, shape in shapes.items():
             if self._experiments.get(file) != shape:  # a new or rerun experiment: all its steps, once
-                changed.update(shape)
+                changed.update(relative for relative, _ in shape)
         linked = neighbours(experiments)
         dirty_steps = changed | {other for relative in changed for other in linked.get(relative, ())}
-        dirty_experiments = {file for file, shape in shapes.items() if dirty_steps.intersection(shape)}
+        dirty_experiments = {file for file, shape in shapes.items()
+                             if dirty_steps.intersection(relative for relative, _ in shape)}  # fmt: skip
         if set(self._experiments) - set(shapes):  # one was removed: the list of experiments changes
             dirty_experiments = set(shapes)
         self._marks, self._experiments = marks, shapes

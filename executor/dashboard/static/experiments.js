@@ -121,7 +121,7 @@ async function experimentPage(main, file) {
     incidentsBox.hidden = !incidents.timeline.length;
     incidentsBox.replaceChildren(h("h2", {}, `Incidents (${incidents.timeline.length})`), h("table", {}, h("tbody", {},
       incidents.timeline.map((entry) => h("tr", { "data-kind": entry.kind }, h("td", { class: "mono" }, new Date(entry.time).toLocaleString("sv-SE")),
-        h("td", {}, h("span", { class: `incident ${entry.kind}` }, entry.kind)), h("td", {}, h("a", { href: stepHref(entry.path, file) }, entry.step_name)),
+        h("td", {}, h("span", { class: `incident ${entry.kind}` }, entry.kind.replace("_", " "))), h("td", {}, h("a", { href: stepHref(entry.path, file) }, entry.step_name)),
         h("td", {}, entry.text))))));
     document.title = `${summary.script} · experiment`;
     const shards = summary.running_shards;

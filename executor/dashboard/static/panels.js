@@ -154,7 +154,7 @@ function incidentTimeline(incidents) {
       lost.length ? h("span", {}, `lost: ${lost.join(", ")}`) : "") : "",
     h("table", {}, h("tbody", {}, incidents.timeline.map((entry) => h("tr", { "data-kind": entry.kind },
       h("td", { class: "mono" }, entry.time ? new Date(entry.time).toLocaleString("sv-SE") : ""),
-      h("td", {}, h("span", { class: `incident ${entry.kind}` }, entry.kind)), h("td", {}, entry.text))))));
+      h("td", {}, h("span", { class: `incident ${entry.kind}` }, entry.kind.replace("_", " "))), h("td", {}, entry.text))))));
 }
 
 // The run's alerts (executor/alerts.py), newest first.
@@ -174,10 +174,40 @@ function cellValue(value, digits) {
 }
 
 class LadderPanel extends ChartPanel {
-  constructor() { super("/api/step/ladder", "ladder-view"); }
+  constructor() {
+    super("/api/step/ladder", "ladder-view");
+    this.axis = "tokens";  // the overlay's x axis: "tokens" or "flops", kept across refreshes
+  }
+
+  // The overlay of rungs and target against tokens or training FLOPs (each run's FLOPs per token from
+  // prediction.json: executor/dashboard/ladder_view.py), with the toggle between the two.
+  compareChart(data) {
+    const flops = this.axis === "flops" && data.compare_flops;
+    return flops ? data.compare_flops : data.compare;
+  }
+
+  axisToggle(data) {
+    if (!data.compare_flops) return "";  // a site published before the FLOPs axis
+    const choose = (axis) => {
+      if (axis === this.axis) return;
+      this.axis = axis;
+      for (const chart of this.charts) chart.destroy();
+      this.charts = [];
+      this.render(this.data);
+    };
+    const button = (axis, label) => h("button", { type: "button", class: axis === this.axis ? "plain toggle on" : "plain toggle",
+      "data-axis": axis, "aria-pressed": String(axis === this.axis), onclick: () => choose(axis) }, label);
+    const missing = this.axis === "flops" && data.compare_flops.missing.length
+      ? h("span", { class: "muted" }, ` (no FLOPs per token for ${data.compare_flops.missing.join(", ")}: left out)`) : "";
+    return h("div", { class: "meta", "data-testid": "compare-axis", "data-axis": this.axis },
+      h("span", {}, "overlay x axis "), button("tokens", "tokens"), button("flops", "training FLOPs"), missing);
+  }
 
   render(data) {
-    const [plots, draw] = this.chartBoxes(data.compare && data.compare.series.length ? [data.chart, data.compare] : [data.chart]);
+    this.data = data;
+    const compare = this.compareChart(data);
+    const [plots, draw] = this.chartBoxes(compare && compare.series.length ? [data.chart, compare] : [data.chart]);
+    plots.querySelector(`[data-chart="${compare && compare.id}"] h3`)?.after(this.axisToggle(data));
     const fit = data.fit, prediction = data.prediction, achieved = data.achieved;
     const rows = data.rungs.map((rung) => h("tr", { "data-rung": rung.name }, h("td", {}, rung.name),
       h("td", { class: "num", "data-col": "compute", "data-value": rung.compute }, rung.compute.toExponential(3)),
