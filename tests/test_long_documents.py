@@ -5,16 +5,22 @@ and a document hashed in windows has the hash it had whole."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import random
+import re
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
+import xxhash
 
+from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup, paragraph_spans, text_hash
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.tokenize import TokenizeConfig, document_pieces, tokenize
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, special_token_ids, train_tokenizer
@@ -23,6 +29,14 @@ REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "tests" / "long_document_run.py"
 SHARD_BUDGET_BYTES = 2 << 30
 LONG_CHARS = 50_000_000
+_BREAK = r"(?>\r\n|\r|\n)"
+WHOLE_PARAGRAPH = re.compile(rf"\S(?:(?!{_BREAK}[ \t]*{_BREAK})[\s\S])*")
+"""How exact dedup found paragraphs before: matching each one whole (a backtracking frame per character)."""
+
+
+def hash_whole(text: str, seed: int) -> int:
+    """How exact dedup hashed a text before windows: normalised whole, then hashed."""
+    return xxhash.xxh3_64_intdigest(re.sub(r"\s+", " ", text).strip(), seed=seed)
 
 
 def stdlib_text(chars: int) -> str:
@@ -139,3 +153,75 @@ def test_a_negative_max_document_chars_is_refused_by_name(tokenizer_path, tmp_pa
     with pytest.raises(ValueError, match="max_document_chars must be 0 or more"):
         tokenize(TokenizeConfig(input_paths=[str(tmp_path)], tokenizer_path=tokenizer_path,
                                 output_path=str(tmp_path / "out"), max_document_chars=-1))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_50_mb_document_dedups_in_hash_windows_under_the_shard_budget(long_input, tmp_path):
+    """Hashed whole, the one-paragraph document held 3.6 GB; in windows the step stays under 2 GiB, the document
+    and its paragraph have the hashes they had whole, and the repeated short document still goes."""
+    output_path = tmp_path / "deduped"
+    peak = run_in_child("dedup", str(long_input), str(output_path))
+    assert peak < SHARD_BUDGET_BYTES, f"exact dedup peaked at {peak / 2**30:.2f} GiB"
+
+    stats = json.loads((output_path / "stats.json").read_text())
+    assert stats["windowed_documents"] == 1 and stats["dropped"]["exact_duplicate"] == 1
+    kept = pq.read_table(glob.glob(f"{output_path}/docs/*.parquet")).to_pylist()
+    text = stdlib_text(LONG_CHARS)
+    assert [document["id"] for document in kept] == ["short-0", "long", "short-1"]
+    assert kept[1]["text"] == text
+    stored = {int(value) for path in glob.glob(f"{output_path}/work/hashes/**/*.npz", recursive=True)
+              for value in np.load(path)["hash"]}  # fmt: skip
+    assert paragraph_spans(text) == [(0, len(text.rstrip()))]
+    assert {hash_whole(text, 0), hash_whole(text, 1)} <= stored  # the document's, its one paragraph's
+
+
+def tricky_texts() -> list[str]:
+    rng = random.Random(7)
+    alphabet = ["a", "b", "é", "字", " ", "  ", "\t", "\n", "\r\n", "\r", "\n\n", "\r\n \t\r\n", "\u3000", "\xa0", "."]
+    texts = ["", " ", "\n\n", "  lead and trail  ", "one\n\ntwo\r\n\r\nthree\r\rfour\n \t\nfive  \n"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300))) for _ in range(300)]
+    return [*texts, stdlib_text(20_000)]
+
+
+def test_windowed_hashes_equal_the_whole_texts_hashes_whatever_the_window():
+    """Whitespace runs across window edges, whitespace-only windows, leading and trailing whitespace, Unicode
+    spaces: every window gives the hash of the whole normalised text, so existing dedup outputs keep their
+    meaning; a paragraph is hashed from its span as its slice was."""
+    for text in tricky_texts():
+        for window in (1, 2, 3, 7, 64, 1 << 20):
+            assert text_hash(text, 0, window) == hash_whole(text, 0), (text, window)
+        for start, end in paragraph_spans(text):
+            assert text_hash(text, 1, 5, start, end) == hash_whole(text[start:end], 1)
+
+
+def test_paragraph_spans_are_those_of_matching_each_paragraph_whole():
+    for text in tricky_texts():
+        whole = [
+            (match.start(), match.start() + len(match.group().rstrip())) for match in WHOLE_PARAGRAPH.finditer(text)
+        ]
+        assert paragraph_spans(text) == whole, text
+
+
+def test_exact_dedup_in_small_windows_keeps_the_outputs_of_large_ones(tmp_path):
+    documents = tmp_path / "docs.jsonl"
+    text = stdlib_text(30_000)
+    reflowed = text.replace("\n", " \n  ")
+    records = [{"id": "a", "text": text}, {"id": "b", "text": reflowed}, {"id": "c", "text": text[:9_000] + "\n\nend"}]
+    documents.write_text("".join(json.dumps(record) + "\n" for record in records))
+    outputs = {}
+    for window in (7, 1 << 20):
+        output_path = tmp_path / f"window-{window}"
+        exact_dedup(ExactDedupConfig(input_paths=[str(documents)], output_path=str(output_path), parallelism="thread",
+                                     min_paragraph_chars=16, hash_window_chars=window))  # fmt: skip
+        stats = json.loads((output_path / "stats.json").read_text())
+        outputs[window] = pq.read_table(glob.glob(f"{output_path}/docs/*.parquet")).to_pylist(), stats["dropped"]
+        assert stats["windowed_documents"] == (3 if window == 7 else 0)
+    assert outputs[7] == outputs[1 << 20]
+    assert outputs[7][1]["exact_duplicate"] == 1  # the reflowed copy
+
+
+def test_a_hash_window_under_one_character_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="hash_window_chars must be 1 or more"):
+        exact_dedup(
+            ExactDedupConfig(input_paths=[str(tmp_path)], output_path=str(tmp_path / "out"), hash_window_chars=0)
+        )
