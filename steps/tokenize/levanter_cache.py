@@ -240,11 +240,11 @@ class PartWriter:
                              "encoding's len() must be its number of ids")  # fmt: skip
         self._buffer_rows(row_lengths, tokens)
 
-    def write_ids(self, ids: np.ndarray) -> None:
-        """Append one row from an array of ids (a long document's pieces' ids, end to end), framed without making
-        a Python int of each id."""
-        framing = (np.asarray(self._prefix, dtype=np.int32), np.asarray(self._suffix, dtype=np.int32))
-        tokens = np.concatenate([framing[0], ids.astype(np.int32, copy=False), framing[1]])
+    def write_ids(self, pieces: Sequence[np.ndarray]) -> None:
+        """Append one row whose ids are the arrays `pieces` end to end (a long document's pieces), framed in one
+        copy, without a Python int per id."""
+        prefix, suffix = (np.asarray(framing, dtype=np.int32) for framing in (self._prefix, self._suffix))
+        tokens = np.concatenate([prefix, *pieces, suffix], dtype=np.int32)
         self._buffer_rows(np.array([len(tokens)], dtype=np.int64), tokens)
 
     def _buffer_rows(self, row_lengths: np.ndarray, tokens: np.ndarray) -> None:

@@ -103,7 +103,12 @@ ENCODE_AHEAD = ENCODE_THREADS
 """Batches a shard group keeps encoding at once while it frames and writes one more: a group running alone
 (the last one) keeps every encoding thread busy. Memory is one more than this many batches' texts and
 encodings, `BATCH_CHARS` each at most (an encoded batch of 512k characters held 17 MB here, so about 4 MB a
-batch of 128k)."""
+batch of 128k), and `ENCODE_AHEAD_CHARS` bounds them whatever the core count."""
+ENCODE_AHEAD_CHARS = 1 << 21
+"""Characters a shard group keeps encoding at once at most, however many batches that is (one batch at least):
+encoding holds ~100-150 bytes a character of code until a batch's ids are taken, so 2 M characters are ~300 MB.
+On 16 cores, 16 batches of 128k characters about fill it; 16 pieces of a long document (`max_document_chars`,
+a million characters each) took a 50 MB document's step to 3.0 GB without it."""
 MAX_DOCUMENT_CHARS = 1_000_000
 """`TokenizeConfig.max_document_chars`' default. Encoding holds ~350 bytes per token until its ids are taken
 (a 50 MB document of code, 23 M tokens, peaked at 7.7 GB); a piece of a million characters holds ~150 MB."""
@@ -330,10 +335,9 @@ def _tokenize_shard(group: FileGroup[TokenizeConfig], writer: ShardWriter) -> di
                     continue
             split = "validation" if in_validation(document["id"], config.validation_fraction) else "train"
             if split_ids:
-                ids = np.concatenate(split_ids)
                 parts[split].write_encodings(rows[split])  # the rows before it, in order
-                parts[split].write_ids(ids)
-                rows[split], tokens, text_bytes = [], len(ids), split_bytes
+                parts[split].write_ids(split_ids)
+                rows[split], tokens, text_bytes = [], sum(map(len, split_ids)), split_bytes
                 split_ids, split_bytes, split_documents = [], 0, split_documents + 1
             else:
                 rows[split].append(encoding)
@@ -423,19 +427,22 @@ def _encoded_batches(
     """Batches of documents with their encodings, in order. Up to `ENCODE_AHEAD` batches encode in the
     process's encoding threads while the caller handles the one before and the next is read:
     `encode_batch_fast` releases the GIL, so the Python work (reading, framing, writing) runs beside the Rust
-    encoding instead of idling its cores. `slot` is held while reading and submitting (see `_READING_SLOTS`)
-    and given back before the last batches are waited for."""
+    encoding instead of idling its cores; fewer once they hold `ENCODE_AHEAD_CHARS` characters. `slot` is held
+    while reading and submitting (see `_READING_SLOTS`) and given back before the last batches are waited for."""
     encoders = _encoders()
     with _tokenizer_pool_off():
         ahead: deque[tuple[tuple[dict[str, Any], ...], Future[list[Encoding]]]] = deque()
+        ahead_chars = 0
         try:
             with slot or contextlib.nullcontext():
                 for batch in _batches(documents, batch_size, batch_chars):
                     texts = [document["text"] for document in batch]
                     encoding = encoders.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
                     ahead.append((batch, encoding))
-                    if len(ahead) > ENCODE_AHEAD:
+                    ahead_chars += sum(map(len, texts))
+                    while len(ahead) > ENCODE_AHEAD or (len(ahead) > 1 and ahead_chars > ENCODE_AHEAD_CHARS):
                         done, encoding = ahead.popleft()
+                        ahead_chars -= sum(len(document["text"]) for document in done)
                         yield done, encoding.result()
             while ahead:
                 done, encoding = ahead.popleft()
