@@ -8,7 +8,8 @@ original text, which is written back unchanged); paragraphs shorter than `min_pa
 
 Three stages, each committed shard by shard with `run_sharded`, none holding all data at once:
 
-1. hash (one shard per input file S): a 64-bit xxh3 of each document and each paragraph, written
+1. hash (one shard per input file S): a 64-bit xxh3 of each document and each paragraph (normalised and fed
+   to the hash `hash_window_chars` at a time, so a 50 MB document costs a window's copies), written
    into `partitions` hash-range files, `work/hashes/to-PPPP/from-S.npz`: (hash, document key,
    paragraph index; -1 for the document).
 2. resolve (one shard per hash partition P, reading only its own folder): sort by (hash, document
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,9 +63,12 @@ logger = logging.getLogger(__name__)
 
 _BREAK = r"(?>\r\n|\r|\n)"
 """A line break of any convention (atomic: "\r\n" is one break, never "\r" then "\n", i.e. never a blank line)."""
-_PARAGRAPH = re.compile(rf"\S(?:(?!{_BREAK}[ \t]*{_BREAK})[\s\S])*")
-"""A paragraph: from a non-space character to just before the next blank line, whichever the line breaks."""
+_BLANK_LINE = re.compile(rf"{_BREAK}[ \t]*{_BREAK}")
+"""What ends a paragraph: a line break, spaces or tabs at most, and another line break."""
+_NON_SPACE = re.compile(r"\S")
 _SPACES = re.compile(r"\s+")
+HASH_WINDOW_CHARS = 1 << 20
+"""`ExactDedupConfig.hash_window_chars`' default: a window's normalised copies are a few MB."""
 RESOLVE_BYTES_PER_ENTRY = 80
 """Working set of a resolve shard per (hash, document, paragraph) entry: 20 bytes stored, the concatenation,
 the lexsort order and the sorted copies."""
@@ -93,37 +98,81 @@ class ExactDedupConfig:
     """How shards run: "auto" (Ray if initialized, else processes), "process" or "thread". Layout only."""
     raw_input: bool = True
     """Whether an input file with no usable document is an error (False for our own outputs)."""
+    hash_window_chars: int = HASH_WINDOW_CHARS
+    """Documents and paragraphs are normalised and fed to the hash this many characters at a time
+    (`text_hash`), so that a shard holds a window's copies, never a whole document's (a 50 MB document
+    hashed whole held 3.8 GB); the hash is that of the whole normalised text whatever the window.
+    stats.json counts `windowed_documents`, those longer than one window. Layout only."""
 
 
 def paragraph_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each paragraph, end exclusive, blank lines excluded."""
-    return [(match.start(), match.start() + len(match.group().rstrip())) for match in _PARAGRAPH.finditer(text)]
+    """(start, end) of each paragraph, end exclusive, blank lines excluded: from a non-space character to just
+    before the next blank line (`_BLANK_LINE`), trailing whitespace left out. Found with two plain searches per
+    paragraph: a pattern that matched the paragraph itself, one character at a time up to a blank line, kept a
+    backtracking frame per character (36 bytes: 1.8 GB for a 50 MB paragraph)."""
+    spans, position = [], 0
+    while (first := _NON_SPACE.search(text, position)) is not None:
+        blank = _BLANK_LINE.search(text, first.start() + 1)
+        position = blank.start() if blank else len(text)
+        end = position
+        while text[end - 1].isspace():
+            end -= 1
+        spans.append((first.start(), end))
+    return spans
 
 
-def _hash(text: str, seed: int) -> int:
-    return xxhash.xxh3_64_intdigest(_SPACES.sub(" ", text).strip(), seed=seed)
+def text_hash(text: str, seed: int, window: int = HASH_WINDOW_CHARS, start: int = 0, end: int | None = None) -> int:
+    """The 64-bit xxh3 of `text[start:end]` normalised (runs of whitespace as one space, the ends stripped), the
+    normalised text fed to the hash `window` characters of the original at a time: the hash of the whole."""
+    end = len(text) if end is None else end
+    if end - start <= window:
+        return xxhash.xxh3_64_intdigest(_SPACES.sub(" ", text[start:end]).strip(), seed=seed)
+    hasher = xxhash.xxh3_64(seed=seed)
+    for part in _normalised(text, start, end, window):
+        hasher.update(part.encode("utf-8"))
+    return hasher.intdigest()
+
+
+def _normalised(text: str, start: int, end: int, window: int) -> Iterator[str]:
+    """`_SPACES.sub(" ", text[start:end]).strip()` in parts, one window of `text` at a time: a run of
+    whitespace that crosses windows is still one space, and none is written before the first word or after
+    the last."""
+    words_before = space_pending = False
+    for low in range(start, end, window):
+        part = _SPACES.sub(" ", text[low : min(end, low + window)])
+        words = part.strip(" ")  # after the substitution, a space is the only whitespace left
+        if not words:
+            space_pending = True
+            continue
+        if words_before and (space_pending or part[0] == " "):
+            yield " "
+        yield words
+        words_before, space_pending = True, part[-1] == " "
 
 
 def _hash_shard(payload: _HashPayload, writer: ShardWriter) -> dict[str, object]:
     config, shard_index = payload.file.config, payload.file.shard_index
     hashes, keys, paragraphs = [], [], []
     report = ReadReport()
+    window, windowed = config.hash_window_chars, 0
     for row, document in enumerate(read_documents(payload.file.path, report, config.raw_input)):
-        key = doc_key(shard_index, row)
-        hashes.append(_hash(document["text"], _DOC_SEED))
+        key, text = doc_key(shard_index, row), document["text"]
+        hashes.append(text_hash(text, _DOC_SEED, window))
+        windowed += len(text) > window
         keys.append(key)
         paragraphs.append(-1)
         if config.paragraphs:
-            for index, (start, end) in enumerate(paragraph_spans(document["text"])):
+            for index, (start, end) in enumerate(paragraph_spans(text)):
                 if end - start >= config.min_paragraph_chars:
-                    hashes.append(_hash(document["text"][start:end], _PARAGRAPH_SEED))
+                    hashes.append(text_hash(text, _PARAGRAPH_SEED, window, start, end))
                     keys.append(key)
                     paragraphs.append(index)
     hash_array = np.array(hashes, dtype=np.uint64)
     save_routed(writer, f"{shard_index:05d}", (hash_array % np.uint64(payload.partitions)).astype(np.int64),
                 _partition_name, hash=hash_array, doc=np.array(keys, dtype=np.int64),
                 paragraph=np.array(paragraphs, dtype=np.int32))  # fmt: skip
-    return {"rows": len(hashes), "hashed_paragraphs": sum(index >= 0 for index in paragraphs)}
+    return {"rows": len(hashes), "hashed_paragraphs": sum(index >= 0 for index in paragraphs),
+            "windowed_documents": windowed}  # fmt: skip
 
 
 def _partition_name(partition: int) -> str:
@@ -219,17 +268,21 @@ def _partitions(config: ExactDedupConfig, files: list[str]) -> int:
 
 
 def exact_dedup(config: ExactDedupConfig) -> None:
+    if config.hash_window_chars < 1:
+        raise ValueError(f"exact dedup at {config.output_path}: hash_window_chars must be 1 or more, got "
+                         f"{config.hash_window_chars}")  # fmt: skip
     files, sources = list_source_files(config.input_paths, config.input_sources, f"exact dedup at {config.output_path}")
     partitions = _partitions(config, files)
     work = storage.join(config.output_path, "work")
     per_file = file_shards(config, files, sources)
     hashes_folder = storage.join(work, "hashes")
     hash_shards = [Shard(shard.shard_id, _HashPayload(shard.payload, partitions)) for shard in per_file]
-    run_stage(config, hashes_folder, hash_shards, _hash_shard, "exact dedup: hash")
+    hashed = run_stage(config, hashes_folder, hash_shards, _hash_shard, "exact dedup: hash")
     partition_shards = [Shard(_partition_name(p), _PartitionPayload(hashes_folder, p)) for p in range(partitions)]
     run_stage(config, storage.join(work, "removals"), partition_shards, _resolve_shard, "exact dedup: resolve")
     report = run_stage(config, config.output_path, per_file, _rewrite_shard, "exact dedup: rewrite")
     stats = merge_stats(report)
-    stats["layout"] = {"partitions": partitions}
+    stats["windowed_documents"] = merge_stats(hashed).get("windowed_documents", 0)
+    stats["layout"] = {"partitions": partitions, "hash_window_chars": config.hash_window_chars}
     stats["settings"] = {"paragraphs": config.paragraphs, "min_paragraph_chars": config.min_paragraph_chars}
     write_stats(config.output_path, stats)

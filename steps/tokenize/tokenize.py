@@ -24,6 +24,10 @@ groups without one. In threads, a group hands its reading slot to the next once 
 a sharded `shard_ledger.json` over its parts, and that ledger is what makes it a cache: Levanter refuses a
 split without one.
 
+A document longer than `max_document_chars` (a million characters by default) is encoded in pieces cut at
+whitespace (`document_pieces`), whose ids make its one row: encoding a 50 MB document whole held 7.7 GB, far
+past a shard's 2 GiB (steps/README.md); in pieces, the shard stays near 1 GB.
+
 A document goes to validation when the xxh3 hash of its id falls in the first
 `validation_fraction` of the hash range: stable however the inputs are sharded.
 
@@ -32,7 +36,8 @@ byte-level BPE spends a token on that space; we append the EOS id, so a document
 exactly its text and costs one token less.
 
 Output: `train/`, `validation/` (Levanter caches), `stats.json`: documents, tokens, bytes and bytes
-per token overall, per split and per source; bad lines by reason with samples; empty input files.
+per token overall, per split and per source; bad lines by reason with samples; empty input files; documents
+split for length (`split_documents`) and their pieces (`document_pieces`).
 A step that would leave no training document fails instead of writing an empty cache.
 """
 
@@ -42,6 +47,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
@@ -49,6 +55,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 from tokenizers import Encoding, Tokenizer
 
@@ -96,7 +103,20 @@ ENCODE_AHEAD = ENCODE_THREADS
 """Batches a shard group keeps encoding at once while it frames and writes one more: a group running alone
 (the last one) keeps every encoding thread busy. Memory is one more than this many batches' texts and
 encodings, `BATCH_CHARS` each at most (an encoded batch of 512k characters held 17 MB here, so about 4 MB a
-batch of 128k)."""
+batch of 128k), and `ENCODE_AHEAD_CHARS` bounds them whatever the core count."""
+ENCODE_AHEAD_CHARS = 1 << 21
+"""Characters a shard group keeps encoding at once at most, however many batches that is (one batch at least):
+encoding holds ~100-150 bytes a character of code until a batch's ids are taken, so 2 M characters are ~300 MB.
+On 16 cores, 16 batches of 128k characters about fill it; 16 pieces of a long document (`max_document_chars`,
+a million characters each) took a 50 MB document's step to 3.0 GB without it."""
+MAX_DOCUMENT_CHARS = 1_000_000
+"""`TokenizeConfig.max_document_chars`' default. Encoding holds ~350 bytes per token until its ids are taken
+(a 50 MB document of code, 23 M tokens, peaked at 7.7 GB); a piece of a million characters holds ~150 MB."""
+_CUT_SCAN_CHARS = 1 << 12
+"""A long document's cut is looked for this many characters at a time, backwards from the piece's limit."""
+_SPACE_BEFORE_WORD = re.compile(r"\s(?=\S)")
+"""The last whitespace character of a run: a byte-level BPE's pre-tokenizer starts a word there (with the
+space), so text cut just before it pre-tokenizes, and so encodes, as the uncut text does."""
 _READING_SLOTS: dict[str, threading.BoundedSemaphore] = {}
 """Output path -> slots of a step whose groups run in threads of this process: `max_workers` of them. A group
 holds one while it reads and submits batches and gives it back once its last batch is submitted, so that the
@@ -139,6 +159,13 @@ class TokenizeConfig:
     """Each input file belongs to the component named by its parent folder (a cells step's `cells/<cell>/`):
     every component gets its own `<name>/train` and `<name>/validation` caches, listed in components.json.
     One step then tokenizes any number of cells. Versioned."""
+    max_document_chars: int = MAX_DOCUMENT_CHARS
+    """A longer document is encoded in pieces of at most this many characters, each cut just before the last
+    whitespace of a run where the piece has one (`document_pieces`): its pieces' ids, end to end, make its one
+    row (BOS and EOS framing the whole), so a shard's memory is bounded whatever a document's size. Cut there,
+    byte-level BPE text encodes to the uncut text's tokens; a piece with no whitespace (a 1 MB base64 blob) is
+    cut at the limit, mid-word. stats.json counts `split_documents` and their `document_pieces`. 0: never
+    split. Versioned (wrap it in `versioned()` to hash it: a plain default leaves existing steps' hashes)."""
 
 
 def tokenize(config: TokenizeConfig) -> None:
@@ -146,6 +173,9 @@ def tokenize(config: TokenizeConfig) -> None:
     check_cache_path(config.output_path, step)
     if not 0.0 <= config.validation_fraction < 1.0:
         raise ValueError(f"{step}: validation_fraction must be in [0, 1), got {config.validation_fraction}")
+    if config.max_document_chars < 0:
+        raise ValueError(f"{step}: max_document_chars must be 0 or more (0: never split a document), got "
+                         f"{config.max_document_chars}")  # fmt: skip
     if config.group_bytes < 0:
         raise ValueError(f"{step}: group_bytes must be 0 or more (0: one shard group per file), got "
                          f"{config.group_bytes}")  # fmt: skip
@@ -290,16 +320,32 @@ def _tokenize_shard(group: FileGroup[TokenizeConfig], writer: ShardWriter) -> di
     by_source: dict[str, Counter[str]] = {"docs": Counter(), "tokens": Counter(), "bytes": Counter()}
     empty_files: list[str] = []
     documents = _group_documents(group.paths, report, config.raw_input, empty_files)
+    pieces = _split_documents(documents, config.max_document_chars)
     slot = _READING_SLOTS.get(config.output_path)
-    for batch, encodings in _encoded_batches(tokenizer, documents, config.batch_size, BATCH_CHARS, slot):
+    split_ids: list[np.ndarray] = []  # the ids of a split document's pieces so far
+    split_bytes = split_documents = pieces_made = 0
+    for batch, encodings in _encoded_batches(tokenizer, pieces, config.batch_size, BATCH_CHARS, slot):
         rows: dict[str, list[Encoding]] = {split: [] for split in SPLITS}
         for document, encoding in zip(batch, encodings, strict=True):
+            if _PIECE in document:  # a piece of a long document: its row is written with its last piece
+                split_ids.append(np.array(encoding.ids, dtype=np.int32))
+                split_bytes += len(document["text"].encode("utf-8"))
+                pieces_made += 1
+                if not document[_LAST_PIECE]:
+                    continue
             split = "validation" if in_validation(document["id"], config.validation_fraction) else "train"
-            rows[split].append(encoding)
+            if split_ids:
+                parts[split].write_encodings(rows[split])  # the rows before it, in order
+                parts[split].write_ids(split_ids)
+                rows[split], tokens, text_bytes = [], sum(map(len, split_ids)), split_bytes
+                split_ids, split_bytes, split_documents = [], 0, split_documents + 1
+            else:
+                rows[split].append(encoding)
+                tokens, text_bytes = len(encoding), len(document["text"].encode("utf-8"))
             source = document["source"] or NO_SOURCE
             by_source["docs"][source] += 1
-            by_source["tokens"][source] += len(encoding) + len(prefix) + len(suffix)
-            by_source["bytes"][source] += len(document["text"].encode("utf-8"))
+            by_source["tokens"][source] += tokens + len(prefix) + len(suffix)
+            by_source["bytes"][source] += text_bytes
         for split in SPLITS:
             parts[split].write_encodings(rows[split])
     close_parts(parts.values())
@@ -308,6 +354,7 @@ def _tokenize_shard(group: FileGroup[TokenizeConfig], writer: ShardWriter) -> di
         stats[f"{split}_docs"], stats[f"{split}_tokens"] = part.rows, part.tokens
     stats.update({f"{what}_by_source": dict(counts) for what, counts in by_source.items()})
     stats["empty_files"] = len(empty_files)
+    stats["split_documents"], stats["document_pieces"] = split_documents, pieces_made
     if config.per_folder:
         stats["component"] = component_of(group.paths[0])
     return stats
@@ -324,6 +371,52 @@ def _group_documents(
             empty_files.append(path)
 
 
+_PIECE = "piece"
+"""Key of a split document's piece (a copy of its record with the piece as its text): the piece's index."""
+_LAST_PIECE = "last_piece"
+
+
+def document_pieces(text: str, max_chars: int) -> Iterator[str]:
+    """`text` in pieces of at most `max_chars` characters, end to end; each cut just before the last
+    whitespace of a run (`_SPACE_BEFORE_WORD`), the latest one the piece holds, or at `max_chars` if it holds
+    none. A text no longer than `max_chars`, or any text if it is 0, is one piece."""
+    start = 0
+    while max_chars and len(text) - start > max_chars:
+        cut = _cut_before_word(text, start + 1, start + max_chars)
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def _cut_before_word(text: str, low: int, high: int) -> int:
+    """The last position in [low, high] of a whitespace that a non-space follows, else `high`. Looked for
+    backwards, `_CUT_SCAN_CHARS` at a time, so a piece's cut costs a scan of its end, not of all of it."""
+    end = high + 1
+    while end > low:
+        begin = max(low, end - _CUT_SCAN_CHARS)
+        matches = list(_SPACE_BEFORE_WORD.finditer(text, begin, end + 1))  # end + 1: the lookahead sees text[end]
+        if matches:
+            return matches[-1].start()
+        end = begin
+    return high
+
+
+def _split_documents(documents: Iterable[dict[str, Any]], max_chars: int) -> Iterator[dict[str, Any]]:
+    """Each document as it is, or, if it is longer than `max_chars` characters, its pieces in order, made one at
+    a time (`document_pieces`): copies of its record with the piece as its text, its index under `_PIECE` and
+    whether it is the last under `_LAST_PIECE`."""
+    for document in documents:
+        if not max_chars or len(document["text"]) <= max_chars:
+            yield document
+            continue
+        pieces = document_pieces(document["text"], max_chars)
+        piece, index = next(pieces), 0
+        for following in pieces:
+            yield {**document, "text": piece, _PIECE: index, _LAST_PIECE: False}
+            piece, index = following, index + 1
+        yield {**document, "text": piece, _PIECE: index, _LAST_PIECE: True}
+
+
 def _encoded_batches(
     tokenizer: Tokenizer,
     documents: Iterable[dict[str, Any]],
@@ -334,19 +427,22 @@ def _encoded_batches(
     """Batches of documents with their encodings, in order. Up to `ENCODE_AHEAD` batches encode in the
     process's encoding threads while the caller handles the one before and the next is read:
     `encode_batch_fast` releases the GIL, so the Python work (reading, framing, writing) runs beside the Rust
-    encoding instead of idling its cores. `slot` is held while reading and submitting (see `_READING_SLOTS`)
-    and given back before the last batches are waited for."""
+    encoding instead of idling its cores; fewer once they hold `ENCODE_AHEAD_CHARS` characters. `slot` is held
+    while reading and submitting (see `_READING_SLOTS`) and given back before the last batches are waited for."""
     encoders = _encoders()
     with _tokenizer_pool_off():
         ahead: deque[tuple[tuple[dict[str, Any], ...], Future[list[Encoding]]]] = deque()
+        ahead_chars = 0
         try:
             with slot or contextlib.nullcontext():
                 for batch in _batches(documents, batch_size, batch_chars):
                     texts = [document["text"] for document in batch]
                     encoding = encoders.submit(tokenizer.encode_batch_fast, texts, add_special_tokens=False)
                     ahead.append((batch, encoding))
-                    if len(ahead) > ENCODE_AHEAD:
+                    ahead_chars += sum(map(len, texts))
+                    while len(ahead) > ENCODE_AHEAD or (len(ahead) > 1 and ahead_chars > ENCODE_AHEAD_CHARS):
                         done, encoding = ahead.popleft()
+                        ahead_chars -= sum(len(document["text"]) for document in done)
                         yield done, encoding.result()
             while ahead:
                 done, encoding = ahead.popleft()
@@ -449,6 +545,9 @@ def _stats(report: ShardReport, config: TokenizeConfig, files: int) -> dict[str,
         "splits": splits,
         "sources": sources,
         "empty_files": merged.get("empty_files", 0),
+        "split_documents": merged.get("split_documents", 0),
+        "document_pieces": merged.get("document_pieces", 0),
+        "max_document_chars": config.max_document_chars,
         "bad_input": merged.get("bad_input", {}),
         "bad_samples": merged.get("bad_samples", []),
         "shards": report.total,
