@@ -12,8 +12,11 @@ and benchmarks/bench_plan_memory.py holds the sum against XLA's `compiled.memory
 - optimizer_state: AdamW's two f32 moments `8 T`, and the update's own temporaries (`UPDATE_COPIES`). Under
   the hero's `hero` optimizer (steps/train/optimizer.py) each group holds its own state (`optimizer_groups`):
   MuonH's matrices one f32 momentum (`4 T_muonh`), AdamH's readout and Adam's rest two moments (`8 T_adam`), and
-  the update's temporaries besides, plus the Newton-Schulz iteration's f32 matrices and Gram products
-  (`NEWTON_SCHULZ_COPIES x 4 T_muonh`, every matrix's at once: the iteration runs over the stacks whole).
+  the update's temporaries besides. The Newton-Schulz iteration's f32 iterate, Gram matrices and products
+  (`NEWTON_SCHULZ_COPIES x 4 T_muonh`, every matrix's at once: the iteration runs over the stacks whole) live
+  after the backward pass has freed its activations and take their place: they count only where they exceed the
+  activations (the compiled hero probes hold no more than AdamW's less MuonH's missing moment: 43.98 MB against
+  AdamW's 47.42 at the same shape, benchmarks/bench_plan_memory.py).
 
 **Activations**, for `tokens` = microbatch x sequence tokens on the device, in compute bytes. One layer's *working
 set* (what its forward and backward hold at once) is a sum of widths per token, each with a factor fitted to XLA's
@@ -53,8 +56,8 @@ MASTER_BYTES, MOMENT_BYTES = 4, 8
 UPDATE_COPIES = 1.36
 """f32 copies of the parameter shard AdamW's update holds as temporaries (its new moments and the update)."""
 NEWTON_SCHULZ_COPIES = 3.0
-"""f32 copies of the MuonH matrices' shard the Newton-Schulz iteration holds at once (the iterate, its Gram matrix
-and the products), fitted to the compiled hero probes (benchmarks/bench_plan_memory.py)."""
+"""f32 copies of the MuonH matrices' shard the Newton-Schulz iteration holds at once: the iterate, its Gram matrix
+(no larger than the iterate) and their product."""
 GATHERED_LAYERS = 2
 """Layers whose weights are gathered for compute at once: the one running and the one prefetched."""
 
@@ -155,10 +158,11 @@ def memory_per_device(
         activations = _kept_for_backward(shape, remat, tokens * compute_bytes, kept) + working + head
     else:
         activations = FACTORS.forward * kept + head
+    state, newton_schulz = optimizer_state_bytes(shape, devices, optimizer)
     return MemoryEstimate(
         parameters=math.ceil(shard + gathered),
         gradients=math.ceil(shard * (2 if microbatches > 1 else 1)) if training else 0,
-        optimizer_state=math.ceil(optimizer_state_bytes(shape, devices, optimizer)) if training else 0,
+        optimizer_state=math.ceil(state + max(0.0, newton_schulz - activations)) if training else 0,
         activations=math.ceil(activations),
         dispatch=math.ceil(dispatch_bytes(shape, mesh, tokens, capacity_factor, compute_bytes, training)),
     )
@@ -173,18 +177,18 @@ def optimizer_groups(shape: MoeShape) -> dict[str, int]:
     return {"muonh": total_params(shape) - readout - adam, "adamh": readout, "adam": adam}
 
 
-def optimizer_state_bytes(shape: MoeShape, devices: int, optimizer: str) -> float:
-    """One device's optimizer state and update temporaries (module docstring), every group sharded over all
-    `devices`."""
+def optimizer_state_bytes(shape: MoeShape, devices: int, optimizer: str) -> tuple[float, float]:
+    """One device's optimizer state with the update's temporaries, and the Newton-Schulz iteration's temporaries
+    (module docstring), every group sharded over all `devices`."""
     update = UPDATE_COPIES * MASTER_BYTES * total_params(shape) / devices
     if optimizer == "adamw":
-        return MOMENT_BYTES * total_params(shape) / devices + update
+        return MOMENT_BYTES * total_params(shape) / devices + update, 0.0
     if optimizer != "hero":
         raise ValueError(f"unknown optimizer {optimizer!r}")
     groups = optimizer_groups(shape)
     muonh = MASTER_BYTES * groups["muonh"] / devices
     adam = MOMENT_BYTES * (groups["adamh"] + groups["adam"]) / devices
-    return muonh + adam + update + NEWTON_SCHULZ_COPIES * muonh
+    return muonh + adam + update, NEWTON_SCHULZ_COPIES * muonh
 
 
 def _kept_for_backward(shape: MoeShape, remat: str, token_bytes: int, kept: float) -> float:
