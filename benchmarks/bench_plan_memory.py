@@ -3,12 +3,13 @@
 Each probe (`MemoryProbe`) is a scaled-down run with the hero's features: sliding-window local
 layers and global layers with their own KV widths (every 4th global), latent routed experts, two shared experts,
 router-bias balancing and the sigmoid combine; it varies what the plan prices: expert capacity or dropless, remat
-none / per layer / per period, microbatches, 1, 2 and 4 fake CPU devices on a data x expert mesh, train and eval.
+none / per layer / per period, microbatches, 1, 2 and 4 fake CPU devices on a data x expert mesh, train and eval,
+AdamW and the hero's `hero` optimizer (its groups' state and the Newton-Schulz temporaries).
 The plan's figure (steps/train/memory_model.py, f32, attention scores materialised as XLA's CPU attention does)
 is divided by the compiled program's arguments + outputs + temporaries - aliased bytes, one device: for training
-Levanter's own train step (`Trainer._jit_train_step_fn_no_hook`: microbatched loss and gradient, AdamW's update,
-the state donated) on the probe's batch and microbatch; for eval the evaluate step's per-position loss on one eval
-batch, the model in inference mode. The model is the real one, laid out as the train step lays it out
+Levanter's own train step (`Trainer._jit_train_step_fn_no_hook`: microbatched loss and gradient, the optimizer's
+update, the state donated) on the probe's batch and microbatch; for eval the evaluate step's per-position loss on one
+eval batch, the model in inference mode. The model is the real one, laid out as the train step lays it out
 (steps/model/levanter_config.py `trainer_mesh`), compiled without running.
 A ratio above 1 is a plan that over-reserves; below 1, one that would run out of memory.
 
@@ -52,6 +53,8 @@ class MemoryProbe:
     capacity_factor: float | None = 1.15
     training: bool = True
     compute_dtype: str = "float32"
+    optimizer: str = "adamw"
+    """"adamw" or the hero's "hero" (steps/train/optimizer.py: MuonH / AdamH / Adam, Newton-Schulz temporaries)."""
 
     @property
     def devices(self) -> int:
@@ -71,7 +74,6 @@ def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
     import haliax as hax
     import jax
     import jax.numpy as jnp
-    import optax
     from levanter.models.lm_model import LmExample
     from levanter.tracker import NoopConfig
     from levanter.trainer import Trainer, TrainerConfig
@@ -108,7 +110,7 @@ def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
     def loss(model, example, *, key=None):  # train_lm's
         return model.compute_next_token_loss(example, key=key)
 
-    with Trainer(trainer_config, optax.adamw(1e-3), loss, add_default_hooks=False) as trainer:
+    with Trainer(trainer_config, probe_optimizer(probe.optimizer), loss, add_default_hooks=False) as trainer:
         vocab = hax.Axis("vocab", probe.shape.vocab_size)
         state = trainer.initial_state(
             jax.random.PRNGKey(0), model_init=lambda: model_config.build(vocab, key=jax.random.PRNGKey(1))
@@ -130,6 +132,18 @@ def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
         "aliased": int(analysis.alias_size_in_bytes),
     }
     return {**parts, "total": parts["arguments"] + parts["outputs"] + parts["temporaries"] - parts["aliased"]}
+
+
+def probe_optimizer(name: str):
+    """The probe's optimizer: AdamW, or the hero's at rates of the heuristic's order (rates move no memory)."""
+    import optax
+
+    from steps.train.optimizer import HeroHyperparameters, HeroOptimizerConfig
+
+    if name == "adamw":
+        return optax.adamw(1e-3)
+    rates = HeroHyperparameters(adam_lr=0.01, muonh_lr=0.04, adamh_lr=0.04)
+    return HeroOptimizerConfig(hyperparameters=rates, lr_schedule="linear", min_lr_ratio=0.05).build(100)
 
 
 BAND = (0.8, 1.25)
@@ -155,6 +169,9 @@ PROBES = (
     MemoryProbe("2dev ep2 train capacity remat-layer", probe_shape(), mesh={"data": 1, "expert": 2}),
     MemoryProbe("4dev dp2xep2 train microbatches", probe_shape(), mesh={"data": 2, "expert": 2}, batch_size=16,
                 microbatch=2),
+    MemoryProbe("1dev train hero capacity remat-layer", probe_shape(), optimizer="hero"),
+    MemoryProbe("2dev ep2 train hero microbatches", probe_shape(), mesh={"data": 1, "expert": 2}, batch_size=16,
+                microbatch=4, optimizer="hero"),
     MemoryProbe("4dev ep4 eval capacity", probe_shape(), mesh={"data": 1, "expert": 4}, batch_size=16,
                 training=False),
     MemoryProbe("2dev dp2 eval dropless", probe_shape(), mesh={"data": 2, "expert": 1}, batch_size=8,
@@ -175,6 +192,7 @@ def planned_bytes(probe: MemoryProbe) -> int:
         microbatches=per_device // probe.per_device_microbatch,
         compute_bytes=4,
         attention_scores=True,
+        optimizer=probe.optimizer,
     ).total
 
 
@@ -213,6 +231,7 @@ def compare(probes: list[MemoryProbe]) -> dict:
         rows.append({"probe": probe.name, "devices": probe.devices, "mesh": probe.mesh,
                      "remat": probe.remat if probe.training else "none",
                      "capacity_factor": probe.capacity_factor, "training": probe.training,
+                     "optimizer": probe.optimizer,
                      "compiled_bytes": compiled, "planned_bytes": planned,
                      "ratio": round(planned / compiled, 3)})  # fmt: skip
     ratios = [row["ratio"] for row in rows]

@@ -77,6 +77,7 @@ from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
 from steps.scaling.ladder import SUITE_MACRO_LOSS
 from steps.train.hardware import HARDWARE, Hardware, host_resources
+from steps.train.optimizer import OPTIMIZERS
 from steps.train.parallelism import ParallelismPlan, devices_per_domain, expert_parallel_size, refuse_unless_fits
 from steps.train.step_time import StepTimeEstimate, domains_used, estimate_step_time
 
@@ -208,6 +209,7 @@ def full_scale(hardware: Hardware = HARDWARE[DEFAULT_HARDWARE]) -> Scale:
         recipe=Recipe(
             learning_rate=3e-4,
             warmup=0.01,
+            optimizer="hero",
             router_combine="sigmoid",
             router_combine_sum=2.5,
             compute_dtype="bfloat16",
@@ -513,6 +515,19 @@ def print_estimate(plan: ParallelismPlan, hardware: Hardware, estimate: StepTime
           f"MFU at most {estimate.mfu:.0%}, {hours:,.1f} hours")
 
 
+def optimizer_line(rung: Rung, recipe: Recipe) -> str:
+    """A rung's optimizer and the hyperparameters its train step gets (the heuristic's, under "hero")."""
+    min_lr_ratio, schedule = rung.schedule(recipe)
+    decay = f"{schedule} decay to {min_lr_ratio:.0%} of peak after {recipe.warmup:.0%} warm-up"
+    settings = rung.hero_hyperparameters(recipe)
+    if settings is None:
+        rate = rung.learning_rate or recipe.learning_rate
+        return f"adamw, lr {rate:.3g}, weight decay {recipe.weight_decay}, {decay}"
+    return (f"hero ({recipe.heuristic.version}): muonh_lr {settings.muonh_lr:.4g}, adamh_lr {settings.adamh_lr:.4g}, "
+            f"adam_lr {settings.adam_lr:.4g}, beta1 {settings.beta1}, beta2 {settings.beta2:.6g}, "
+            f"epsilon {settings.epsilon:.4g}, {decay}")  # fmt: skip
+
+
 def print_totals(scale: Scale, dag: HeroDag) -> None:
     """Per training run: size, tokens, FLOPs and, on planned hardware, hosts, devices, mesh, microbatch, memory
     per device and hours at PLANNING_MFU; then the totals."""
@@ -524,6 +539,7 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
             f"  {rung.name:>6}: {figures['total_params'] / 1e9:8.3f}B total, {figures['active_params'] / 1e9:7.3f}B "
             f"active, {rung.tokens:.3g} tokens, {rung.flops:.2g} FLOPs"
         )
+        print(f"          optimizer: {optimizer_line(rung, dag.recipe)}")
         plan, hours = rung.plan(dag.recipe), rung.hours(PLANNING_MFU)
         if plan is not None and hours is not None and rung.hardware is not None:
             memory = plan.memory
@@ -590,6 +606,9 @@ def main(argv: Sequence[str] | None = None) -> Executor:
     parser.add_argument("--hosts", type=int, default=1,
                         help="tiny scale: run each train and evaluate step as a gang of N stand-in hosts sharing its "
                              "fake CPU devices (TINY_DEVICES)")  # fmt: skip
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                        help="train every rung and the hero with this optimizer instead of the scale's recipe's "
+                             "(steps/train/optimizer.py)")  # fmt: skip
     if "--help" in argv or "-h" in argv:  # this file's flags, then executor_main's (it prints them and exits)
         print(parser.format_help())
         executor_main([], args=["--help"])
@@ -601,6 +620,8 @@ def main(argv: Sequence[str] | None = None) -> Executor:
         if known.scale != "tiny":
             raise ConfigError("--hosts stands hosts in on this machine (tiny scale); full scale plans its hosts")
         scale = with_stand_in_hosts(scale, known.hosts)
+    if known.optimizer is not None:
+        scale = dataclasses.replace(scale, recipe=dataclasses.replace(scale.recipe, optimizer=known.optimizer))
     if known.check_sources == "true" or (known.check_sources == "auto" and _is_dry_run(rest)):
         for line in check_sources(scale):
             print(line)

@@ -22,6 +22,8 @@ from steps.model.model_size import MoeShape, active_params, total_params, traini
 from steps.scaling.ladder import MACRO_LOSS, LadderConfig, LadderRung, LadderTarget, predict_from_ladder
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.train.hardware import Hardware, mfu_denominator
+from steps.train.heuristic import MoeHeuristic
+from steps.train.optimizer import HeroHyperparameters
 from steps.train.parallelism import ParallelismPlan, plan_parallelism
 from steps.train.train import TrainConfig, train
 
@@ -53,13 +55,25 @@ class Rung:
             return None
         batch = self.batch_size if training else recipe.eval_batch_size
         return plan_parallelism(self.shape, batch, self.hardware, self.devices, training=training,
-                                capacity_factor=recipe.capacity_factor)  # fmt: skip
+                                capacity_factor=recipe.capacity_factor, optimizer=recipe.optimizer)  # fmt: skip
 
     def hours(self, planning_mfu: float) -> float | None:
         """Wall-clock hours of its training at `planning_mfu` on its devices (None without hardware)."""
         if self.hardware is None:
             return None
         return self.flops / (mfu_denominator(self.hardware.peak_flops_per_device, self.devices) * planning_mfu) / 3600
+
+    def hero_hyperparameters(self, recipe: Recipe) -> HeroHyperparameters | None:
+        """The hero optimizer's settings for this rung under `recipe` (None: the recipe trains with AdamW)."""
+        if recipe.optimizer != "hero":
+            return None
+        return recipe.heuristic.hyperparameters(self.tokens, self.batch_size * self.shape.seq_len, self.shape.d_model)
+
+    def schedule(self, recipe: Recipe) -> tuple[float, str]:
+        """(min_lr_ratio, lr_schedule) of its train step: the heuristic's under "hero", else the recipe's."""
+        if recipe.optimizer == "hero":
+            return recipe.heuristic.min_lr_ratio, recipe.heuristic.lr_schedule
+        return recipe.min_lr_ratio, recipe.lr_schedule
 
     @property
     def tokens(self) -> int:
@@ -89,6 +103,11 @@ class Recipe:
     min_lr_ratio: float = 0.1
     lr_schedule: str = "cosine"
     weight_decay: float = 0.1
+    optimizer: str = "adamw"
+    """"adamw" at `learning_rate`, or the hero's "hero" (steps/train/optimizer.py) at the rates `heuristic`
+    derives for each rung from its own tokens, batch and width, on the heuristic's schedule."""
+    heuristic: MoeHeuristic = field(default_factory=MoeHeuristic)
+    """Where a "hero" rung's rates, beta2 and epsilon come from (steps/train/heuristic.py)."""
     router_bias_balancing: bool = True
     router_aux_loss_coef: float | None = None
     router_z_loss_weight: float = 1e-4
@@ -167,6 +186,7 @@ def default_train(
     """Train `rung` on the mixture `weights` over the cells in `tokenized`, evaluated on the cells' validation
     splits and `eval_suite`'s subsets; watched against `prediction`."""
     every_eval = max(1, rung.steps // recipe.evals_per_run)
+    min_lr_ratio, lr_schedule = rung.schedule(recipe)
     return ExecutorStep(
         name=f"train/{rung.name}",
         fn=train,
@@ -184,8 +204,8 @@ def default_train(
             train_batch_size=versioned(rung.batch_size),
             learning_rate=versioned(recipe.learning_rate if rung.learning_rate is None else rung.learning_rate),
             warmup=versioned(recipe.warmup),
-            min_lr_ratio=versioned(recipe.min_lr_ratio),
-            lr_schedule=versioned(recipe.lr_schedule),
+            min_lr_ratio=versioned(min_lr_ratio),
+            lr_schedule=versioned(lr_schedule),
             weight_decay=versioned(recipe.weight_decay),
             router_aux_loss_coef=versioned(recipe.router_aux_loss_coef),
             router_bias_balancing=versioned(recipe.router_bias_balancing),
@@ -196,6 +216,8 @@ def default_train(
                 router_combine=recipe.router_combine,
                 router_combine_sum=recipe.router_combine_sum,
                 compute_dtype=recipe.compute_dtype,
+                optimizer=recipe.optimizer,
+                hero_hyperparameters=rung.hero_hyperparameters(recipe),
             ),
             seed=versioned(0),
             steps_per_eval=every_eval,

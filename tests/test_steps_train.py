@@ -8,6 +8,7 @@ checkpoint and must agree with the train step's own last eval. Bad input is refu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -30,7 +31,9 @@ from steps.model.model_size import MoeShape
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+from steps.train.heuristic import MoeHeuristic
 from steps.train.input_checks import TrainInputError
+from steps.train.optimizer import OPTIMIZER_GROUPS_FILE
 from steps.train.run_environment import close_log_files, training_environment
 from steps.train.train import TrainConfig, check_inputs, data_mixture
 from steps.train.train_metrics import read_metrics
@@ -87,9 +90,12 @@ RUNNER = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO)
     from executor import Executor, ExecutorStep, THIS_OUTPUT_PATH
     from steps.model.model_size import MoeShape
+    from steps.train.optimizer import HeroHyperparameters
     from steps.train.train import TrainConfig, train
     fields = json.loads(sys.argv[2])
     fields["shape"] = MoeShape(**fields["shape"])
+    if fields["hero_hyperparameters"] is not None:
+        fields["hero_hyperparameters"] = HeroHyperparameters(**fields["hero_hyperparameters"])
     fields["output_path"] = THIS_OUTPUT_PATH
     step = ExecutorStep(name="train/tiny-moe", fn=train, config=TrainConfig(**fields))
     executor = Executor(sys.argv[1])
@@ -101,6 +107,8 @@ RUNNER = textwrap.dedent("""
 def start_train(prefix: Path, config: TrainConfig, log: Path) -> subprocess.Popen:
     fields = {name: getattr(config, name) for name in config.__dataclass_fields__ if name != "output_path"}
     fields["shape"] = config.shape.__dict__
+    if config.hero_hyperparameters is not None:
+        fields["hero_hyperparameters"] = dataclasses.asdict(config.hero_hyperparameters)
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-c", RUNNER, str(prefix), json.dumps(fields)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=Path(__file__).parent.parent,
@@ -121,14 +129,11 @@ def files_under(folders: list[str]) -> dict[str, int]:
     return {str(path): path.stat().st_size for folder in folders for path in Path(folder).rglob("*") if path.is_file()}
 
 
-@pytest.fixture(scope="module")
-def killed_and_resumed(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+def kill_and_resume(data: dict[str, str], prefix: Path, config: TrainConfig) -> dict:
     """Run the train step in an executor subprocess, SIGKILL it once a temporary checkpoint below the last
     step is complete, rerun it to the end; return what both runs left."""
     caches_before = files_under([data[source] for source in SOURCES])
-    prefix = tmp_path_factory.mktemp("train-prefix")
     log = prefix / "runs.log"
-    config = train_config(data, "unused")
     first = start_train(prefix, config, log)
     killed_at: list[int] = []
     deadline = time.monotonic() + 1800
@@ -149,6 +154,18 @@ def killed_and_resumed(data: dict[str, str], tmp_path_factory: pytest.TempPathFa
     return {"output_path": output_path, "killed_at": killed_at, "records_before": records_before,
             "records": read_metrics(str(output_path)), "log": log, "caches_before": caches_before,
             "caches_after": files_under([data[source] for source in SOURCES])}  # fmt: skip
+
+
+def run_whole(prefix: Path, config: TrainConfig) -> list[dict]:
+    """The metrics of `config`'s run, trained start to end without a kill."""
+    log = prefix / "run.log"
+    assert start_train(prefix, config, log).wait(timeout=1800) == 0, log.read_text()[-3000:]
+    return read_metrics(str(next(prefix.glob("train/tiny-moe-*"))))
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return kill_and_resume(data, tmp_path_factory.mktemp("train-prefix"), train_config(data, "unused"))
 
 
 def test_moe_trains_and_its_loss_falls(killed_and_resumed):
@@ -185,20 +202,41 @@ def test_rerun_resumes_from_the_killed_runs_checkpoint(killed_and_resumed):
 @pytest.fixture(scope="module")
 def uninterrupted(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """The metrics of the same run, trained start to end without a kill."""
-    prefix = tmp_path_factory.mktemp("train-uninterrupted")
-    log = prefix / "run.log"
-    assert start_train(prefix, train_config(data, "unused"), log).wait(timeout=1800) == 0, log.read_text()[-3000:]
-    return read_metrics(str(next(prefix.glob("train/tiny-moe-*"))))
+    return run_whole(tmp_path_factory.mktemp("train-uninterrupted"), train_config(data, "unused"))
 
 
-def test_a_resumed_run_has_the_uninterrupted_runs_losses(killed_and_resumed, uninterrupted):
-    # The claim behind resuming: weights, optimizer state, router bias and data order all come back. A resume at
-    # the right step with lost optimizer moments or a replayed batch would log other losses from there on.
-    resumed = dict(train_losses(killed_and_resumed["records"][killed_and_resumed["records_before"] :]))
-    whole = dict(train_losses(uninterrupted))
-    assert sorted(resumed) == list(range(killed_and_resumed["killed_at"][-1] + 1, STEPS))
+def hero_config(data: dict[str, str]) -> TrainConfig:
+    """The same run under the hero's optimizer, at the heuristic's rates for its compute (steps/train/heuristic.py)."""
+    rates = MoeHeuristic().hyperparameters(STEPS * 8 * 64, 8 * 64, 32)
+    return train_config(data, "unused", optimizer="hero", hero_hyperparameters=rates, lr_schedule="linear",
+                        min_lr_ratio=0.05)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hero_runs(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
+    """The hero-optimizer run killed and resumed, and trained whole."""
+    resumed = kill_and_resume(data, tmp_path_factory.mktemp("hero-prefix"), hero_config(data))
+    return resumed, run_whole(tmp_path_factory.mktemp("hero-uninterrupted"), hero_config(data))
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "hero"])
+def test_a_resumed_run_has_the_uninterrupted_runs_losses(optimizer: str, request: pytest.FixtureRequest) -> None:
+    # The claim behind resuming: weights, optimizer state (MuonH's momentum, AdamH's and Adam's moments under
+    # hero), router bias and data order all come back. A resume at the right step with lost optimizer state or a
+    # replayed batch would log other losses from there on.
+    if optimizer == "adamw":
+        killed, whole_run = request.getfixturevalue("killed_and_resumed"), request.getfixturevalue("uninterrupted")
+    else:
+        killed, whole_run = request.getfixturevalue("hero_runs")
+    resumed = dict(train_losses(killed["records"][killed["records_before"] :]))
+    whole = dict(train_losses(whole_run))
+    assert sorted(resumed) == list(range(killed["killed_at"][-1] + 1, STEPS))
     assert [resumed[step] for step in sorted(resumed)] == pytest.approx([whole[step] for step in sorted(resumed)],
                                                                         rel=1e-5, abs=1e-5)  # fmt: skip
+    groups = json.loads((killed["output_path"] / OPTIMIZER_GROUPS_FILE).read_text())
+    assert groups["optimizer"] == optimizer
+    expected = {"adamw"} if optimizer == "adamw" else {"muonh", "adamh", "adam"}
+    assert set(groups["groups"].values()) == expected and groups["groups"]["lm_head.weight"] in ("adamw", "adamh")
 
 
 def test_metrics_jsonl_holds_what_the_dashboard_plots(killed_and_resumed):

@@ -9,7 +9,14 @@ and benchmarks/bench_plan_memory.py holds the sum against XLA's `compiled.memory
 - parameters: the f32 master shard `4 T`, plus, on a mesh or in bf16, the compute copy XLA gathers: the layer
   running and the one prefetched (its dense weights and its device's routed experts) and the embeddings;
 - gradients: `4 T`, and the accumulator beside it when the batch runs as several microbatches;
-- optimizer_state: AdamW's two f32 moments `8 T`, and the update's own temporaries (`UPDATE_COPIES`).
+- optimizer_state: AdamW's two f32 moments `8 T`, and the update's own temporaries (`UPDATE_COPIES`). Under
+  the hero's `hero` optimizer (steps/train/optimizer.py) each group holds its own state (`optimizer_groups`):
+  MuonH's matrices one f32 momentum (`4 T_muonh`), AdamH's readout and Adam's rest two moments (`8 T_adam`), and
+  the update's temporaries besides. The Newton-Schulz iteration's f32 iterate, Gram matrices and products
+  (`NEWTON_SCHULZ_COPIES x 4 T_muonh`, every matrix's at once: the iteration runs over the stacks whole) live
+  after the backward pass has freed its activations and take their place: they count only where they exceed the
+  activations (the compiled hero probes hold no more than AdamW's less MuonH's missing moment: 43.98 MB against
+  AdamW's 47.42 at the same shape, benchmarks/bench_plan_memory.py).
 
 **Activations**, for `tokens` = microbatch x sequence tokens on the device, in compute bytes. One layer's *working
 set* (what its forward and backward hold at once) is a sum of widths per token, each with a factor fitted to XLA's
@@ -48,6 +55,9 @@ from steps.model.model_size import MoeShape, total_params
 MASTER_BYTES, MOMENT_BYTES = 4, 8
 UPDATE_COPIES = 1.36
 """f32 copies of the parameter shard AdamW's update holds as temporaries (its new moments and the update)."""
+NEWTON_SCHULZ_COPIES = 3.0
+"""f32 copies of the MuonH matrices' shard the Newton-Schulz iteration holds at once: the iterate, its Gram matrix
+(no larger than the iterate) and their product."""
 GATHERED_LAYERS = 2
 """Layers whose weights are gathered for compute at once: the one running and the one prefetched."""
 
@@ -125,9 +135,11 @@ def memory_per_device(
     microbatches: int = 1,
     compute_bytes: int = 2,
     attention_scores: bool = False,
+    optimizer: str = "adamw",
 ) -> MemoryEstimate:
     """The module docstring's sum for `microbatch` sequences per device per pass on `mesh`; `microbatches` passes
-    make up the device's share of a batch. `attention_scores`: the attention kernel materialises its scores."""
+    make up the device's share of a batch. `attention_scores`: the attention kernel materialises its scores.
+    `optimizer`: "adamw" or "hero" (steps/train/optimizer.py), whose state is priced group by group."""
     devices = math.prod(mesh.values())
     experts_per_device = shape.n_experts // mesh.get("expert", 1)
     shard = MASTER_BYTES * total_params(shape) / devices
@@ -146,13 +158,37 @@ def memory_per_device(
         activations = _kept_for_backward(shape, remat, tokens * compute_bytes, kept) + working + head
     else:
         activations = FACTORS.forward * kept + head
+    state, newton_schulz = optimizer_state_bytes(shape, devices, optimizer)
     return MemoryEstimate(
         parameters=math.ceil(shard + gathered),
         gradients=math.ceil(shard * (2 if microbatches > 1 else 1)) if training else 0,
-        optimizer_state=math.ceil(shard * (MOMENT_BYTES / MASTER_BYTES + UPDATE_COPIES)) if training else 0,
+        optimizer_state=math.ceil(state + max(0.0, newton_schulz - activations)) if training else 0,
         activations=math.ceil(activations),
         dispatch=math.ceil(dispatch_bytes(shape, mesh, tokens, capacity_factor, compute_bytes, training)),
     )
+
+
+def optimizer_groups(shape: MoeShape) -> dict[str, int]:
+    """Parameters in each of the hero optimizer's groups (steps/train/optimizer.py `parameter_groups`): the lm-head
+    readout in "adamh"; token embeddings, norms and the routers' gates in "adam"; every other matrix in "muonh"."""
+    readout = 0 if shape.tied_embeddings else shape.vocab_size * shape.d_model
+    norms = (2 * shape.n_layers + 1) * shape.d_model
+    adam = shape.vocab_size * shape.d_model + norms + shape.n_layers * shape.n_experts * shape.d_model
+    return {"muonh": total_params(shape) - readout - adam, "adamh": readout, "adam": adam}
+
+
+def optimizer_state_bytes(shape: MoeShape, devices: int, optimizer: str) -> tuple[float, float]:
+    """One device's optimizer state with the update's temporaries, and the Newton-Schulz iteration's temporaries
+    (module docstring), every group sharded over all `devices`."""
+    update = UPDATE_COPIES * MASTER_BYTES * total_params(shape) / devices
+    if optimizer == "adamw":
+        return MOMENT_BYTES * total_params(shape) / devices + update, 0.0
+    if optimizer != "hero":
+        raise ValueError(f"unknown optimizer {optimizer!r}")
+    groups = optimizer_groups(shape)
+    muonh = MASTER_BYTES * groups["muonh"] / devices
+    adam = MOMENT_BYTES * (groups["adamh"] + groups["adam"]) / devices
+    return muonh + adam + update, NEWTON_SCHULZ_COPIES * muonh
 
 
 def _kept_for_backward(shape: MoeShape, remat: str, token_bytes: int, kept: float) -> float:

@@ -69,6 +69,8 @@ class ParallelismPlan:
     """What the plan may use of one device: its memory less `HEADROOM`."""
     fits: bool
     training: bool = True
+    optimizer: str = "adamw"
+    """The optimizer whose state is priced (steps/train/optimizer.py)."""
     notes: list[str] = field(default_factory=list)
     uneven: tuple[str, ...] = ()
     """Dimensions the mesh would split unevenly (`levanter_config.uneven_splits`): such a plan cannot be laid
@@ -84,6 +86,7 @@ class ParallelismPlan:
             "microbatch": self.microbatch,
             "remat": self.remat,
             "capacity_factor": self.capacity_factor,
+            **({"optimizer": self.optimizer} if self.training else {}),
             "memory_per_device_bytes": self.memory.as_json(),
             "memory_limit_bytes": self.memory_limit_bytes,
             "fits": self.fits,
@@ -141,6 +144,7 @@ def plan_parallelism(
     microbatch: int | None = None,
     remat: str | None = None,
     capacity_factor: float | None = None,
+    optimizer: str = "adamw",
 ) -> ParallelismPlan:
     """The default plan for `devices` of `hardware`: the largest microbatch that fits, with no remat where that fits,
     else the cheaper of per-layer and per-period remat (module docstring); `microbatch` and `remat` pin either."""
@@ -158,7 +162,7 @@ def plan_parallelism(
     def priced(size: int, policy: str) -> MemoryEstimate:
         return memory_per_device(
             shape, mesh, size, training=training, remat=policy, capacity_factor=capacity_factor,
-            microbatches=per_device // size,  # every profile's attention is flash / splash: no scores kept
+            microbatches=per_device // size, optimizer=optimizer,  # every profile's attention is flash: no scores kept
         )  # fmt: skip
 
     choice = _first_fit(sizes, policies, priced, limit)
@@ -177,6 +181,7 @@ def plan_parallelism(
         memory_limit_bytes=limit,
         fits=memory.total <= limit,
         training=training,
+        optimizer=optimizer,
         uneven=tuple(uneven_splits(shape, mesh)),
     )
 
@@ -224,7 +229,7 @@ def _advice(plan: ParallelismPlan, shape: MoeShape | None) -> str:
         return "Use a smaller microbatch, remat, more devices or hardware with more memory."
     hardware = hardware_profile(plan.hardware)
     unpinned = plan_parallelism(shape, plan.batch_size, hardware, plan.devices, training=plan.training,
-                                capacity_factor=plan.capacity_factor)  # fmt: skip
+                                capacity_factor=plan.capacity_factor, optimizer=plan.optimizer)  # fmt: skip
     if unpinned.fits:
         return (f"The smallest change that fits: microbatch {unpinned.microbatch} with remat {unpinned.remat} "
                 f"({unpinned.memory.total / 1e9:,.1f} GB per device).")  # fmt: skip
@@ -234,7 +239,7 @@ def _advice(plan: ParallelismPlan, shape: MoeShape | None) -> str:
         if plan.batch_size % devices:
             continue
         bigger = plan_parallelism(shape, plan.batch_size, hardware, devices, training=plan.training,
-                                  capacity_factor=plan.capacity_factor)  # fmt: skip
+                                  capacity_factor=plan.capacity_factor, optimizer=plan.optimizer)  # fmt: skip
         if bigger.fits and not bigger.uneven:
             return (
                 f"{tried}; the smallest change that fits is {devices} devices ({hosts} hosts, mesh {bigger.mesh}, "

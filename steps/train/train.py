@@ -59,12 +59,13 @@ from typing import Any
 import jax
 import levanter.eval
 import levanter.tracker
+from haliax import Axis
 from levanter.callbacks import StepInfo
 from levanter.checkpoint import CheckpointerConfig
 from levanter.distributed import DistributedConfig
 from levanter.eval import TaggedEvaluator
 from levanter.main import train_lm
-from levanter.optim.config import AdamConfig
+from levanter.optim.config import OptimizerConfig
 from levanter.trainer import TrainerConfig
 
 from executor import progress, storage
@@ -73,7 +74,7 @@ from steps.model.config import REMAT_POLICIES
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
 from steps.model.model_size import MoeShape, flops_per_token
-from steps.model.moe_model import MoeWatchConfig, dropped_share
+from steps.model.moe_model import MoeConfig, MoeWatchConfig, dropped_share
 from steps.tokenize.eval_suite import load_suite
 from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
@@ -90,6 +91,11 @@ from steps.train.input_checks import (
     given_schedule,
     restarted,
     weights_file_schedule,
+)
+from steps.train.optimizer import (
+    HeroHyperparameters,
+    levanter_optimizer,
+    write_optimizer_groups,
 )
 from steps.train.parallelism import precision_policy
 from steps.train.run_environment import (
@@ -159,6 +165,13 @@ class TrainConfig:
     """Final learning rate over peak. Versioned."""
     lr_schedule: str = "cosine"
     """Levanter schedule name: cosine, linear, constant, inv_sqrt, wsd... Versioned."""
+    optimizer: str = "adamw"
+    """"adamw" (one AdamW at `learning_rate`) or "hero" (MuonH on matrices, AdamH on the readout, Adam on the
+    rest, at `hero_hyperparameters`' rates; steps/train/optimizer.py). Versioned where it is not the default
+    (`versioned_unless_default`), so that AdamW runs keep their hashes."""
+    hero_hyperparameters: HeroHyperparameters | None = None
+    """The hero optimizer's rates, betas and epsilon (steps/train/heuristic.py's `MoeHeuristic` derives them
+    from the run's tokens, batch and width); needed by "hero", unused by "adamw". Versioned."""
     router_aux_loss_coef: float | None = 0.001
     """Weight of the HF load-balancing loss (None: off). Versioned."""
     router_bias_balancing: bool = False
@@ -236,6 +249,16 @@ class TrainConfig:
         check_optimizer_settings(
             self.num_train_steps, self.learning_rate, self.warmup, self.min_lr_ratio, self.weight_decay
         )
+        try:
+            self.levanter_optimizer()
+        except ValueError as error:
+            raise TrainInputError(str(error)) from error
+
+    def levanter_optimizer(self) -> OptimizerConfig:
+        """The optimizer as Levanter's config (steps/train/optimizer.py)."""
+        return levanter_optimizer(self.optimizer, learning_rate=self.learning_rate, weight_decay=self.weight_decay,
+                                  warmup=self.warmup, min_lr_ratio=self.min_lr_ratio, lr_schedule=self.lr_schedule,
+                                  hero=self.hero_hyperparameters)  # fmt: skip
 
 
 def train(config: TrainConfig) -> None:
@@ -245,6 +268,7 @@ def train(config: TrainConfig) -> None:
     record_mixture(config)
     record_lineage(config.output_path, config.initialize_from)
     seal_prediction(config.output_path, config.prediction_path)
+    record_optimizer_groups(config)
     with training_environment(config.output_path):
         run = levanter_config(config)
         try:
@@ -483,28 +507,33 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
         log_jaxprs=False,
         log_xla_hlo=False,
     )
-    optimizer = AdamConfig(
-        learning_rate=config.learning_rate,
-        weight_decay=config.weight_decay,
-        warmup=config.warmup,
-        min_lr_ratio=config.min_lr_ratio,
-        lr_schedule=config.lr_schedule,
-    )
     return train_lm.TrainLmConfig(
         data=data,
         trainer=trainer,
-        model=qwen3_moe_config(
-            config.shape,
-            tokenizer_path=config.tokenizer_path,
-            router_aux_loss_coef=config.router_aux_loss_coef,
-            router_bias_balancing=config.router_bias_balancing,
-            router_z_loss_weight=config.router_z_loss_weight,
-            capacity_factor=config.capacity_factor,
-            router_combine=config.router_combine,
-            router_combine_sum=config.router_combine_sum,
-            remat=config.remat,
-            step=label,
-        ),
-        optimizer=optimizer,
+        model=model_config(config),
+        optimizer=config.levanter_optimizer(),
         z_loss_weight=config.z_loss_weight,
     )
+
+
+def model_config(config: TrainConfig) -> MoeConfig:
+    """The model Levanter builds for the run."""
+    return qwen3_moe_config(
+        config.shape,
+        tokenizer_path=config.tokenizer_path,
+        router_aux_loss_coef=config.router_aux_loss_coef,
+        router_bias_balancing=config.router_bias_balancing,
+        router_z_loss_weight=config.router_z_loss_weight,
+        capacity_factor=config.capacity_factor,
+        router_combine=config.router_combine,
+        router_combine_sum=config.router_combine_sum,
+        remat=config.remat,
+        step=_step_label(config),
+    )
+
+
+def record_optimizer_groups(config: TrainConfig) -> None:
+    """Write `optimizer_groups.json`: which optimizer group each parameter is in (steps/train/optimizer.py)."""
+    model = model_config(config)
+    vocab = Axis("vocab", config.shape.vocab_size)
+    write_optimizer_groups(config.output_path, config.optimizer, lambda: model.build(vocab, key=jax.random.PRNGKey(0)))
