@@ -22,8 +22,7 @@ from steps.model.model_size import MoeShape, active_params, total_params, traini
 from steps.scaling.ladder import MACRO_LOSS, LadderConfig, LadderRung, LadderTarget, predict_from_ladder
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.train.hardware import Hardware, mfu_denominator
-from steps.train.heuristic import MoeHeuristic
-from steps.train.optimizer import HeroHyperparameters
+from steps.train.optimizer import HeroHyperparameters, MoeHeuristic
 from steps.train.parallelism import ParallelismPlan, plan_parallelism
 from steps.train.train import TrainConfig, train
 
@@ -107,7 +106,7 @@ class Recipe:
     """"adamw" at `learning_rate`, or the hero's "hero" (steps/train/optimizer.py) at the rates `heuristic`
     derives for each rung from its own tokens, batch and width, on the heuristic's schedule."""
     heuristic: MoeHeuristic = field(default_factory=MoeHeuristic)
-    """Where a "hero" rung's rates, beta2 and epsilon come from (steps/train/heuristic.py)."""
+    """Where a "hero" rung's rates, beta2 and epsilon come from (steps/train/optimizer.py)."""
     router_bias_balancing: bool = True
     router_aux_loss_coef: float | None = None
     router_z_loss_weight: float = 1e-4

@@ -21,12 +21,12 @@ from levanter.trainer_state import TrainerState
 from experiments.hero_535b import tiny_shape
 from steps.model.levanter_config import qwen3_moe_config
 from steps.model.router_balance import is_router_state
-from steps.train.heuristic import MoeHeuristic
 from steps.train.memory_model import optimizer_groups as planned_groups
 from steps.train.optimizer import (
     GROUPS,
     HeroHyperparameters,
     HeroOptimizerConfig,
+    MoeHeuristic,
     levanter_optimizer,
     optimizer_groups,
     parameter_groups,

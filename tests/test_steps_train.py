@@ -31,9 +31,8 @@ from steps.model.model_size import MoeShape
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
-from steps.train.heuristic import MoeHeuristic
 from steps.train.input_checks import TrainInputError
-from steps.train.optimizer import OPTIMIZER_GROUPS_FILE
+from steps.train.optimizer import OPTIMIZER_GROUPS_FILE, MoeHeuristic
 from steps.train.run_environment import close_log_files, training_environment
 from steps.train.train import TrainConfig, check_inputs, data_mixture
 from steps.train.train_metrics import read_metrics
@@ -206,7 +205,7 @@ def uninterrupted(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 
 
 def hero_config(data: dict[str, str]) -> TrainConfig:
-    """The same run under the hero's optimizer, at the heuristic's rates for its compute (steps/train/heuristic.py)."""
+    """The same run under the hero's optimizer, at the heuristic's rates for its compute (steps/train/optimizer.py)."""
     rates = MoeHeuristic().hyperparameters(STEPS * 8 * 64, 8 * 64, 32)
     return train_config(data, "unused", optimizer="hero", hero_hyperparameters=rates, lr_schedule="linear",
                         min_lr_ratio=0.05)  # fmt: skip

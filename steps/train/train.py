@@ -80,13 +80,14 @@ from steps.tokenize.mixture_weights import Schedule, phase_start
 from steps.tokenize.tokenize import load_components
 from steps.tokenize.train_tokenizer import load_tokenizer
 from steps.train.data_order import TokensSeen, ordered
-from steps.train.failures import damaged_checkpoint_set_aside, divergence_explained
 from steps.train.input_checks import (
     MIXTURE_FILE,
     TrainInputError,
     check_cache,
     check_optimizer_settings,
     checked_skips,
+    damaged_checkpoint_set_aside,
+    divergence_explained,
     excluded_cells,
     given_schedule,
     restarted,
@@ -170,7 +171,7 @@ class TrainConfig:
     rest, at `hero_hyperparameters`' rates; steps/train/optimizer.py). Versioned where it is not the default
     (`versioned_unless_default`), so that AdamW runs keep their hashes."""
     hero_hyperparameters: HeroHyperparameters | None = None
-    """The hero optimizer's rates, betas and epsilon (steps/train/heuristic.py's `MoeHeuristic` derives them
+    """The hero optimizer's rates, betas and epsilon (steps/train/optimizer.py's `MoeHeuristic` derives them
     from the run's tokens, batch and width); needed by "hero", unused by "adamw". Versioned."""
     router_aux_loss_coef: float | None = 0.001
     """Weight of the HF load-balancing loss (None: off). Versioned."""
