@@ -95,8 +95,8 @@ def test_every_train_step_logged_what_the_run_view_plots(hero_run: HeroRun) -> N
     for rung, steps in RUNGS.items():
         records = read_metrics(str(hero_run.outputs[f"train/{rung}"]))
         keys = set().union(*(record.keys() for record in records))
-        for key in ("train/loss", "optim/learning_rate", "grad/norm/total", "params/norm/total",
-                    "throughput/tokens_per_second", "model_flops_per_second", "eval/macro_loss",
+        for key in ("train/loss", "optim/muonh_lr", "optim/adamh_lr", "optim/adam_lr", "grad/norm/total",
+                    "params/norm/total", "throughput/tokens_per_second", "model_flops_per_second", "eval/macro_loss",
                     "eval/suite/macro_loss", "router/bias/norm", "router/load/max_over_mean",
                     "router/dropped_fraction"):  # fmt: skip
             assert key in keys, (rung, sorted(keys))
@@ -106,6 +106,9 @@ def test_every_train_step_logged_what_the_run_view_plots(hero_run: HeroRun) -> N
         router = [record for record in records if "router/bias/norm" in record]
         assert router[-1]["router/bias/norm"] > 0, f"{rung}: the router bias never moved"
         assert list((hero_run.outputs[f"train/{rung}"] / "wandb").glob("**/*.wandb")), f"{rung}: no wandb run"
+        groups = json.loads((hero_run.outputs[f"train/{rung}"] / "optimizer_groups.json").read_text())
+        assert groups["optimizer"] == "hero" and set(groups["groups"].values()) == {"muonh", "adamh", "adam"}, groups
+        assert groups["groups"]["lm_head.weight"] == "adamh", groups  # the tiny scale trains with the hero's recipe
     hero = train_losses(read_metrics(str(hero_run.outputs["train/d6144"])))
     first, last = np.mean([loss for _, loss in hero[:3]]), np.mean([loss for _, loss in hero[-3:]])
     assert last < 0.8 * first, hero
@@ -230,6 +233,8 @@ def test_the_dashboard_views_read_the_run(hero_run: HeroRun) -> None:
     assert view("/api/step/views", "train/d6144")["views"] == ["run", "composition"]
     run = view("/api/step/run", "train/d6144")
     assert run["prediction"]["source"].startswith("scaling/ladder-") and run["prediction"]["points"] > 0
+    groups = json.loads((hero_run.outputs["train/d6144"] / "optimizer_groups.json").read_text())
+    assert run["optimizer"] == {"optimizer": "hero", "parameters": groups["parameters"], "groups": groups["groups"]}
     ladder = view("/api/step/ladder", "scaling/ladder")
     achieved = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())["macro_loss"]
     assert ladder["achieved"]["loss"] == pytest.approx(achieved)
@@ -277,6 +282,10 @@ def test_the_real_runs_views_in_the_browser(hero_run: HeroRun, page, hero_url: s
     loss = _points(page, "loss")
     steps = {step for step, _ in train_losses(read_metrics(str(hero_run.outputs["train/d6144"])))}
     assert loss["predicted"] == len(prediction["curve"]) and loss["train/loss"] == len(steps) == RUNGS["d6144"]
+    mask = run.locator("[data-testid=optimizer-mask]")
+    expect(mask).to_have_attribute("data-optimizer", "hero")
+    mask.locator("summary").click()
+    expect(mask.locator("tr", has_text="lm_head.weight")).to_contain_text("adamh")
     screenshot(page, "hero-run")
 
     page.goto(f"{hero_url}/step/{relative['mix/weights']}")

@@ -37,6 +37,8 @@ PREDICTION_FILE = "prediction.json"
 COMPOSITION_FILE = "composition.json"
 WEIGHTS_FILE = "weights.json"
 MIXTURE_FILE = "mixture.json"
+OPTIMIZER_GROUPS_FILE = "optimizer_groups.json"
+"""A train step's optimizer and which group each parameter is in (steps/train/optimizer.py writes it)."""
 TRAIN_LOSS = "train/loss"
 
 

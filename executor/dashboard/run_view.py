@@ -16,6 +16,8 @@ the loss chart, the band beside it and the points drawn cannot differ between th
   fork's start and code drift (against the code the newest experiment holding the run planned), and its goodput.
 - The prediction the run sealed when it started (`sealed`): its digest, when it was made, whether that was
   before the run's first step, and whether prediction.json still has that digest.
+- The optimizer and its mask (`optimizer`, the train step's optimizer_groups.json): each group's parameter count
+  and which group every parameter is in.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from executor.dashboard import files
 from executor.dashboard.incidents import CodeNow, code_drift, run_incidents
 from executor.dashboard.panels import (
     MIXTURE_FILE,
+    OPTIMIZER_GROUPS_FILE,
     PREDICTION_FILE,
     TRAIN_LOSS,
     PanelError,
@@ -50,7 +53,8 @@ from executor.served_mixture import drifted, served_by_phase
 from executor.status import INFO_FILE, METRICS_FILE, PREDICTION_SEAL_FILE, StatusEvent, read_events
 
 RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("learning_rate", "learning rate", ("optim/learning_rate",)),
+    # AdamW logs one rate; the hero's recipe one per group (steps/train/optimizer.py)
+    ("learning_rate", "learning rate", ("optim/learning_rate", "optim/muonh_lr", "optim/adamh_lr", "optim/adam_lr")),
     ("grad_norm", "gradient norm", ("grad/norm/total",)),
     ("param_norm", "parameter norm", ("params/norm/total",)),
     ("router_bias", "router bias norm (not trained by gradients)", ("router/bias/norm",)),
@@ -58,7 +62,8 @@ RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("throughput", "throughput (tokens/s)", ("throughput/tokens_per_second",)),
     ("mfu", "MFU", ("mfu",)),
 )
-"""The run view's charts after the loss, each (id, title, metric keys); a chart with no data is left out."""
+"""The run view's charts after the loss, each (id, title, metric keys); a key with no data draws no line, a chart with
+none is left out."""
 ALERT_CHARTS = {"grad_spike": "grad_norm", "throughput_drop": "throughput", "expert_imbalance": "expert_load"}
 """The chart an alert rule's marker goes on; every other rule reads the loss."""
 
@@ -150,7 +155,7 @@ def metric_charts(columns: Columns, alerts: list[Any], parent: Columns) -> list[
     charts = []
     for chart_id, title, keys in RUN_CHARTS:
         values = {key: columns.get(key, {}) for key in keys}
-        series = [{"label": key, "kind": "line", "points": drawn(values[key], keep)} for key in keys]
+        series = [{"label": key, "kind": "line", "points": drawn(values[key], keep)} for key in keys if values[key]]
         series += [{"label": f"parent {key}", "kind": "line", "points": drawn(parent[key], set())}
                    for key in keys if parent.get(key) and values[key]]  # fmt: skip
         if any(values.values()):
@@ -208,6 +213,15 @@ def served_mixture(output_path: str, records: list[dict[str, Any]]) -> dict[str,
     return served
 
 
+def optimizer_mask(output_path: str) -> dict[str, Any] | None:
+    """The run's optimizer, each group's parameter count and the group of every parameter (optimizer_groups.json)."""
+    record = read_json(storage.join(output_path, OPTIMIZER_GROUPS_FILE), OPTIMIZER_GROUPS_FILE)
+    if not isinstance(record, dict) or not isinstance(record.get("groups"), dict):
+        return None
+    parameters = record.get("parameters") or {}
+    return {"optimizer": record.get("optimizer"), "parameters": parameters, "groups": record["groups"]}
+
+
 def run_drift(output_path: str, events: list[StatusEvent], now: CodeNow | None) -> dict[str, Any] | None:
     """The run's code drift incident (incidents.code_drift); its `.executor_info` is read only when it drifted."""
     if code_drift("", events, None, now) is None:
@@ -255,6 +269,7 @@ def run_view(
         "lineage": lineage,
         "sealed": sealed_prediction(prefix, output_path, rows),
         "mixture": served_mixture(output_path, records),
+        "optimizer": optimizer_mask(output_path),
         "incidents": run_incidents(events, records, alerts, lineage, run_drift(output_path, events, now)),
         "charts": charts,
     }

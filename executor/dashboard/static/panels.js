@@ -121,9 +121,18 @@ class RunPanel extends ChartPanel {
       alertList(data.alerts || []),
       plots,
       data.incidents ? incidentTimeline(data.incidents) : "",
-      data.mixture ? h("div", { "data-testid": "run-mixture" }, h("h3", {}, "mixture: planned against served"), servedTable(data.mixture)) : "");
+      data.mixture ? h("div", { "data-testid": "run-mixture" }, h("h3", {}, "mixture: planned against served"), servedTable(data.mixture)) : "",
+      data.optimizer ? optimizerMask(data.optimizer) : "");
     draw();
   }
+}
+
+// The run's optimizer and its mask (optimizer_groups.json): each group's parameters, then every parameter's group.
+function optimizerMask(mask) {
+  const counts = Object.entries(mask.parameters).map(([group, count]) => `${group} ${fmtNum(count)}`).join(", ");
+  return h("details", { "data-testid": "optimizer-mask", "data-optimizer": mask.optimizer },
+    h("summary", {}, "optimizer ", h("b", {}, mask.optimizer), counts ? ` (parameters: ${counts})` : ""),
+    kvTable(Object.entries(mask.groups)));
 }
 
 // "predicted at T, before the first step at T2, digest D": the prediction the run sealed when it started.
