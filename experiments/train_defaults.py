@@ -236,7 +236,9 @@ def default_train(
         # earlier runs have another tree and cannot be resumed.
         # 3: the router bias is read from the whole batch's excess histogram (steps/model/router_balance.py), not
         # averaged over microbatches' quantiles: another bias, so other losses; the router state's tree changed.
-        code_version="3",
+        # 4: that histogram's quantile is read at the midpoint rank, q x tokens + 1/2 (float rounding no longer
+        # picks an end of an empty stretch): another bias, so other losses.
+        code_version="4",
     )
 
 
