@@ -234,7 +234,8 @@ def test_the_dashboard_views_read_the_run(hero_run: HeroRun) -> None:
     run = view("/api/step/run", "train/d6144")
     assert run["prediction"]["source"].startswith("scaling/ladder-") and run["prediction"]["points"] > 0
     groups = json.loads((hero_run.outputs["train/d6144"] / "optimizer_groups.json").read_text())
-    assert run["optimizer"] == {"optimizer": "hero", "parameters": groups["parameters"], "groups": groups["groups"]}
+    assert run["optimizer"] == {"optimizer": "hero", "parameters": groups["parameters"],
+                                "groups": [[path, group] for path, group in groups["groups"].items()]}
     ladder = view("/api/step/ladder", "scaling/ladder")
     achieved = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())["macro_loss"]
     assert ladder["achieved"]["loss"] == pytest.approx(achieved)
@@ -301,3 +302,7 @@ def test_the_tiny_heros_prefix_published(page, hero_run: HeroRun, tmp_path: Path
     (tests/test_publish_browser.py's check). Here, since `make test`'s workers split the suite by file and every
     reader of the run must share the worker that makes it."""
     check_hero_site(page, hero_run.prefix, hero_run.outputs, tmp_path / "site")
+    relative = hero_run.outputs["train/d6144"].relative_to(hero_run.prefix)
+    published = json.loads((tmp_path / "site" / "data" / "step" / relative / "run.json").read_text())["optimizer"]
+    groups = json.loads((hero_run.outputs["train/d6144"] / "optimizer_groups.json").read_text())["groups"]
+    assert published["groups"] == [[path, group] for path, group in groups.items()]  # redaction keeps the mask whole

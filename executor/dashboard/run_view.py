@@ -214,12 +214,15 @@ def served_mixture(output_path: str, records: list[dict[str, Any]]) -> dict[str,
 
 
 def optimizer_mask(output_path: str) -> dict[str, Any] | None:
-    """The run's optimizer, each group's parameter count and the group of every parameter (optimizer_groups.json)."""
+    """The run's optimizer, each group's parameter count and the group of every parameter (optimizer_groups.json),
+    as [parameter, group] rows: a parameter's path is data, not a key (the site's redaction reads a key named like
+    `token_embeddings` as a secret's)."""
     record = read_json(storage.join(output_path, OPTIMIZER_GROUPS_FILE), OPTIMIZER_GROUPS_FILE)
     if not isinstance(record, dict) or not isinstance(record.get("groups"), dict):
         return None
     parameters = record.get("parameters") or {}
-    return {"optimizer": record.get("optimizer"), "parameters": parameters, "groups": record["groups"]}
+    rows = [[str(path), str(group)] for path, group in record["groups"].items()]
+    return {"optimizer": record.get("optimizer"), "parameters": parameters, "groups": rows}
 
 
 def run_drift(output_path: str, events: list[StatusEvent], now: CodeNow | None) -> dict[str, Any] | None:

@@ -132,7 +132,7 @@ function optimizerMask(mask) {
   const counts = Object.entries(mask.parameters).map(([group, count]) => `${group} ${fmtNum(count)}`).join(", ");
   return h("details", { "data-testid": "optimizer-mask", "data-optimizer": mask.optimizer },
     h("summary", {}, "optimizer ", h("b", {}, mask.optimizer), counts ? ` (parameters: ${counts})` : ""),
-    kvTable(Object.entries(mask.groups)));
+    kvTable(mask.groups));
 }
 
 // "predicted at T, before the first step at T2, digest D": the prediction the run sealed when it started.
