@@ -62,8 +62,8 @@ def run(counts: list[int]) -> dict:
     """The whole-batch run's five steps (the first count's), then each other count's step from the same states.
 
     Trajectories are compared step by step from one state, not run apart: a top-k choice near a tie flips on the
-    float noise of summing in another order (Adam amplifies it where a gradient is near zero: 1e-5 of loss by the
-    third step), and from the flip on two runs of the same rule drift 1e-3 apart, a CPU's rounding deciding where.
+    float noise of summing in another order (Adam amplifies it where a gradient is near zero), and from a flip on
+    two runs of the same rule drift apart, a CPU's rounding deciding where.
     From the whole-batch run's state before each step, each count's step gives the next step's loss (the next
     batch's, from the state it reached) and the routing bias it moves to, to be compared with the whole batch's."""
     model_config = qwen3_moe_config(SHAPE, tokenizer_path="unused", router_aux_loss_coef=None, step="microbatches",

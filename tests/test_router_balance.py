@@ -190,8 +190,8 @@ def test_one_two_and_four_microbatches_train_alike(devices: int) -> None:
     batch's within 1e-5 and reaches a state whose next loss is the whole batch's within 1e-5 (the float noise of
     summing in another order). Averaging microbatches' own quantiles, as the rule did before, gave 1e-2 to 2e-2 of
     loss apart over five steps; keeping one microbatch's histogram moves the bias ~1e-1 apart. (Run apart, the
-    trajectories flip a near-tied top-k choice on that float noise within a few steps, where the CPU's rounding
-    decides: 1e-3 apart by step 5 on one machine, 1e-6 on another.)"""
+    trajectories can flip a near-tied top-k choice on that float noise, where the CPU's rounding decides; from one
+    state, they cannot.)"""
     done = subprocess.run([sys.executable, str(HERE / "router_microbatch_run.py"), str(devices), "1", "2", "4"],
                           capture_output=True, text=True, cwd=HERE.parent, timeout=840)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]

@@ -15,7 +15,7 @@ Each names the step, the component or file, and what to do:
   `num_train_steps=-1` "trains" to step -1 and writes a checkpoint, 0 fails deep in its optimizer setup, a
   negative learning rate climbs the loss and a NaN one is only seen after a compiled step.
 
-And what a train step says when its run diverges or cannot resume, where Levanter's errors say neither:
+Its explained failures, what a train step says when its run diverges or cannot resume (Levanter's errors say neither):
 
 - Divergence: Levanter raises `RuntimeError("Loss is NaN")`. The message names the step, the last training
   step whose loss was finite (from metrics.jsonl), the last complete checkpoint (what a rerun would resume
