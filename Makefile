@@ -11,7 +11,7 @@ PYTHON ?= $(shell infra/find_python312.sh)
 
 # Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
 # dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
-EXTRAS := --extra steps --extra train --extra bench --extra test --extra lint
+EXTRAS := --extra steps --extra train --extra bench --extra test --extra lint --extra docs
 UV := $(VENV)/bin/uv
 
 $(VENV)/.installed: pyproject.toml requirements.lock
