@@ -95,6 +95,7 @@ def worked_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_the_readmes_marked_blocks_run_as_written(worked_example: Path) -> None:
     blocks = runnable_blocks(README.read_text())
     assert any(block.file for block in blocks) and any(block.lang == "bash" for block in blocks)
@@ -102,6 +103,7 @@ def test_the_readmes_marked_blocks_run_as_written(worked_example: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("page", [page for page in PAGES[1:] if runnable_blocks(page.read_text())], ids=name_of)
 def test_a_docs_pages_marked_blocks_run_as_written(page: Path, worked_example: Path) -> None:
     run_blocks(page, worked_example)
