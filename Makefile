@@ -7,11 +7,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell infra/find_python312.sh)
 
-.PHONY: install lock demo data-demo test test-demo lint bench status dashboard clean
+.PHONY: install lock demo data-demo test test-demo lint bench status dashboard docs docs-serve screenshots clean
 
 # Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
 # dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
-EXTRAS := --extra steps --extra train --extra bench --extra test --extra lint
+EXTRAS := --extra steps --extra train --extra bench --extra test --extra lint --extra docs
 UV := $(VENV)/bin/uv
 
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -69,5 +69,22 @@ status: install
 dashboard: install
 	$(PY) -m executor dashboard --prefix $${EXECUTOR_PREFIX:-outputs} $(ARGS)
 
+# The docs site (mkdocs.yml: docs/, with README.md as its home page) into build/site, offline. --strict fails on a
+# broken link or anchor and on a page the nav leaves out, as tests/test_docs.py does in `make test`.
+docs: install
+	$(VENV)/bin/mkdocs build --strict $(ARGS)
+
+docs-serve: install
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000 $(ARGS)
+
+# The picture on the README and the docs' home page: the tiny hero's run view as the published site draws it, saved
+# by the browser test that publishes `make demo`'s DAG (tests/test_hero_tiny.py, which runs the DAG first: minutes),
+# then kept under 300 KB as a 128-colour PNG.
+SCREENSHOTS := $(CURDIR)/build/screenshots
+screenshots: install
+	TEST_ARTIFACTS_DIR=$(SCREENSHOTS) $(PY) -m pytest -q tests/test_hero_tiny.py -k tiny_heros_prefix_published $(ARGS)
+	$(PY) -c "from PIL import Image; Image.open('$(SCREENSHOTS)/dashboard/publish-hero-run-view.png').convert('RGB')\
+		.quantize(128).save('docs/img/run-view.png', optimize=True)"
+
 clean:
-	rm -rf $(VENV) outputs build/jax-compilation-cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) outputs build/jax-compilation-cache build/site build/screenshots .pytest_cache .mypy_cache .ruff_cache

@@ -42,7 +42,8 @@ changing `num_threads` changes nothing. `tokenize_fn` receives
 `TokenizeConfig(input_path="<prefix>/download-1a2b3c4d/docs", output_path="<prefix>/tokenize-...", ...)`.
 
 Running `executor_main` skips every step whose output is SUCCESS, runs the rest in dependency
-order, and resumes after a failure; see README.md for the CLI, storage layout and leases.
+order, and resumes after a failure; see docs/running.md for the CLI and docs/concepts.md
+for the storage layout and leases.
 """
 
 from executor.errors import (

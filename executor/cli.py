@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("targets", nargs="+", help="step output paths, prefixes, or experiment JSON files or globs")
     compare = command(
         "compare",
-        "whether two prefixes hold the same bytes under the same step hashes (README: Reproducible by construction)",
+        "whether two prefixes hold the same bytes under the same step hashes (docs/reproducibility.md)",
         "python -m executor compare outputs /mnt/other/outputs --rtol 1e-5",
     )
     compare.add_argument("a", help="a prefix (local, gs://, s3://)")
@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
     publish = command(
         "publish",
-        "write a static, read-only site of every experiment under a prefix (README: Watch a run in public)",
+        "write a static, read-only site of every experiment under a prefix (docs/watching.md)",
         "python -m executor publish --prefix outputs --to gs://my-public-bucket/site --watch 60",
     )
     publish.add_argument("--prefix", help="default: $EXECUTOR_PREFIX, else ./outputs (local, gs://, s3://)")

@@ -286,7 +286,7 @@ def tiny_scale() -> Scale:
         rungs=tuple(rung(*spec) for spec in TINY_RUNGS),
         hero=rung(*TINY_HERO),
         recipe=Recipe(
-            learning_rate=1e-2,  # AdamW's (`--optimizer adamw`, the comparison the README's ladder table shows)
+            learning_rate=1e-2,  # AdamW's (`--optimizer adamw`, the comparison docs/hero.md's recipe table shows)
             warmup=0.1,
             # The hero's recipe at the published heuristic's constants (no refit): on this DAG every rung trains
             # lower than under AdamW at 1e-2 (5.61 against 5.87 at d768) and the hero lands in its band (-0.75%).

@@ -1,9 +1,9 @@
 """The published site in headless Chromium, served by a plain static HTTP server (`python -m http.server`).
 
 Every request the pages make is recorded: all of them must stay on the site's own origin (no CDN, no API).
-Screenshots go to `$TEST_ARTIFACTS_DIR/dashboard/publish-*.png` like the dashboard's (README: "Watch a run
-in public"). The fast test publishes tests/publish_dag.py's DAG; the slow one publishes the dashboard views'
-DAG (a real tiny Levanter run, a scaling ladder, data composition) for the ladder and composition pages.
+Screenshots go to `$TEST_ARTIFACTS_DIR/dashboard/publish-*.png` like the dashboard's (docs/watching.md:
+"Watch a run in public"). The fast test publishes tests/publish_dag.py's DAG; the slow one publishes the dashboard
+views' DAG (a real tiny Levanter run, a scaling ladder, data composition) for the ladder and composition pages.
 """
 
 from __future__ import annotations

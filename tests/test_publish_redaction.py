@@ -1,4 +1,4 @@
-"""Nothing private reaches the published site, wherever it was planted (README "Watch a run in public").
+"""Nothing private reaches the published site, wherever it was planted (docs/watching.md, "What is published, exactly").
 
 A real run step (executor, local prefix) carries each kind of secret in its config, in its metrics lines, in a
 status event's details and in its alerts; the site is published and every byte of every published file is

@@ -17,15 +17,15 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, whole, appended (site_metrics.py)
 
 Not published: logs, file previews, the step's outputs themselves; every JSON value written passes through
-redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: README "Watch a run
-in public").
+redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: docs/watching.md,
+"What is published, exactly").
 
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
 changed); a file is rewritten only when its bytes change, and a run's metrics lines go out as appended chunks,
 so a cycle in which a run logged K lines writes those K lines, a few small files of a fixed size and the run's
-two views (run.json, metrics.json: bounded by their buckets, series.py), however long the run (README "Watch a
-run in public" has the figures). Watching, each cycle also writes `data/site.json`, the publisher's heartbeat,
+two views (run.json, metrics.json: bounded by their buckets, series.py), however long the run (docs/benchmarks.md has
+the figures). Watching, each cycle also writes `data/site.json`, the publisher's heartbeat,
 from which the pages show a RUNNING step "stale" once the publisher has missed 3 cycles.
 """
 

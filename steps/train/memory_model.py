@@ -20,7 +20,7 @@ and benchmarks/bench_plan_memory.py holds the sum against XLA's `compiled.memory
 
 **Activations**, for `tokens` = microbatch x sequence tokens on the device, in compute bytes. One layer's *working
 set* (what its forward and backward hold at once) is a sum of widths per token, each with a factor fitted to XLA's
-compiled buffers of the real train step on one CPU device (`FACTORS`; 28 shapes, README.md): the residual stream
+compiled buffers of the real train step on one CPU device (`FACTORS`; 28 shapes, docs/training.md): the residual stream
 (`d_model`), queries, keys and values, attention scores (only where the kernel materialises heads x sequence scores:
 XLA's CPU attention; flash kernels keep none), the routed copies with their expert hidden units (capacity x K copies
 a token with a capacity; K copies dropless, plus the dense `[copies, experts x width]` that XLA lowers a grouped

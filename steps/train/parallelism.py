@@ -22,7 +22,7 @@ numbers are computed):
 
 An evaluate step is planned on its own eval batch (forward only, no gradients or moments). steps/train/
 memory_model.py prices each term; benchmarks/bench_plan_memory.py holds the total against XLA's
-`compiled.memory_analysis()` of the real train step on scaled-down shapes (README.md's training section shows the
+`compiled.memory_analysis()` of the real train step on scaled-down shapes (docs/training.md shows the
 table). `plan_parallelism` keeps `HEADROOM` of the device's memory free for XLA's own buffers and fragmentation
 and says whether the rest holds the plan (`fits`); `refuse_unless_fits` refuses one that does not, with the
 numbers and the smallest change that fits.

@@ -3,7 +3,7 @@
 An estimate, never a measurement: each term is the least time the hardware's published peaks allow
 (steps/train/hardware.py), and what a real step loses besides (kernels below peak, load imbalance between
 experts, launch gaps, stragglers) is not in it, so it bounds the step time from below and the MFU from above.
-Marin's hero reached ~23% MFU on GB200 and its d2048 rung 13.6%; the README sets the estimates beside them.
+Marin's hero reached ~23% MFU on GB200 and its d2048 rung 13.6%; docs/hero.md sets the estimates beside them.
 
 Per device and train step (`tokens` its share of the batch, `passes` its microbatches, `r` = 1 where the plan
 recomputes each layer's forward pass, remat "layer" or "period", else 0):
