@@ -238,6 +238,13 @@ def test_a_resumed_run_has_the_uninterrupted_runs_losses(optimizer: str, request
     assert set(groups["groups"].values()) == expected and groups["groups"]["lm_head.weight"] in ("adamw", "adamh")
 
 
+def test_each_eval_step_is_evaluated_once(uninterrupted):
+    """Evals every STEPS / 2 steps: at the middle step and the last. Levanter runs every hook once more after the
+    last step (forced), which evaluated the final model a second time and logged its figures twice at one step."""
+    evaluated = [record["step"] for record in uninterrupted if f"eval/{SOURCES[0]}/loss" in record]
+    assert evaluated == [STEPS // 2 - 1, STEPS - 1], evaluated
+
+
 def test_metrics_jsonl_holds_what_the_dashboard_plots(killed_and_resumed):
     keys = set().union(*(record.keys() for record in killed_and_resumed["records"]))
     for key in ("train/loss", "optim/learning_rate", "grad/norm/total", "params/norm/total",

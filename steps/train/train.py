@@ -277,7 +277,7 @@ def train(config: TrainConfig) -> None:
             with (
                 divergence_explained(label, config.output_path, config.learning_rate),
                 damaged_checkpoint_set_aside(label, config.output_path),
-                periodic_evals_count_drops(config.capacity_factor),
+                periodic_evals(config.capacity_factor),
                 progress.phase(TRAINING),
                 checkpoint_saves_in_their_phase(),
             ):
@@ -292,48 +292,60 @@ def train(config: TrainConfig) -> None:
 
 
 @contextmanager
-def periodic_evals_count_drops(capacity_factor: float | None) -> Iterator[None]:
-    """With an expert capacity, each periodic eval also logs the share of expert assignments it dropped:
+def periodic_evals(capacity_factor: float | None) -> Iterator[None]:
+    """Levanter's periodic eval, once a step, and with an expert capacity the share of assignments it dropped.
+
+    Once a step: Levanter runs every hook again, forced, after the last step, so a run whose last step is an eval
+    step (100 steps, an eval every 20) evaluated its final model twice, the same figures logged twice at one step.
+    With an expert capacity, each eval also logs the share of expert assignments it dropped:
     `eval/dropped_fraction` over every eval set and `eval/<tag>/dropped_fraction` per set, the figures the
-    evaluate step writes to results.json (`dropped_share`, on the same sequences). Levanter's `train_lm` builds
-    its eval callback itself, so its builder is wrapped for the length of the run; it costs one forward pass
-    (without the LM head) per eval batch."""
-    if capacity_factor is None:
-        yield
-        return
+    evaluate step writes to results.json (`dropped_share`, on the same sequences); it costs one forward pass
+    (without the LM head) per eval batch. Levanter's `train_lm` builds its eval callback itself, so its builder
+    is wrapped for the length of the run."""
     build = levanter.eval.cb_tagged_lm_evaluate
 
-    def with_drops(*args: Any, **kwargs: Any) -> Callable[[StepInfo], None]:
+    def once_a_step(*args: Any, **kwargs: Any) -> Callable[[StepInfo], None]:
         scores = build(*args, **kwargs)
-        given = inspect.signature(build).bind(*args, **kwargs).arguments
-        mp = given.get("mp")
+        drops = None if capacity_factor is None else _drops_evaluator(build, args, kwargs)
+        evaluated: list[int] = []
 
-        def loss_fn(model: Any, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-            return dropped_share(model if mp is None else mp.cast_to_compute(model), batch)
-
-        drops = TaggedEvaluator(
-            EvalBatch=given["EvalBatch"],
-            tagged_eval_sets=given["tagged_eval_sets"],
-            loss_fn=loss_fn,
-            tokenizer=None,
-            device_mesh=given.get("device_mesh"),
-            axis_mapping=given.get("axis_mapping"),
-            max_examples_per_dataset=given.get("max_examples_per_dataset"),
-        )
-
-        def scores_and_drops(step: StepInfo) -> None:
+        def evaluate(step: StepInfo) -> None:
+            if evaluated and evaluated[-1] == step.step:
+                return  # the forced run of the hooks after the last step, which the periodic run just evaluated
+            evaluated.append(step.step)
             scores(step)
-            result = drops.evaluate(step.model)
-            figures = {f"eval/{tag}/dropped_fraction": float(share) for tag, share in result.tag_micro_losses.items()}
-            levanter.tracker.log({"eval/dropped_fraction": float(result.micro_avg_loss), **figures}, step=step.step)
+            if drops is not None:
+                result = drops.evaluate(step.model)
+                shares = result.tag_micro_losses.items()
+                figures = {f"eval/{tag}/dropped_fraction": float(share) for tag, share in shares}
+                levanter.tracker.log({"eval/dropped_fraction": float(result.micro_avg_loss), **figures}, step=step.step)
 
-        return scores_and_drops
+        return evaluate
 
-    levanter.eval.cb_tagged_lm_evaluate = with_drops
+    levanter.eval.cb_tagged_lm_evaluate = once_a_step
     try:
         yield
     finally:
         levanter.eval.cb_tagged_lm_evaluate = build
+
+
+def _drops_evaluator(build: Callable[..., Any], args: tuple, kwargs: dict) -> TaggedEvaluator:
+    """An evaluator over the eval callback's sets (`build(*args, **kwargs)`'s) whose loss is the dropped share."""
+    given = inspect.signature(build).bind(*args, **kwargs).arguments
+    mp = given.get("mp")
+
+    def loss_fn(model: Any, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return dropped_share(model if mp is None else mp.cast_to_compute(model), batch)
+
+    return TaggedEvaluator(
+        EvalBatch=given["EvalBatch"],
+        tagged_eval_sets=given["tagged_eval_sets"],
+        loss_fn=loss_fn,
+        tokenizer=None,
+        device_mesh=given.get("device_mesh"),
+        axis_mapping=given.get("axis_mapping"),
+        max_examples_per_dataset=given.get("max_examples_per_dataset"),
+    )
 
 
 COMPILE_ONCE_BELOW_STEPS = 1000
