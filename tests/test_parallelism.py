@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jmp
@@ -26,6 +28,8 @@ from steps.train.parallelism import (
 )
 from steps.train.train import TrainConfig, levanter_config
 from steps.train.train_metrics import JsonlMetricsConfig, read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_mfu_divides_by_every_devices_peak(tmp_path: Path) -> None:
@@ -84,6 +88,15 @@ def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) ->
     hero = next(plan for step, plan in plans.items() if step.name == "train/d6144")
     with pytest.raises(PlanDoesNotFitError, match=r"train/d6144: .*8 h100 devices.*largest term is optimizer_state"):
         refuse_unless_fits("train/d6144", hero)
+
+
+def test_the_refusal_reads_as_one_line_on_the_command_line(tmp_path: Path) -> None:
+    command = [sys.executable, str(ROOT / "experiments" / "hero_535b.py"), "--scale", "full", "--hardware", "h100",
+               "--check_sources", "false", "--dry_run", "true", "--prefix", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode != 0
+    assert "Traceback (most recent call last)" not in done.stderr, done.stderr[-3000:]
+    assert "PlanDoesNotFitError: train/d2048 (d2048: 22 layers" in done.stderr, done.stderr[-3000:]
 
 
 def test_a_plan_whose_mesh_splits_a_dimension_unevenly_is_refused_naming_the_step() -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import jmp
 
+from executor.errors import ConfigError
 from steps.model.levanter_config import uneven_splits
 from steps.model.model_size import MoeShape
 from steps.model.router_balance import RouterStatePolicy
@@ -107,8 +108,9 @@ def precision_policy(compute_dtype: str) -> jmp.Policy:
     return RouterStatePolicy(policy.param_dtype, policy.compute_dtype, policy.output_dtype)
 
 
-class PlanDoesNotFitError(ValueError):
-    """A plan needs more memory per device than the hardware has: refused before any step runs."""
+class PlanDoesNotFitError(ConfigError):
+    """A plan needs more memory per device than the hardware has: refused before any step runs (a ConfigError, so
+    a command line reports it in one line, not a traceback)."""
 
 
 def expert_parallel_size(shape: MoeShape, devices: int, hardware: Hardware) -> int:
