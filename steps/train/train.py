@@ -277,7 +277,7 @@ def train(config: TrainConfig) -> None:
             with (
                 divergence_explained(label, config.output_path, config.learning_rate),
                 damaged_checkpoint_set_aside(label, config.output_path),
-                periodic_evals(config.capacity_factor),
+                periodic_evals(config.capacity_factor, config.num_train_steps - 1),
                 progress.phase(TRAINING),
                 checkpoint_saves_in_their_phase(),
             ):
@@ -292,16 +292,18 @@ def train(config: TrainConfig) -> None:
 
 
 @contextmanager
-def periodic_evals(capacity_factor: float | None) -> Iterator[None]:
-    """Levanter's periodic eval, once a step, and with an expert capacity the share of assignments it dropped.
+def periodic_evals(capacity_factor: float | None, last_step: int) -> Iterator[None]:
+    """Levanter's periodic eval, once a step, and with an expert capacity the share of assignments the final one
+    dropped.
 
     Once a step: Levanter runs every hook again, forced, after the last step, so a run whose last step is an eval
     step (100 steps, an eval every 20) evaluated its final model twice, the same figures logged twice at one step.
-    With an expert capacity, each eval also logs the share of expert assignments it dropped:
-    `eval/dropped_fraction` over every eval set and `eval/<tag>/dropped_fraction` per set, the figures the
-    evaluate step writes to results.json (`dropped_share`, on the same sequences); it costs one forward pass
-    (without the LM head) per eval batch. Levanter's `train_lm` builds its eval callback itself, so its builder
-    is wrapped for the length of the run."""
+    With an expert capacity, the eval of the final model (`last_step`) also logs the share of expert assignments
+    it dropped: `eval/dropped_fraction` over every eval set and `eval/<tag>/dropped_fraction` per set, the figures
+    the evaluate step writes to results.json (`dropped_share`, on the same sequences). It costs one more forward
+    pass (without the LM head) per eval batch, about as long as the eval itself, so the evals before the last
+    leave it to the train step's own `router/dropped_fraction`. Levanter's `train_lm` builds its eval callback
+    itself, so its builder is wrapped for the length of the run."""
     build = levanter.eval.cb_tagged_lm_evaluate
 
     def once_a_step(*args: Any, **kwargs: Any) -> Callable[[StepInfo], None]:
@@ -314,7 +316,7 @@ def periodic_evals(capacity_factor: float | None) -> Iterator[None]:
                 return  # the forced run of the hooks after the last step, which the periodic run just evaluated
             evaluated.append(step.step)
             scores(step)
-            if drops is not None:
+            if drops is not None and step.step == last_step:
                 result = drops.evaluate(step.model)
                 shares = result.tag_micro_losses.items()
                 figures = {f"eval/{tag}/dropped_fraction": float(share) for tag, share in shares}
