@@ -309,12 +309,13 @@ def periodic_evals(capacity_factor: float | None, last_step: int) -> Iterator[No
     def once_a_step(*args: Any, **kwargs: Any) -> Callable[[StepInfo], None]:
         scores = build(*args, **kwargs)
         drops = None if capacity_factor is None else _drops_evaluator(build, args, kwargs)
-        evaluated: list[int] = []
+        last_evaluated: int | None = None
 
         def evaluate(step: StepInfo) -> None:
-            if evaluated and evaluated[-1] == step.step:
+            nonlocal last_evaluated
+            if step.step == last_evaluated:
                 return  # the forced run of the hooks after the last step, which the periodic run just evaluated
-            evaluated.append(step.step)
+            last_evaluated = step.step
             scores(step)
             if drops is not None and step.step == last_step:
                 result = drops.evaluate(step.model)
