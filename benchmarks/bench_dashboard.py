@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from executor.dashboard import make_server, serve_in_thread
+from executor.watch.server import make_server, serve_in_thread
 
 PAGE_LIMIT_S = 1.0
 API_P95_LIMIT_MS = 100.0

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from executor import storage
-from executor.shard_writer import SHARD_DIR, read_shard_markers
-from executor.status import parse_time
+from executor.shards.writer import read_shard_markers
+from executor.store.events import parse_time
+from executor.store.layout import SHARD_DIR
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.data.documents import ReadReport, list_input_files, read_documents
 from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, InputName, output_path_of, this_output_path, versioned
-from executor.identity import walk_config
-from executor.plan import Plan, build_plan
+from executor.dag.identity import walk_config
+from executor.dag.plan import Plan, build_plan
 
 PREFIX = "/tmp/prefix"
 MIXTURE_GROUP = 50

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from executor.cpu_devices import with_stand_in_flags  # noqa: E402
+from executor.run.cpu_devices import with_stand_in_flags  # noqa: E402
 from steps.model.model_size import MoeShape  # noqa: E402
 from steps.train.memory_model import memory_per_device  # noqa: E402
 
@@ -204,7 +204,7 @@ def measure(probes: list[MemoryProbe]) -> dict[str, dict[str, int]]:
     measured: dict[str, dict[str, int]] = {}
     for devices in sorted({probe.devices for probe in probes}):
         names = [probe.name for probe in probes if probe.devices == devices]
-        # The probes compile and never run: LLVM at -O0 (the stand-in hosts run at -O1, executor/cpu_devices.py)
+        # The probes compile and never run: LLVM at -O0 (the stand-in hosts run at -O1, executor/run/cpu_devices.py)
         # compiles each in ~25% less CPU time; XLA assigns the buffers before LLVM runs, so the bytes are the same.
         flags = with_stand_in_flags(f"--xla_force_host_platform_device_count={devices} {COMPILE_ONLY_FLAGS}")
         environment = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}

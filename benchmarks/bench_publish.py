@@ -35,8 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
-from executor.dashboard.publish import SitePublisher
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
+from executor.watch.site.publish import SitePublisher
 
 RUNS = 8
 DATA_STEPS = 31

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from services import FaultProxy, running_gcs_emulator, use_gcs_endpoint
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, read_status, storage
-from executor.status import StatusEvent, StepStatus, read_many_events, status_path
+from executor.store.events import StatusEvent, StepStatus, read_many_events, status_path
 
 
 def seed_finished_steps(prefix: str, count: int) -> list[str]:

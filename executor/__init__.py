@@ -44,22 +44,20 @@ changing `num_threads` changes nothing. `tokenize_fn` receives
 Running `executor_main` skips every step whose output is SUCCESS, runs the rest in dependency
 order, and resumes after a failure; see docs/running.md for the CLI and docs/concepts.md
 for the storage layout and leases.
+
+What a step function may use, all from this package (`steps/` and `experiments/` import nothing else of
+it; import-linter checks that in `make test`): `storage` (every read and write, on any store), `layout`
+(the names of the files a step folder holds), `run_sharded` / `Shard` / `ShardWriter` (fan out over shards,
+each committed on its own), `MetricsLog` (a live `metrics.jsonl` on any store), `progress` (how far a long
+loop got, for a gang's watch), `recorded_path` (a path as the step records it), `TransientError` (a failure
+worth retrying) and the errors. The rooms below are the library's own: `store/`, `dag/`, `shards/`, `run/`,
+`watch/`, `cli/` (docs/contributing.md).
 """
 
-from executor.errors import (
-    ConfigError,
-    CycleError,
-    ExecutorError,
-    LeaseLostError,
-    StepFailedError,
-    StorageError,
-    UnversionableValueError,
-)
-from executor.executor import Executor
-from executor.main import ExecutorMainConfig, executor_main
-from executor.retry import RetryPolicy, TransientError
-from executor.status import StepStatus, read_status
-from executor.step_spec import (
+from executor.cli.error_report import install_excepthook
+from executor.cli.executor_main import ExecutorMainConfig, executor_main
+from executor.dag.records import recorded_path
+from executor.dag.spec import (
     THIS_OUTPUT_PATH,
     ExecutorStep,
     InputName,
@@ -70,8 +68,27 @@ from executor.step_spec import (
     this_output_path,
     versioned,
 )
+from executor.errors import (
+    ConfigError,
+    CycleError,
+    ExecutorError,
+    LeaseLostError,
+    StepFailedError,
+    StorageError,
+    UnversionableValueError,
+)
+from executor.retry import RetryPolicy, TransientError
+from executor.run import gang_progress as progress
+from executor.run.executor import Executor
+from executor.shards.runner import ShardReport, run_sharded
+from executor.shards.writer import Shard, ShardFn, ShardWriter
+from executor.store import layout, storage
+from executor.store.events import StatusEvent, StepStatus, read_events, read_status
+from executor.store.metrics_log import FLUSH_SECONDS as METRICS_FLUSH_SECONDS
+from executor.store.metrics_log import MetricsLog, read_metrics_bytes
 
 __all__ = [
+    "METRICS_FLUSH_SECONDS",
     "THIS_OUTPUT_PATH",
     "ConfigError",
     "CycleError",
@@ -81,9 +98,15 @@ __all__ = [
     "ExecutorStep",
     "InputName",
     "LeaseLostError",
+    "MetricsLog",
     "OutputName",
     "ResourceConfig",
     "RetryPolicy",
+    "Shard",
+    "ShardFn",
+    "ShardReport",
+    "ShardWriter",
+    "StatusEvent",
     "StepFailedError",
     "StepStatus",
     "StorageError",
@@ -91,8 +114,16 @@ __all__ = [
     "UnversionableValueError",
     "VersionedValue",
     "executor_main",
+    "install_excepthook",
+    "layout",
     "output_path_of",
+    "progress",
+    "read_events",
+    "read_metrics_bytes",
     "read_status",
+    "recorded_path",
+    "run_sharded",
+    "storage",
     "this_output_path",
     "versioned",
 ]

@@ -1,5 +1,5 @@
 import sys
 
-from executor.cli import main
+from executor.cli.commands import main
 
 sys.exit(main())

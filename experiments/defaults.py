@@ -13,9 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
-from executor.errors import ConfigError
-from executor.step_spec import InputName, VersionedValue
+from executor import THIS_OUTPUT_PATH, ConfigError, ExecutorStep, InputName, VersionedValue, output_path_of, versioned
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.download import DownloadConfig, download

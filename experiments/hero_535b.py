@@ -46,10 +46,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from executor import ExecutorStep, ResourceConfig, executor_main, output_path_of, storage
-from executor.errors import ConfigError
-from executor.executor import Executor
-from executor.user_errors import install_excepthook
+from executor import (
+    ConfigError,
+    Executor,
+    ExecutorStep,
+    ResourceConfig,
+    executor_main,
+    install_excepthook,
+    output_path_of,
+    storage,
+)
 from experiments.defaults import (
     default_cells,
     default_decontaminate,
@@ -146,7 +152,7 @@ experts' width 3072, and JAX lays out no uneven split (`levanter_config.uneven_s
 
 def _full_rung(spec: tuple[str, int, int, int, int], hardware: Hardware, devices: int) -> Rung:
     """A published rung on `devices` of `hardware`: its steps run as gangs of one JAX process per host
-    (executor/gang.py), each host asking Ray for its devices (steps/train/hardware.py), placed fast domain by fast
+    (executor/run/gang.py), each host asking Ray for its devices (steps/train/hardware.py), placed fast domain by fast
     domain (the hero's 256 hosts as 16 racks of 16)."""
     name, d_model, layers, batch, steps = spec
     shape = ladder_shape(d_model, layers)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
 from steps.train.train_metrics import record_lineage, seal_prediction
 
 HERO_STEPS = 200

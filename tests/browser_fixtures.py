@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import pytest
 
-from executor.dashboard import make_server, serve_in_thread
+from executor.watch.server import make_server, serve_in_thread
 
 DEADLINE_MS = 30_000
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).parent.parent / "build" / "test-artifacts")

@@ -19,7 +19,7 @@ import fsspec
 import pytest
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
-from executor.cpu_devices import with_stand_in_flags
+from executor.run.cpu_devices import with_stand_in_flags
 
 # The gcs_emulator and s3_server fixtures; the tiny hero run; the browser tests' Chromium and page.
 pytest_plugins = ["services", "hero_run", "browser_fixtures"]
@@ -112,7 +112,7 @@ def race(count: int, attempt: Callable[[int], bool]) -> list[int]:
 def plant_crashed_holder(output_path: str, worker: str = "crashed-worker") -> None:
     """Leave what a worker killed mid-step leaves: its lease (heartbeat long ago) and a RUNNING event."""
     from executor import storage
-    from executor.status import StatusEvent, StepStatus, append_event
+    from executor.store.events import StatusEvent, StepStatus, append_event
 
     long_ago = "2026-01-01T00:00:00+00:00"
     record = {"worker": worker, "number": 0, "acquired": long_ago, "heartbeat": long_ago}
@@ -175,7 +175,7 @@ def pytest_configure(config: pytest.Config) -> None:
     changes. Set JAX_COMPILATION_CACHE_DIR yourself to keep a cache across sessions."""
     if hasattr(config, "workerinput"):
         return  # a worker inherits the controller's environment
-    # Tests compile much and run little, as the stand-in hosts do: LLVM's level 1 (executor/cpu_devices.py).
+    # Tests compile much and run little, as the stand-in hosts do: LLVM's level 1 (executor/run/cpu_devices.py).
     os.environ["XLA_FLAGS"] = with_stand_in_flags(os.environ.get("XLA_FLAGS", ""))
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return  # a caller's own cache stands

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from executor.cpu_devices import with_stand_in_flags
+from executor.run.cpu_devices import with_stand_in_flags
 
 DEVICES = int(sys.argv[1])
 os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={DEVICES}")

@@ -53,7 +53,7 @@ class CountedSumConfig:
 
 def counted_sum(config: CountedSumConfig) -> None:
     """`iterations` global sums over every device of every process (each device's value plus the iteration),
-    added up; each completed iteration reported to executor/progress.py and checkpointed by process 0 to
+    added up; each completed iteration reported to executor/run/gang_progress.py and checkpointed by process 0 to
     `state.json`, from which a retried gang resumes. Process 0 writes the total to `result.json`."""
     import jax
     import jax.numpy as jnp

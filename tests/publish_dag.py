@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 logger.setLevel(logging.INFO)

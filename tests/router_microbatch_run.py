@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 
-from executor.cpu_devices import with_stand_in_flags
+from executor.run.cpu_devices import with_stand_in_flags
 
 DEVICES = int(sys.argv[1])
 os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={DEVICES}")

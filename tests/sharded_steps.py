@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import fsspec
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, storage, versioned
-from executor.shard_writer import Shard, ShardWriter, marker_path
-from executor.shards import run_sharded
+from executor.shards.runner import run_sharded
+from executor.shards.writer import Shard, ShardWriter, marker_path
 
 
 @dataclass(frozen=True)

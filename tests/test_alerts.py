@@ -1,4 +1,4 @@
-"""Alert rules over a run's metrics (executor/alerts.py): quiet on healthy runs, once per episode on faults.
+"""Alert rules over a run's metrics (watch/training/alerts.py): quiet on healthy runs, once per episode on faults.
 
 The healthy figures are the tiny demo's own (`make demo`'s six train steps, their metrics lines cut to the
 keys the rules read: tests/data/alerts/tiny_demo_metrics.jsonl.gz) and tests/publish_dag.py's synthetic run.
@@ -22,9 +22,9 @@ from conftest import wait_until
 from publish_dag import STALL_GATES, START_TIME, StalledRunConfig, build_publish_prefix, metrics_line, stalled_run
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.alerts import AlertConfigError, AlertRules, evaluate, read_alerts, record_alerts
-from executor.dashboard.publish import SitePublisher
-from executor.status import read_status
+from executor.store.events import read_status
+from executor.watch.site.publish import SitePublisher
+from executor.watch.training.alerts import AlertConfigError, AlertRules, evaluate, read_alerts, record_alerts
 
 DEMO_METRICS = Path(__file__).parent / "data" / "alerts" / "tiny_demo_metrics.jsonl.gz"
 

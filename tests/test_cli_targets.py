@@ -11,7 +11,7 @@ import sys
 import pytest
 from services import free_port
 
-from executor.cli import main as cli_main
+from executor.cli.commands import main as cli_main
 
 
 def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -53,7 +53,7 @@ def test_a_bucket_that_does_not_exist_is_one_line(gcs_emulator):
 
 
 def test_the_store_error_line_says_which_cause():
-    from executor.store_probe import explain_store_error
+    from executor.store.probe import explain_store_error
 
     refused = ConnectionRefusedError(111, "Connect call failed")
     assert "cannot reach its store: offline" in explain_store_error("gs://b/p", refused)

@@ -11,9 +11,9 @@ from conftest import make_step, race
 from services import FaultProxy, use_gcs_endpoint
 
 from executor import Executor, read_status, storage
-from executor.cli import main as cli_main
-from executor.lease import Lease, LeaseSettings
-from executor.records import verify_manifest
+from executor.cli.commands import main as cli_main
+from executor.dag.records import verify_manifest
+from executor.store.lease import Lease, LeaseSettings
 
 
 def unique(prefix: str) -> str:

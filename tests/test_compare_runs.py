@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from band_dag import EVAL_EVERY, build_band_prefix
 
-from executor.dashboard.app import DashboardApp
-from executor.dashboard.run_view import run_view
+from executor.watch.app import DashboardApp
+from executor.watch.training.run_view import run_view
 
 
 def test_the_ladder_overlays_rungs_and_target_and_a_fork_its_parent(tmp_path: Path) -> None:

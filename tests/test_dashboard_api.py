@@ -15,9 +15,10 @@ import pytest
 from test_dashboard_dag import build_prefix, dag_steps
 
 from executor import Executor
-from executor.cli import build_parser
-from executor.dashboard import DEFAULT_HOST, DashboardApp, make_server, serve_in_thread
-from executor.dashboard.safety import UnsafePathError, resolve_under
+from executor.cli.commands import build_parser
+from executor.watch.app import DashboardApp
+from executor.watch.safety import UnsafePathError, resolve_under
+from executor.watch.server import DEFAULT_HOST, make_server, serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +268,7 @@ def test_default_bind_is_loopback_and_others_warn(prefix: Path, caplog: pytest.L
     server = make_server(str(prefix), port=0)
     assert server.server_address[0] == "127.0.0.1"
     server.server_close()
-    with caplog.at_level(logging.WARNING, logger="executor.dashboard.server"):
+    with caplog.at_level(logging.WARNING, logger="executor.watch.server"):
         exposed = make_server(str(prefix), host="0.0.0.0", port=0)
         exposed.server_close()
     assert "anyone who can reach this port" in caplog.text
@@ -315,7 +316,7 @@ def test_config_rows_tag_a_dotted_dict_key_as_versioned(tmp_path: Path) -> None:
     from dataclasses import dataclass
 
     from executor import THIS_OUTPUT_PATH, ExecutorStep, versioned
-    from executor.dashboard.step_view import config_rows
+    from executor.watch.step_view import config_rows
 
     @dataclass(frozen=True)
     class DottedConfig:

@@ -18,8 +18,8 @@ from test_dashboard_api import write_synthetic_prefix
 from test_dashboard_dag import GATES, build_prefix, gated_step
 
 from executor import Executor
-from executor.dashboard import make_server, serve_in_thread
-from executor.status import read_status
+from executor.store.events import read_status
+from executor.watch.server import make_server, serve_in_thread
 
 pytestmark = pytest.mark.browser
 

@@ -24,7 +24,7 @@ import pytest
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
 from executor.errors import StepFailedError
-from executor.status import METRICS_FILE, PROGRESS_FILE, STATS_FILE
+from executor.store.layout import METRICS_FILE, PROGRESS_FILE, STATS_FILE
 
 logger = logging.getLogger(__name__)
 logger.setLevel(logging.INFO)  # the step log captures INFO records even when the test run's root level is higher

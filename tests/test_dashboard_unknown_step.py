@@ -8,7 +8,7 @@ import json
 from conftest import make_step
 
 from executor import Executor
-from executor.dashboard import DashboardApp
+from executor.watch.app import DashboardApp
 
 
 def test_live_state_of_a_path_that_is_no_step_is_a_404(tmp_path, calls):

@@ -24,8 +24,8 @@ from test_steps_train import SOURCES
 from views_dag import BUCKETS, LAW_E, REPLAY_GATES, TOPICS, TRAIN_STEPS, ReplayConfig, build_views_prefix, replay_run
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.dashboard import DashboardApp
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
+from executor.watch.app import DashboardApp
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(900)]
 
@@ -63,7 +63,7 @@ def last_line_wins(path: Path) -> dict[int, dict[str, Any]]:
 
 class Drawn(dict):
     """A drawn series, x -> y: equal to the figures it draws, which the views keep to 7 significant digits
-    (executor/dashboard/series.py)."""
+    (executor/watch/series.py)."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, dict) and dict(self) == pytest.approx(other, rel=1e-6)

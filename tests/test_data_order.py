@@ -24,7 +24,7 @@ from levanter.utils.thread_utils import blocking_wait
 from mixing_fixtures import write_hf_tokenizer, write_levanter_cache
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, versioned
-from executor.plan import build_plan
+from executor.dag.plan import build_plan
 from experiments.train_defaults import fork_of
 from steps.model.model_size import MoeShape
 from steps.train.data_order import DataOrder, DataOrderError, TokensSeen, caps_for, levanter_data_key

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from executor import Executor, StepStatus, read_status
-from executor.status import read_events
+from executor.store.events import read_events
 from experiments.demo import build_steps
 from steps.corpora.text_corpus import EXCLUDED_DIRS, TextCorpusConfig, build_text_corpus, stdlib_files
 from steps.data.jsonl_shards import list_shards, read_records

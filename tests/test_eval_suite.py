@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from executor import VersionedValue
-from executor.plan import build_plan
-from executor.records import output_digest
+from executor.dag.plan import build_plan
+from executor.dag.records import output_digest
 from experiments import hero_535b
 from experiments.eval_suite import LOCK_FILE, PALOMA_SUBSETS, TINY_SUITE_SUBSETS
 from steps.corpora.eval_suite_text import (
@@ -297,8 +297,8 @@ def test_the_run_view_and_the_band_alert_follow_the_suites_macro_loss() -> None:
     """With an eval suite the prediction is of `eval/suite/macro_loss`: the run view's eval line and the
     prediction-band alert read it (not Levanter's mean over cells and subsets together); the cells stay a panel of
     their own, and "suite" (Levanter's micro average over the subsets) is no cell."""
-    from executor.alerts import below_band
-    from executor.dashboard.panels import eval_components, macro_eval
+    from executor.watch.training.alerts import below_band
+    from executor.watch.training.panels import eval_components, macro_eval
 
     row = {"eval/macro_loss": 3.0, SUITE_MACRO_LOSS: 6.0, "eval/suite/loss": 5.9, "eval/suite/man_syscalls/loss": 6.1,
            "eval/suite/email_messages/loss": 5.9, "eval/cell_0/loss": 2.5}  # fmt: skip

@@ -25,7 +25,7 @@ from executor import (
     versioned,
 )
 from executor.retry import DEFAULT_RETRY, RetryPolicy
-from executor.status import read_events
+from executor.store.events import read_events
 
 
 def run(prefix, steps, **kwargs) -> Executor:

@@ -11,10 +11,10 @@ import pytest
 from conftest import make_step, plant_crashed_holder, run_in_threads
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, output_path_of, read_status, storage
-from executor.explain import explain_output
-from executor.lease import Lease, LeaseSettings
-from executor.records import verify_manifest
-from executor.status import read_events
+from executor.dag.explain import explain_output
+from executor.dag.records import verify_manifest
+from executor.store.events import read_events
+from executor.store.lease import Lease, LeaseSettings
 
 
 @pytest.fixture(params=["local", "memory", pytest.param("gcs", marks=pytest.mark.gcs),

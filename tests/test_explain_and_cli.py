@@ -12,9 +12,9 @@ import pytest
 from conftest import make_step, plant_crashed_holder
 
 from executor import ConfigError, Executor, StepFailedError, executor_main, output_path_of, read_status
-from executor.cli import main as cli_main
-from executor.explain import diff_versions, explain_output, flatten_version
-from executor.plan import build_plan
+from executor.cli.commands import main as cli_main
+from executor.dag.explain import diff_versions, explain_output, flatten_version
+from executor.dag.plan import build_plan
 
 
 def test_explain_names_the_changed_key(tmp_path, calls):

@@ -15,8 +15,8 @@ import pytest
 import sharded_steps
 
 from executor import Executor, read_status
-from executor.records import verify_manifest
-from executor.status import read_events
+from executor.dag.records import verify_manifest
+from executor.store.events import read_events
 
 RUNNER = str(Path(__file__).with_name("dag_runner.py"))
 SHARDS = 16

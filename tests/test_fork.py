@@ -22,11 +22,12 @@ from test_publish_browser import check_page_builds_the_servers_views, static_ser
 from test_steps_train import build_data, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.dashboard import DashboardApp
-from executor.dashboard.publish import SitePublisher
+from executor.cli.wandb_sync import offline_runs
 from executor.errors import StepFailedError
-from executor.status import LINEAGE_FILE, METRICS_FILE, read_status
-from executor.wandb_sync import offline_runs
+from executor.store.events import read_status
+from executor.store.layout import LINEAGE_FILE, METRICS_FILE
+from executor.watch.app import DashboardApp
+from executor.watch.site.publish import SitePublisher
 from experiments.train_defaults import fork_of
 from steps.train.train import train
 

@@ -31,15 +31,16 @@ from gang_steps import CountedSumConfig, GlobalSumConfig, counted_sum, global_su
 from test_steps_train import build_data, checkpoint_steps, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, progress, storage
-from executor.backends import check_gang_storage
-from executor.cpu_devices import stand_in_environment, with_stand_in_flags
-from executor.dashboard.step_view import live_state
+from executor.dag.plan import build_plan
 from executor.errors import ConfigError, StepFailedError
-from executor.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
-from executor.gang_member import GangMember, host_log_file
-from executor.plan import build_plan
-from executor.status import GANG_FILE, StatusEvent, StepStatus, append_event, read_events
-from executor.step_log import StepLog
+from executor.run.backends import check_gang_storage
+from executor.run.cpu_devices import stand_in_environment, with_stand_in_flags
+from executor.run.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
+from executor.run.gang_member import GangMember, host_log_file
+from executor.store.events import StatusEvent, StepStatus, append_event, read_events
+from executor.store.layout import GANG_FILE
+from executor.store.step_log import StepLog
+from executor.watch.step_view import live_state
 from experiments import hero_535b
 from steps.model.hf_export import HF_FOLDER, load_hf_export, read_weights
 from steps.train.hardware import HARDWARE, host_resources
@@ -220,7 +221,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def local_ray():
     import ray
 
-    from executor.backends import ensure_ray
+    from executor.run.backends import ensure_ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -230,7 +231,7 @@ def local_ray():
 
 
 def test_stalled_watch_allows_the_first_step_and_checkpoints_their_own_time_and_skips_silent_steps():
-    """The driver's rule (executor/progress.py), on its own clock: hung once no member advanced within the
+    """The driver's rule (executor/run/gang_progress.py), on its own clock: hung once no member advanced within the
     allowance while one is in a phase; outside any phase (a step function that never enters one, or the train
     step's export after its loop) the heartbeat alone watches."""
     watch = progress.ProgressWatch(hang_timeout_s=10, first_step_timeout_s=100, checkpoint_timeout_s=50, now=0)
@@ -414,7 +415,7 @@ def process_alive(pid: int) -> bool:
 
 def train_one_process(data: dict[str, str], prefix: Path) -> tuple[dict[int, float], Path]:
     """The uninterrupted reference: the same step as one host over the gang's 4 global devices (a Ray task whose
-    process gets them: executor/cpu_devices.py), so only the process layout differs. Step -> loss, and the step's
+    process gets them: executor/run/cpu_devices.py), so only the process layout differs. Step -> loss, and the step's
     output path (its HF export is the gang's reference)."""
     step = ExecutorStep(name="train/tiny-moe", fn=train, config=gang_config(data, THIS_OUTPUT_PATH),
                         resources=ResourceConfig(cpu_devices_per_host=4))  # fmt: skip
@@ -485,7 +486,7 @@ def test_multi_host_gang_trains_to_the_losses_of_one_process(one_process, faulte
     output_path = faulted["output_path"]
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert gang["state"] == "finished" and [m["state"] for m in gang["members"]] == ["finished", "finished"]
-    # Every process reports its training steps to the gang's watch (executor/progress.py), process 1 included.
+    # Every process reports its training steps to the gang's watch (executor/run/gang_progress.py), process 1 included.
     assert [m["progress_step"] for m in gang["members"]] == [gang_losses[-1][0]] * 2, gang["members"]
     for rank in (0, 1):
         assert f"gang member {rank} of 2" in (output_path / host_log_file(rank)).read_text()

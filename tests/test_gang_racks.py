@@ -12,8 +12,8 @@ from conftest import ray_cluster_on_this_machine
 from gang_steps import GlobalSumConfig, global_sum
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
-from executor.gang import placement_groups
-from executor.status import GANG_FILE
+from executor.run.gang import placement_groups
+from executor.store.layout import GANG_FILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

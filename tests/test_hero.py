@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_model_size import PUBLISHED
 
-from executor.plan import build_plan
+from executor.dag.plan import build_plan
 from experiments import hero_535b
 from steps.model.levanter_config import qwen3_moe_config
 from steps.model.model_size import total_params

@@ -23,7 +23,7 @@ from hero_run import HeroRun, checkpoint_steps, files_under
 from test_publish_browser import check_hero_site
 
 from executor import read_status
-from executor.served_mixture import served_by_phase
+from executor.watch.training.served_mixture import served_by_phase
 from experiments.hero_535b import TINY_EVAL_BATCHES, TINY_HERO, TINY_RUNGS, TINY_VOCAB
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.train_tokenizer import load_tokenizer
@@ -219,7 +219,7 @@ def _event_time(output_path, status: str) -> str:
 def test_the_dashboard_views_read_the_run(hero_run: HeroRun) -> None:
     """The run, ladder and composition views of the real run: the hero's loss curve with the ladder's prediction
     overlaid, the ladder with the hero's achieved loss, the mixture's cells."""
-    from executor.dashboard import DashboardApp
+    from executor.watch.app import DashboardApp
 
     app = DashboardApp(str(hero_run.prefix))
 

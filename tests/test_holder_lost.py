@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from executor.cli import main as cli_main
-from executor.dashboard import DashboardApp
-from executor.dashboard.publish import SitePublisher
-from executor.explain import explain_output
-from executor.lease import HEARTBEAT_ENV, STALE_ENV
-from executor.status import LEASE_DIR, StepStatus, read_events
+from executor.cli.commands import main as cli_main
+from executor.dag.explain import explain_output
+from executor.store.events import StepStatus, read_events
+from executor.store.layout import LEASE_DIR
+from executor.store.lease import HEARTBEAT_ENV, STALE_ENV
+from executor.watch.app import DashboardApp
+from executor.watch.site.publish import SitePublisher
 
 EXPERIMENT = """
 import time

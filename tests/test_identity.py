@@ -21,8 +21,8 @@ from executor import (
     this_output_path,
     versioned,
 )
-from executor.identity import code_fingerprint
-from executor.plan import build_plan
+from executor.dag.identity import code_fingerprint
+from executor.dag.plan import build_plan
 
 
 @dataclass(frozen=True)

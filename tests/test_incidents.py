@@ -28,13 +28,14 @@ from test_gang import counted_step, counted_total, process_alive
 from test_publish_browser import static_server
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.alerts import read_alerts
-from executor.dashboard import files
-from executor.dashboard.app import DashboardApp
-from executor.dashboard.incidents import run_incidents
-from executor.dashboard.publish import SitePublisher
 from executor.retry import RetryPolicy
-from executor.status import GANG_FILE, METRICS_FILE, read_events
+from executor.store.events import read_events
+from executor.store.layout import GANG_FILE, METRICS_FILE
+from executor.watch import files
+from executor.watch.app import DashboardApp
+from executor.watch.incidents import run_incidents
+from executor.watch.site.publish import SitePublisher
+from executor.watch.training.alerts import read_alerts
 
 local_ray = gang_tests.local_ray  # the gang tests' local Ray (module scoped)
 SECONDS_A_STEP = 0.02
@@ -110,10 +111,10 @@ def test_the_published_run_view_shows_the_timeline(page, flaky) -> None:  # type
 
 
 def test_a_lost_gang_member_and_a_takeover_are_named() -> None:
-    """The history a gang's lost member leaves (executor/gang.py's message, retried as a new gang) and a lease
+    """The history a gang's lost member leaves (executor/run/gang.py's message, retried as a new gang) and a lease
     taken over from a holder that died without a word."""
-    from executor.dashboard.incidents import status_incidents
-    from executor.status import StatusEvent, StepStatus
+    from executor.store.events import StatusEvent, StepStatus
+    from executor.watch.incidents import status_incidents
 
     lost = (
         "attempt 1 failed (transient): GangMemberLostError: train/hero: gang member 1 of 2 (pid 4242 on 10.0.0.7) "
@@ -285,8 +286,8 @@ def test_a_real_gang_member_killed_shows_the_teardown_the_restart_and_the_resume
 def test_goodput_counts_an_eval_line_at_the_step_just_logged_as_evaluating_not_redone() -> None:
     """Levanter logs its evals on lines of their own at the train step's number: the time to such a line is
     the eval's, not steps redone after a resume (the tiny hero's killed rung showed 53 s "redone" without one)."""
-    from executor.dashboard.incidents import goodput, resumes
-    from executor.status import StatusEvent, StepStatus
+    from executor.store.events import StatusEvent, StepStatus
+    from executor.watch.incidents import goodput, resumes
 
     events = [StatusEvent(StepStatus.RUNNING, time="2026-01-01T00:00:00+00:00", attempt=1, lease=0),
               StatusEvent(StepStatus.SUCCESS, time="2026-01-01T00:00:10+00:00", attempt=1, lease=0)]  # fmt: skip

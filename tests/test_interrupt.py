@@ -14,9 +14,10 @@ import pytest
 from conftest import make_step, wait_until
 from gate_runner import gate_step
 
-from executor import Executor, ExecutorStep, read_status, step_runner
-from executor.lease import Lease, LeaseSettings
-from executor.status import read_events
+from executor import Executor, ExecutorStep, read_status
+from executor.run import step_runner
+from executor.store.events import read_events
+from executor.store.lease import Lease, LeaseSettings
 
 RUNNER = str(Path(__file__).with_name("gate_runner.py"))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.plan import build_plan
+from executor.dag.plan import build_plan
 from experiments import hero_535b
 
 ROOT = Path(__file__).resolve().parent.parent

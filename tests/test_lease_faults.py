@@ -22,8 +22,8 @@ from gcsfs.retry import HttpError
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, read_status, storage
 from executor.errors import LeaseLostError
-from executor.lease import Heartbeat, Lease, LeaseSettings
-from executor.status import StatusEvent, StepStatus, append_event, read_events
+from executor.store.events import StatusEvent, StepStatus, append_event, read_events
+from executor.store.lease import Heartbeat, Lease, LeaseSettings
 
 RUNNER = str(Path(__file__).with_name("gate_runner.py"))
 

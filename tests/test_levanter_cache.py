@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from levanter.store.cache import CacheLedger, CacheMetadata, SerialCacheWriter
 
-from executor.shard_writer import ShardWriter
+from executor.shards.writer import ShardWriter
 from steps.tokenize.levanter_cache import EXEMPLAR, LEDGER_FILE, TOKENS_FIELD, PartWriter, load_cache
 
 BOS, EOS = 1, 2

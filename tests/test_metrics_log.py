@@ -1,4 +1,4 @@
-"""executor/metrics_log.py: a step's metrics.jsonl, live on a local disk and on object stores (no append)."""
+"""executor/store/metrics_log.py: a step's metrics.jsonl, live on a local disk and on object stores (no append)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from executor import storage
-from executor.dashboard import files
-from executor.dashboard.metrics_view import metrics_grid
-from executor.metrics_log import MetricsLog, read_metrics_bytes, segments_folder
+from executor.store.metrics_log import MetricsLog, read_metrics_bytes, segments_folder
+from executor.watch import files
+from executor.watch.metrics_view import metrics_grid
 from steps.train.train_metrics import JsonlMetricsTracker, read_metrics
 
 

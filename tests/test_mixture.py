@@ -19,8 +19,8 @@ from levanter.store.cache import TreeCache
 from mixing_fixtures import write_hf_tokenizer, write_levanter_cache
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep
+from executor.dag.plan import build_plan
 from executor.errors import ConfigError
-from executor.plan import build_plan
 from experiments.defaults import TokenizedCache, lm_mixture_data_config
 from steps.tokenize.mixture_weights import MixtureWeightsConfig, mixture_weights, phase_start
 from steps.tokenize.tokenize import TokenizeConfig, tokenize

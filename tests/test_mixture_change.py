@@ -22,7 +22,7 @@ from browser_fixtures import expect
 from test_steps_train import SOURCES, build_data, train_config, train_losses
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
-from executor.dashboard import DashboardApp
+from executor.watch.app import DashboardApp
 from steps.train.data_order import TOKENS_PREFIX
 from steps.train.train import train
 from steps.train.train_metrics import read_metrics

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.dashboard.publish import SitePublisher
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
+from executor.watch.site.publish import SitePublisher
 
 SEQ_LEN, BATCH, STEPS = 64, 8, 200
 DRIFTING = {"topic01_q1": 0.538, "topic00_q0": 0.083, "topic02_q1": 0.379}

@@ -23,8 +23,8 @@ from executor import (
     output_path_of,
     versioned,
 )
-from executor.identity import encode_value, readable_value
-from executor.plan import build_plan
+from executor.dag.identity import encode_value, readable_value
+from executor.dag.plan import build_plan
 
 
 @dataclass(frozen=True)

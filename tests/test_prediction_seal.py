@@ -10,8 +10,8 @@ from pathlib import Path
 
 from band_dag import build_band_prefix
 
-from executor.dashboard.run_view import run_view
-from executor.status import PREDICTION_SEAL_FILE
+from executor.store.layout import PREDICTION_SEAL_FILE
+from executor.watch.training.run_view import run_view
 from steps.train.train_metrics import seal_prediction
 
 

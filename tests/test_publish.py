@@ -22,9 +22,9 @@ import pytest
 from publish_dag import LOG_SECRET, SECRET, build_publish_prefix, metrics_line
 
 from executor import storage
-from executor.dashboard.publish import SitePublisher
-from executor.dashboard.site_files import PublishError
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
+from executor.watch.site.files import PublishError
+from executor.watch.site.publish import SitePublisher
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,13 @@ from browser_fixtures import ARTIFACTS, DEADLINE_MS, expect, screenshot
 from publish_dag import build_publish_prefix, metrics_line
 from services import free_port, wait_for_port
 
-from executor.alerts import read_alerts
-from executor.dashboard import files
-from executor.dashboard.metrics_view import metrics_grid
-from executor.dashboard.publish import SitePublisher
-from executor.dashboard.redaction import redact
-from executor.dashboard.run_view import run_view
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
+from executor.watch import files
+from executor.watch.metrics_view import metrics_grid
+from executor.watch.site.publish import SitePublisher
+from executor.watch.site.redaction import redact
+from executor.watch.training.alerts import read_alerts
+from executor.watch.training.run_view import run_view
 
 pytestmark = pytest.mark.browser
 

@@ -24,10 +24,11 @@ from publish_dag import STALL_GATES, START_TIME, StalledRunConfig, build_publish
 from test_publish import published_lines
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage, versioned
-from executor.dashboard.publish import SitePublisher
-from executor.dashboard.site_files import PublishError
-from executor.metrics_log import MetricsLog
-from executor.status import METRICS_FILE, read_status
+from executor.store.events import read_status
+from executor.store.layout import METRICS_FILE
+from executor.store.metrics_log import MetricsLog
+from executor.watch.site.files import PublishError
+from executor.watch.site.publish import SitePublisher
 
 FIXED_BYTES = 4096
 """What a cycle may write besides the new lines and the run's views: the index, the file listing, manifests."""

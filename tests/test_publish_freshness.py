@@ -30,9 +30,10 @@ from services import free_port, wait_for_port
 from test_publish_browser import static_server
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.dashboard.publish import SitePublisher
-from executor.dashboard.run_view import run_view
-from executor.status import METRICS_FILE, read_status
+from executor.store.events import read_status
+from executor.store.layout import METRICS_FILE
+from executor.watch.site.publish import SitePublisher
+from executor.watch.training.run_view import run_view
 
 
 def test_a_watching_publisher_beats_and_a_one_off_publish_writes_nothing_idle(tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 from publish_dag import metrics_line
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
-from executor.alerts import ALERTS_FILE
-from executor.dashboard.publish import SitePublisher
-from executor.dashboard.redaction import Redactor, secret_key
-from executor.status import METRICS_FILE, StatusEvent, StepStatus, append_event
+from executor.store.events import StatusEvent, StepStatus, append_event
+from executor.store.layout import ALERTS_FILE, METRICS_FILE
+from executor.watch.site.publish import SitePublisher
+from executor.watch.site.redaction import Redactor, secret_key
 
 WEBHOOK = "https://hooks.example.org/services/T0PLANTED/B0PLANTED/hookPLANTED"
 URL_WITH_PASSWORD = "https://alice:pw-PLANTED@data.example.org/corpus?sig=sigPLANTED"

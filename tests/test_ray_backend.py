@@ -11,8 +11,8 @@ import sharded_steps
 from conftest import make_step, wait_until
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, StepFailedError, read_status, versioned
-from executor.shard_writer import read_shard_markers
-from executor.status import read_events
+from executor.shards.writer import read_shard_markers
+from executor.store.events import read_events
 
 pytestmark = pytest.mark.ray
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.ray
 def local_ray(tmp_path_factory):
     import ray
 
-    from executor.backends import ensure_ray
+    from executor.run.backends import ensure_ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -64,7 +64,7 @@ def test_failures_and_dependents_on_ray(tmp_path, local_ray, calls):
 
 def test_a_step_can_ask_for_ray_resources(tmp_path, local_ray):
     from executor import ResourceConfig
-    from executor.backends import ray_options
+    from executor.run.backends import ray_options
 
     options = ray_options(ResourceConfig(cpus=2, memory_gb=1.5, gpus=1, accelerator_type="H100", custom={"x": 1}), 3)
     assert options == {
@@ -132,7 +132,7 @@ def test_a_local_ray_starts_and_warms_the_workers_of_steps_with_fake_devices_bef
     """The workers of steps with fake CPU devices (an environment of their own) are started when the backend is,
     with the steps' modules imported, and the steps take them: the first train step of `make demo` waited ~10 s
     for its worker after the data steps, and the scaling fit after training ~5 s (its worker had been killed)."""
-    from executor.backends import make_backend, ray_options
+    from executor.run.backends import make_backend, ray_options
 
     stand_in = ResourceConfig(cpu_devices_per_host=2)
     steps = [(stand_in, "sharded_steps"), (stand_in, "conftest"), (stand_in, "__main__"), (None, "json")]

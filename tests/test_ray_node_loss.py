@@ -11,7 +11,7 @@ from conftest import ray_cluster_on_this_machine, wait_until
 from node_steps import GateConfig, wait_for_gate
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, read_status
-from executor.status import read_events
+from executor.store.events import read_events
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -12,13 +12,13 @@ import pytest
 from conftest import make_step
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, storage, versioned
-from executor.cli import main as cli_main
-from executor.dashboard.step_view import step_detail
-from executor.pins import PinError
-from executor.records import verify_manifest
-from executor.shard_writer import Shard, ShardWriter
-from executor.shards import run_sharded
-from executor.status import read_events
+from executor.cli.commands import main as cli_main
+from executor.dag.pins import PinError
+from executor.dag.records import verify_manifest
+from executor.shards.runner import run_sharded
+from executor.shards.writer import Shard, ShardWriter
+from executor.store.events import read_events
+from executor.watch.step_view import step_detail
 
 
 def _digest_from_disk(output_path: Path) -> str:

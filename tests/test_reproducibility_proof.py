@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from executor import Executor, StepFailedError
-from executor.cli import main as cli_main
-from executor.compare import Outcome, compare_prefixes
-from executor.status import read_events
+from executor.cli.commands import main as cli_main
+from executor.dag.compare import Outcome, compare_prefixes
+from executor.store.events import read_events
 from experiments import data_demo, hero_535b
 
 DATA_HALF = ["eval_suite", "tokenized/cells", "mix/weights"]

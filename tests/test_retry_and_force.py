@@ -17,11 +17,11 @@ from gcsfs.retry import HttpError
 from s3fs.errors import translate_boto_error
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError, read_status
-from executor.records import verify_manifest
+from executor.dag.records import verify_manifest
 from executor.retry import DEFAULT_RETRY, RetryPolicy, is_transient
-from executor.shard_writer import Shard, read_shard_markers
-from executor.shards import run_sharded
-from executor.status import read_events
+from executor.shards.runner import run_sharded
+from executor.shards.writer import Shard, read_shard_markers
+from executor.store.events import read_events
 
 
 def client_error(status: int, code: str) -> ClientError:

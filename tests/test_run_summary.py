@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_holder_lost import lease_times, start  # noqa: F401 (lease_times: a fixture, used below)
 
-from executor.status import StepStatus, read_events
+from executor.store.events import StepStatus, read_events
 
 pytestmark = pytest.mark.usefixtures("lease_times")
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from band_dag import long_loss
 
-from executor import alerts
-from executor.dashboard import files
-from executor.dashboard.metrics_view import metrics_grid
-from executor.dashboard.run_view import run_view
-from executor.dashboard.series import RUN_BUCKETS, downsample
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
+from executor.watch import files
+from executor.watch.metrics_view import metrics_grid
+from executor.watch.series import RUN_BUCKETS, downsample
+from executor.watch.training import alerts
+from executor.watch.training.run_view import run_view
 
 STEPS, SPIKE, NAN = 400_000, 123_457, 234_568
 

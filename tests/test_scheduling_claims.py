@@ -13,7 +13,7 @@ from conftest import CALLS
 from test_executor import flaky_step
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, RetryPolicy, versioned
-from executor.status import StepStatus, read_events
+from executor.store.events import StepStatus, read_events
 
 
 def test_retries_wait_the_policys_backoff_growing_and_capped(tmp_path, calls):

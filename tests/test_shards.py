@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage
-from executor.cli import main as cli_main
-from executor.records import verify_manifest, write_manifest
+from executor.cli.commands import main as cli_main
+from executor.dag.records import verify_manifest, write_manifest
 from executor.retry import RetryPolicy
-from executor.shard_writer import SHARD_DIR, TEMP_DIR, Shard, ShardFailedError, read_shard_markers
-from executor.shards import _ProcessPools, run_sharded
+from executor.shards.runner import _ProcessPools, run_sharded
+from executor.shards.writer import Shard, ShardFailedError, read_shard_markers
+from executor.store.layout import SHARD_DIR, TEMP_DIR
 
 RUNS: list[str] = []
 

@@ -16,7 +16,7 @@ from band_dag import BAND, MACRO_FINAL, NAN_STEP, SPIKE_STEP, SUITE_FINAL, build
 from browser_fixtures import DEADLINE_MS, expect, screenshot
 from test_publish_browser import check_page_builds_the_servers_views, record_requests, static_server
 
-from executor.dashboard.publish import SitePublisher
+from executor.watch.site.publish import SitePublisher
 
 pytestmark = pytest.mark.browser
 

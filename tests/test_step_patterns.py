@@ -15,9 +15,9 @@ import pytest
 from test_user_errors import executor_frames
 
 from executor import Executor
-from executor.cli import main as cli_main
+from executor.cli.commands import main as cli_main
 from executor.errors import ConfigError
-from executor.status import StepStatus, read_events
+from executor.store.events import StepStatus, read_events
 
 EXPERIMENT = """
 from dataclasses import dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mixing_fixtures import write_hf_tokenizer
 
-from executor.shard_writer import read_shard_markers
+from executor.shards.writer import read_shard_markers
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.data.documents import ReadReport, list_input_files, read_documents
 from steps.filter.fasttext_quality import TrainClassifierConfig, train_quality_classifier

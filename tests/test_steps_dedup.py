@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from executor.shard_writer import read_shard_markers
+from executor.shards.writer import read_shard_markers
 from steps.corpora.dedup_eval import evaluate_fuzzy_dedup
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus, read_ground_truth
 from steps.data.documents import ReadReport, list_input_files, read_documents, read_shard_table

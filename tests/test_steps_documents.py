@@ -8,7 +8,7 @@ import json
 import pytest
 import zstandard
 
-from executor.shard_writer import ShardFailedError
+from executor.shards.writer import ShardFailedError
 from steps.data.documents import BadInputError, ReadReport, list_input_files, read_documents, table_bytes, to_table
 from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup
 

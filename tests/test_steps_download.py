@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import fsspec
 import pytest
 
-from executor.shard_writer import ShardFailedError
+from executor.shards.writer import ShardFailedError
 from steps.data.download import DownloadConfig, download
 
 FILES = {"a.jsonl": b'{"id": "a", "text": "alpha"}\n' * 2000, "sub/b.jsonl": b'{"id": "b", "text": "beta"}\n' * 3000,

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from executor import Executor, ExecutorStep, read_status
-from executor.step_spec import InputName
+from executor.dag.spec import InputName
 from experiments import data_demo
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.data.documents import list_input_files, read_shard_table

@@ -22,7 +22,7 @@ from levanter.store.cache import CacheLedger, consolidate_shard_cache_ledgers
 from tokenizers import Encoding, Tokenizer
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, StepFailedError
-from executor.shard_writer import read_shard_markers
+from executor.shards.writer import read_shard_markers
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.documents import ReadReport, list_input_files, read_documents, table_bytes, to_table
 from steps.tokenize import tokenize as tokenize_module

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from levanter.store.cache import CacheLedger, consolidate_shard_cache_ledgers
 
-from executor.shard_writer import read_shard_markers
+from executor.shards.writer import read_shard_markers
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.tokenize.groups import component_of, group_files
 from steps.tokenize.levanter_cache import load_cache

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, storage, versioned
-from executor.plan import build_plan
+from executor.dag.plan import build_plan
 from experiments.defaults import TokenizedCache, lm_mixture_data_config
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.tokenize.levanter_cache import UnsupportedCachePathError

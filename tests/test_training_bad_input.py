@@ -23,7 +23,7 @@ from test_steps_train import SOURCES, build_data, train_config
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
 from executor.errors import StepFailedError
-from executor.status import read_events
+from executor.store.events import read_events
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
 from steps.train.train import TrainConfig, data_mixture, record_mixture, train
@@ -96,7 +96,7 @@ def test_a_zero_width_band_and_an_asymptote_at_its_bound_are_flagged(tmp_path, c
 
 
 def test_the_ladder_view_shows_the_scaling_steps_warnings(tmp_path):
-    from executor.dashboard.ladder_view import ladder_view
+    from executor.watch.training.ladder_view import ladder_view
 
     config = ladder(tmp_path)
     config = LadderConfig(rungs=config.rungs[:3], target=TARGET, output_path=THIS_OUTPUT_PATH, asymptote=TRUE_E)

@@ -23,7 +23,7 @@ from typing import Any
 from test_steps_train import SOURCES, build_data, tiny_shape, train_config
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
-from executor.status import METRICS_FILE
+from executor.store.layout import METRICS_FILE
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.filter.fasttext_quality import TrainClassifierConfig, train_quality_classifier
 from steps.model.model_size import training_flops

@@ -7,12 +7,12 @@
 2. For GCP, which node configs Ray's provider treats as Compute VMs and which as TPU VMs (needs
    google-api-python-client, which the image has; skipped with a note when it is missing).
 3. For typical steps, the node types Ray's autoscaler would launch: each `ResourceConfig` goes
-   through the Ray backend's own mapping (`executor.backends.ray_options`) and then through the
+   through the Ray backend's own mapping (`executor.run.backends.ray_options`) and then through the
    autoscaler's bin-packing (`get_nodes_for`), so the check covers the contract between the config
    and the code that uses it. Exits 1 when a step would land on the wrong node type.
 
 4. For the hero's configs (`gcp_gpu_hero.yaml`, `gcp_tpu_hero.yaml`), the multi-host train steps of the full
-   plan (`experiments/hero_535b.py`'s FULL_DEVICES): a gang's bundles (`executor.gang.bundle_specs`, one per
+   plan (`experiments/hero_535b.py`'s FULL_DEVICES): a gang's bundles (`executor.run.gang.bundle_specs`, one per
    host) must make the autoscaler start exactly one GPU node per host; on TPU, whose slices are fixed, they
    must fit one slice's hosts, one bundle per host (STRICT_SPREAD).
 
@@ -34,9 +34,9 @@ from ray.autoscaler._private.node_provider_availability_tracker import NodeAvail
 from ray.autoscaler._private.resource_demand_scheduler import _default_utilization_scorer, get_nodes_for
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from executor.backends import ray_options
-from executor.gang import bundle_specs
-from executor.step_spec import ResourceConfig
+from executor.dag.spec import ResourceConfig
+from executor.run.backends import ray_options
+from executor.run.gang import bundle_specs
 from experiments.hero_535b import FULL_DEVICES
 from steps.train.hardware import HARDWARE, host_resources
 

@@ -45,8 +45,7 @@ from pathlib import PurePosixPath
 
 import xxhash
 
-from executor import storage
-from executor.errors import ConfigError
+from executor import ConfigError, storage
 from steps.corpora.locked_packages import (
     LockedFile,
     LockedPackageError,

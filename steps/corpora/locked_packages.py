@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from executor.errors import ConfigError
+from executor import ConfigError
 
 
 class LockedPackageError(ConfigError):

@@ -23,9 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from executor import storage
-from executor.shard_writer import Shard, ShardFn, ShardWriter
-from executor.shards import ShardReport, run_sharded
+from executor import Shard, ShardFn, ShardReport, ShardWriter, run_sharded, storage
 
 DEFAULT_SHARD_MEMORY_BYTES = 2 * 1024**3
 """The working set a shard of a data step is sized to stay under, unless its config says otherwise."""

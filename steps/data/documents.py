@@ -40,9 +40,7 @@ import pyarrow.parquet as pq
 import zstandard
 from isal import isal_zlib
 
-from executor import storage
-from executor.shard_writer import Shard, ShardWriter
-from executor.shards import ShardReport
+from executor import Shard, ShardReport, ShardWriter, storage
 
 logger = logging.getLogger(__name__)
 

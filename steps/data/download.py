@@ -40,11 +40,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor import storage
-from executor.records import recorded_path
-from executor.retry import TransientError
-from executor.shard_writer import Shard, ShardWriter
-from executor.shards import run_sharded
+from executor import Shard, ShardWriter, TransientError, recorded_path, run_sharded, storage
 from steps.data.source_schema import normalize_parquet
 
 logger = logging.getLogger(__name__)

@@ -32,9 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executor import storage
-from executor.shard_writer import Shard, ShardWriter
-from executor.shards import run_sharded
+from executor import Shard, ShardWriter, run_sharded, storage
 from steps.data.arrays import column, load_routed, save_routed
 from steps.dedup.minhash import node_partition
 

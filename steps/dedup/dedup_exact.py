@@ -37,8 +37,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from executor import storage
-from executor.shard_writer import Shard, ShardWriter
+from executor import Shard, ShardWriter, storage
 from steps.data.arrays import DEFAULT_SHARD_MEMORY_BYTES, column, load_routed, partitions_for, run_stage, save_routed
 from steps.data.documents import (
     MEAN_DOC_BYTES_FLOOR,

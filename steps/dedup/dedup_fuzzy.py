@@ -54,8 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from executor import storage
-from executor.shard_writer import Shard, ShardWriter
+from executor import Shard, ShardWriter, storage
 from steps.data.arrays import (
     DEFAULT_SHARD_MEMORY_BYTES,
     column,

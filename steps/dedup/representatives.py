@@ -38,8 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executor import storage
-from executor.shard_writer import ShardWriter
+from executor import ShardWriter, storage
 from steps.data.arrays import column, load_arrays, load_routed, save_routed
 from steps.dedup.connected_components import group_starts, read_partition, star_assignments
 from steps.dedup.minhash import node_partition

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from executor.shard_writer import ShardWriter
-from executor.shards import run_sharded
+from executor import ShardWriter, run_sharded
 from steps.data.documents import (
     FileShard,
     ReadReport,

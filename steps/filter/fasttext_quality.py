@@ -53,9 +53,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from executor import storage
-from executor.shard_writer import Shard, ShardWriter
-from executor.shards import run_sharded
+from executor import Shard, ShardWriter, run_sharded, storage
 from steps.data.arrays import load_arrays, save_arrays
 from steps.data.documents import (
     ReadReport,

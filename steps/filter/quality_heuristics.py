@@ -23,8 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.shard_writer import ShardWriter
-from executor.shards import run_sharded
+from executor import ShardWriter, run_sharded
 from steps.data.documents import (
     FileShard,
     ReadReport,

@@ -36,9 +36,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from executor import storage
-from executor.shard_writer import Shard, ShardWriter
-from executor.shards import ShardReport, run_sharded
+from executor import Shard, ShardReport, ShardWriter, run_sharded, storage
 from steps.data.documents import (
     FileShard,
     ReadReport,

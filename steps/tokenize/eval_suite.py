@@ -39,10 +39,7 @@ from typing import Any
 
 import xxhash
 
-from executor import storage
-from executor.errors import ConfigError
-from executor.shard_writer import Shard, ShardWriter
-from executor.shards import run_sharded
+from executor import ConfigError, Shard, ShardWriter, run_sharded, storage
 from steps.data.documents import ReadReport, list_input_files, read_documents
 from steps.tokenize.levanter_cache import PartFigures, PartWriter, check_cache_path, write_sharded_ledger
 from steps.tokenize.tokenize import cache_metadata

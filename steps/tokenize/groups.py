@@ -25,8 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from executor import storage
-from executor.shard_writer import Shard
+from executor import Shard, storage
 
 
 @dataclass(frozen=True)

@@ -58,9 +58,7 @@ from levanter.store import jagged_array
 from levanter.store.cache import CACHE_LAYOUT_SHARDED, CacheLedger, CacheMetadata, TreeCache
 from tokenizers import Encoding
 
-from executor import storage
-from executor.records import recorded_path
-from executor.shard_writer import ShardWriter
+from executor import ShardWriter, recorded_path, storage
 
 TOKENS_FIELD = "input_ids"
 EXEMPLAR = {TOKENS_FIELD: np.zeros((0,), dtype=np.int32)}

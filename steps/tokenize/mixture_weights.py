@@ -27,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor import storage
-from executor.errors import ConfigError
+from executor import ConfigError, storage
 
 logger = logging.getLogger(__name__)
 

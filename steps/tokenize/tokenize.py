@@ -59,10 +59,7 @@ import numpy as np
 import xxhash
 from tokenizers import Encoding, Tokenizer
 
-from executor import storage
-from executor.records import recorded_path
-from executor.shard_writer import ShardWriter
-from executor.shards import ShardReport, run_sharded
+from executor import ShardReport, ShardWriter, recorded_path, run_sharded, storage
 from steps.data.documents import (
     ReadReport,
     flow_stats,

@@ -55,7 +55,7 @@ class Hardware:
     is_gpu: bool = True
     domain_label: str = "ray.io/gpu-domain"
     """The Ray node label naming each node's fast domain (the cluster config sets it per rack; Ray sets a TPU VM's
-    slice name): a gang is placed domain by domain on it (executor/gang.py `placement_groups`)."""
+    slice name): a gang is placed domain by domain on it (executor/run/gang.py `placement_groups`)."""
 
 
 HARDWARE = {
@@ -82,7 +82,7 @@ def mfu_denominator(peak_flops_per_device: float, devices: int) -> float:
 
 
 def host_resources(hardware: Hardware, hosts: int, hosts_per_domain: int | None = None) -> ResourceConfig:
-    """What a step over `hosts` hosts of `hardware` asks the cluster for: a gang (executor/gang.py) reserves one
+    """What a step over `hosts` hosts of `hardware` asks the cluster for: a gang (executor/run/gang.py) reserves one
     placement-group bundle per host; on GPU nodes a host is a node's GPUs (Ray's `GPU`) of the profile's
     accelerator type, on a TPU slice one TPU VM, whose chips Ray counts as `TPU`. With `hosts_per_domain`, the
     gang is placed that many hosts to a fast domain (`domain_label`)."""

@@ -11,7 +11,7 @@ Each names the step, the component or file, and what to do:
   (`excluded` in components.json): such weights are dropped, returned by name so that the step logs them and
   records them in `mixture.json` beside its metrics;
 - the optimizer settings (`check_optimizer_settings`), checked when the DAG is planned (`TrainConfig.check_settings`,
-  called by executor/plan.py, which names the step, its hash and path): Levanter takes these as given, so
+  called by executor/dag/plan.py, which names the step, its hash and path): Levanter takes these as given, so
   `num_train_steps=-1` "trains" to step -1 and writes a checkpoint, 0 fails deep in its optimizer setup, a
   negative learning rate climbs the loss and a NaN one is only seen after a compiled step.
 
@@ -37,8 +37,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from executor import storage
-from executor.errors import ConfigError
+from executor import ConfigError, storage
 from steps.model.checkpoints import DamagedCheckpointError, latest_checkpoint
 from steps.tokenize.levanter_cache import CacheCheckError, read_ledger, verify_cache
 from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, as_schedule, check_schedule, check_weights

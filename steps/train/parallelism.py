@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import jmp
 
-from executor.errors import ConfigError
+from executor import ConfigError
 from steps.model.levanter_config import uneven_splits
 from steps.model.model_size import MoeShape
 from steps.model.router_balance import RouterStatePolicy

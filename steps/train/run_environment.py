@@ -6,7 +6,7 @@ and folder, MARIN_PREFIX), wandb's one setup per process, the root logger's file
 restores it after, so that several train steps in one worker process (Ray runs many) never write into one
 another's files. Tools that write only local files get a folder of the output path when it is local, or a
 temporary one that is uploaded to `<output>/<name>/` when the output is on an object store (`local_dir`,
-`keep_local_folder`). A run also tells a gang's watch how far it got (executor/progress.py): it runs in phase
+`keep_local_folder`). A run also tells a gang's watch how far it got (executor/run/gang_progress.py): it runs in phase
 `TRAINING` and each checkpoint save in phase "checkpoint" (`checkpoint_saves_in_their_phase`).
 """
 
@@ -131,7 +131,7 @@ def _environment(output_path: str) -> Iterator[None]:
 
 
 TRAINING = "training"
-"""The progress phase of the whole run (executor/progress.py): from its start the gang's watch expects steps, the
+"""The progress phase of the whole run (`executor.progress`): from its start the gang's watch expects steps, the
 first within `ResourceConfig.first_step_timeout_s`; each completed step is reported by the trackers
 (steps/train/train_metrics.py)."""
 

@@ -242,7 +242,7 @@ class TrainConfig:
     """A checkpoint of another run to start from (a fork / rollback), `output_path_of(run, "checkpoints/step-N")`:
     a dependency, hashed through that run's hash and the step. Ignored once the fork has checkpoints of its own."""
     alerts: dict[str, float | str] | None = None
-    """Alert thresholds by `executor.alerts.AlertRules` field name (None: its defaults), read by
+    """Alert thresholds by `executor.watch.training.alerts.AlertRules` field name (None: its defaults), read by
     `python -m executor publish` while the run goes on. Plain: tuning an alert never restarts a run."""
 
     def check_settings(self) -> None:
@@ -463,7 +463,7 @@ def _mixture(config: TrainConfig) -> tuple[dict[str, str], Schedule, dict[str, l
 
 def record_mixture(config: TrainConfig) -> None:
     """Write `mixture.json` (the schedule trained on, the weights dropped, the block and batch sizes the served
-    shares are held to: executor/served_mixture.py) and warn, by name, of each dropped cell."""
+    shares are held to: executor/watch/training/served_mixture.py) and warn, by name, of each dropped cell."""
     _, schedule, dropped = _mixture(config)
     if dropped:
         logger.warning("%s: weights on cells that tokenize left out are dropped (per phase): %s; the other "
@@ -517,7 +517,7 @@ def levanter_config(config: TrainConfig) -> train_lm.TrainLmConfig:
             keep=[{"every": config.checkpoint_every_steps}],
         ),
         initialize_from=config.initialize_from,
-        # A gang member (executor/gang.py) has joined its peers already; Levanter would try again on a TPU VM.
+        # A gang member (executor/run/gang.py) has joined its peers already; Levanter would try again on a TPU VM.
         distributed=DistributedConfig(initialize_jax_distributed=not jax.distributed.is_initialized()),
         require_accelerator=False,
         log_jaxprs=False,

@@ -19,7 +19,7 @@ run that continued.
 
 On a local disk lines are flushed as they are written, so a killed run leaves every line up to the kill.
 Under a gs:// or s3:// prefix, where objects cannot be appended to, they go to segments beside the file
-(`metrics.jsonl.d/`, executor/metrics_log.py) at most `flush_seconds` apart, which readers take as one
+(`metrics.jsonl.d/`, executor/store/metrics_log.py) at most `flush_seconds` apart, which readers take as one
 stream: the dashboard follows a run on GCS as it goes, and a resumed run adds segments instead of
 replacing the file (gcsfs opens "a" as overwrite).
 
@@ -59,9 +59,7 @@ import wandb
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 from levanter.tracker.wandb import WandbConfig
 
-from executor import progress, storage
-from executor.metrics_log import FLUSH_SECONDS, MetricsLog, read_metrics_bytes
-from executor.status import INFO_FILE, LINEAGE_FILE, PREDICTION_SEAL_FILE, read_events
+from executor import METRICS_FLUSH_SECONDS, MetricsLog, layout, progress, read_events, read_metrics_bytes, storage
 from steps.train.data_order import TokensSeen
 from steps.train.hardware import mfu_denominator
 
@@ -75,7 +73,7 @@ CHECKPOINTS_SEGMENT = "/checkpoints/"
 
 def lineage_of(checkpoint: str) -> dict[str, Any]:
     """A fork's lineage: the parent run and step of a `<run>/checkpoints/step-N` path it starts from (None where the
-    path does not say). The run view (executor/dashboard/panels.py) draws the parent's loss up to that step beside
+    path does not say). The run view (executor/watch/training/panels.py) draws the parent's loss up to that step beside
     the fork's, and the wandb run's config carries the same two figures."""
     checkpoint = checkpoint.rstrip("/")
     parent, found, name = checkpoint.rpartition(CHECKPOINTS_SEGMENT)
@@ -87,7 +85,7 @@ def lineage_of(checkpoint: str) -> dict[str, Any]:
 def record_lineage(output_path: str, initialize_from: str | None) -> None:
     """Write `lineage.json` (`lineage_of`) for a fork; nothing for a run that starts from scratch."""
     if initialize_from is not None:
-        storage.write_json_atomic(storage.join(output_path, LINEAGE_FILE), lineage_of(initialize_from))
+        storage.write_json_atomic(storage.join(output_path, layout.LINEAGE_FILE), lineage_of(initialize_from))
 
 
 PREDICTION_FILE = "prediction.json"
@@ -108,12 +106,12 @@ def seal_prediction(output_path: str, prediction_path: str | None) -> None:
     """The prediction a run is watched against, sealed when it starts (Marin preregistered its hero's loss):
     `<output_path>/prediction_seal.json` (`seal_of`: the prediction's sha256, when it was made, when the run
     sealed it), written once by exclusive create, so a resumed run keeps its first seal. The run view
-    (executor/dashboard/run_view.py) shows "predicted at T, before the first step at T2, digest D" and says so
+    (executor/watch/training/run_view.py) shows "predicted at T, before the first step at T2, digest D" and says so
     when prediction.json no longer has that digest."""
     if prediction_path is None:
         return
     seal = seal_of(prediction_path, dt.datetime.now(dt.UTC))
-    storage.create_exclusive(storage.join(output_path, PREDICTION_SEAL_FILE), json.dumps(seal, indent=1))
+    storage.create_exclusive(storage.join(output_path, layout.PREDICTION_SEAL_FILE), json.dumps(seal, indent=1))
 
 
 def _plain(value: Any) -> Any:
@@ -142,7 +140,7 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class ProgressTracker(NoopTracker):
-    """Every process's report of each completed training step (a `train/loss` line) to executor/progress.py, which
+    """Every process's report of each completed training step (a `train/loss` line) to `executor.progress`, which
     a gang's heartbeat carries to the driver: a gang whose members all answer but none advances is hung."""
 
     def log(self, metrics: Mapping[str, Any], *, step: int | None, commit: bool | None = None) -> None:
@@ -162,7 +160,7 @@ class JsonlMetricsTracker(Tracker):
         flops_per_token: float,
         peak_flops_per_device: float | None,
         devices: int,
-        flush_seconds: float = FLUSH_SECONDS,
+        flush_seconds: float = METRICS_FLUSH_SECONDS,
         tokens_seen: TokensSeen | None = None,
     ):
         self._path = path
@@ -211,8 +209,8 @@ class JsonlMetricsConfig(TrackerConfig):
     """Dense bf16 peak of one device (steps/train/hardware.py); None: no `mfu`."""
     devices: int | None = None
     """Devices the run trains on (None: every device JAX sees, `jax.device_count()`)."""
-    flush_seconds: float = FLUSH_SECONDS
-    """On object stores, how often the lines logged since are made visible (executor/metrics_log.py)."""
+    flush_seconds: float = METRICS_FLUSH_SECONDS
+    """On object stores, how often the lines logged since are made visible (executor/store/metrics_log.py)."""
     tokens_seen: TokensSeen | None = None
     """The run's data order, to log `data/tokens/<component>` with each loss (None: not logged)."""
 
@@ -265,7 +263,7 @@ def has_own_checkpoint(output_path: str) -> bool:
 
 def wandb_config(project: str, output_path: str, initialize_from: str | None) -> StepWandbConfig:
     run_id = storage.basename(output_path)
-    info: dict[str, Any] = storage.read_json(storage.join(output_path, INFO_FILE)) or {}
+    info: dict[str, Any] = storage.read_json(storage.join(output_path, layout.INFO_FILE)) or {}
     identity = {"executor/step": str(info.get("name", run_id)), "executor/hash": str(info.get("hash", "")),
                 "executor/output_path": output_path}  # fmt: skip
     fork_from = None
