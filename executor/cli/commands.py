@@ -36,17 +36,10 @@ from executor.dag.pins import PinError, write_pins
 from executor.dag.records import verify_manifest
 from executor.store import storage
 from executor.store.events import StepStatus
+from executor.store.experiments import current_fingerprints, latest_experiment, read_experiment
 from executor.store.layout import EXPERIMENTS_DIR, INFO_FILE
 from executor.store.probe import StoreUnreachableError, probe
-from executor.store.step_rows import (
-    StepRow,
-    current_fingerprints,
-    experiment_rows,
-    latest_experiment,
-    load_experiment,
-    prefix_rows,
-    status_counts,
-)
+from executor.store.step_rows import StepRow, experiment_rows, prefix_rows, status_counts
 from executor.watch.site.files import PublishError
 from executor.watch.training.alerts import AlertConfigError
 
@@ -104,7 +97,7 @@ def _with_latest(targets: list[str], latest: str | None) -> list[str]:
 def rows_and_title(target: str) -> tuple[list[StepRow], str]:
     """Rows for an experiment file, a single step output, or a prefix; plus a title."""
     if target.endswith(".json"):
-        record = load_experiment(target)
+        record = read_experiment(target)
         title = f"experiment {storage.basename(target)} ({record.get('caller')}, {record.get('created')})"
         return experiment_rows(record), title
     if storage.exists(storage.join(target, INFO_FILE)):
@@ -139,18 +132,18 @@ def render_status(rows: list[StepRow], title: str, console: Console) -> None:
     for row in rows:
         status = f"{row.status} - holder lost" if row.holder_lost else row.status or "never ran"
         style = "bold yellow" if row.holder_lost else STATUS_STYLES.get(status, "dim")
-        note = row.message or row.worker or ""
+        note = row.state.message or row.state.worker or ""
         if row.progress:
             done, total = row.progress.get("shards_done", 0), row.progress.get("shards_total", 0)
             note = f"shards {done}/{total}, {row.progress.get('rows', 0)} rows; {note}"
         if row.drift:
             note = f"code drift! {note}"
-        digest = row.digest[:DIGEST_CHARS] if row.digest else ""
+        digest = row.state.digest[:DIGEST_CHARS] if row.state.digest else ""
         table.add_row(
             step_label(row),
             f"[{style}]{status}[/]",
-            str(row.attempts),
-            row.updated or "",
+            str(row.state.attempts),
+            row.state.updated or "",
             digest,
             note,
             row.output_path,
@@ -189,10 +182,10 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 def _candidates(target: str) -> tuple[list[tuple[str, str]], str]:
     """(step name, output path) of the steps `explain TARGET NAME` chooses from, and where they come from."""
     if target.endswith(".json"):
-        return [(step["name"], step["output_path"]) for step in load_experiment(target)["steps"]], target
+        return [(step["name"], step["output_path"]) for step in read_experiment(target)["steps"]], target
     experiment = latest_experiment(target)
     if experiment is not None:
-        steps = load_experiment(experiment)["steps"]
+        steps = read_experiment(experiment)["steps"]
         return [(step["name"], step["output_path"]) for step in steps], f"the newest experiment {experiment}"
     return [(row.name, row.output_path) for row in prefix_rows(target)], f"every step stored under {target}"
 
@@ -226,7 +219,7 @@ def _explain_target(target: str, step: str | None, console: Console) -> int:
         console.print(f"no step matching {step!r} under {target}")
         return 1
     if target.endswith(".json"):
-        steps = load_experiment(target)["steps"]
+        steps = read_experiment(target)["steps"]
         fingerprints = {entry["output_path"]: entry.get("code_fingerprint") for entry in steps}
     else:
         fingerprints = current_fingerprints(target if step is not None else prefix_of(target))

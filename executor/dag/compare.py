@@ -29,8 +29,9 @@ from typing import Any
 from executor.dag.records import hash_files, output_digest
 from executor.store import storage
 from executor.store.events import StepStatus, parse_events
+from executor.store.experiments import read_experiment
 from executor.store.layout import MANIFEST_FILE, STATUS_FILE
-from executor.store.step_rows import find_step_outputs, load_experiment
+from executor.store.step_rows import find_step_outputs
 
 SHOWN_FILES = 20
 """Differing files listed per step; the rest are counted."""
@@ -138,7 +139,7 @@ def compare_prefixes(
 
 def experiment_keys(experiment: str) -> list[str]:
     """The steps of an experiment file, as output folders relative to the prefix the file lies under."""
-    record = load_experiment(storage.make_absolute(experiment))
+    record = read_experiment(storage.make_absolute(experiment))
     prefix = storage.dirname(storage.dirname(storage.make_absolute(experiment)))
     keys = []
     for step in record["steps"]:

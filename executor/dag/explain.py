@@ -16,12 +16,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.dag.identity import HASH_CHARS
 from executor.dag.records import info_path
 from executor.store import storage
-from executor.store.events import StatusEvent, StepStatus, committed_digest, parse_events, status_path
-from executor.store.layout import INFO_FILE
+from executor.store.events import StepStatus, status_path
+from executor.store.layout import HASH_CHARS, INFO_FILE
 from executor.store.lease import holder_lost_note
+from executor.store.step_rows import StepState
 
 _MISSING = object()
 _DEP_REFERENCE = re.compile(r"^DEP\[(\d+)\]")
@@ -149,11 +149,6 @@ def diff_versions(other: dict[str, Any], this: dict[str, Any]) -> list[Differenc
     return differences
 
 
-def _last_event(blob: bytes | None, output_path: str) -> StatusEvent | None:
-    events = parse_events(blob, output_path)
-    return events[-1] if events else None
-
-
 def sibling_outputs(output_path: str, name: str) -> list[str]:
     """Other outputs `<name>-<hash>` in the same folder as `output_path`."""
     parent = storage.dirname(output_path)
@@ -174,40 +169,38 @@ def explain(
     blobs = storage.read_many([status_path(output_path)] + [storage.join(p, INFO_FILE) for p in siblings])
     blobs += storage.read_many([status_path(p) for p in siblings])
     own_status, sibling_infos, sibling_statuses = blobs[0], blobs[1 : 1 + len(siblings)], blobs[1 + len(siblings) :]
-    last = _last_event(own_status, output_path)
+    state = StepState.read(own_status, output_path)
     report = ExplainReport(
         label=storage.basename(output_path),
         output_path=output_path,
         version=version,
         hash=full_hash,
-        status=str(last.status) if last else None,
-        digest=committed_digest([last] if last else []),
+        status=state.status,
+        digest=state.digest,
     )
-    if last is not None and last.status == StepStatus.RUNNING:
-        lost = holder_lost_note(output_path, last.time)
+    if state.status == StepStatus.RUNNING:
+        lost = holder_lost_note(output_path, state.started)
         report.status = f"RUNNING - {lost}" if lost else report.status
-    if last is not None and last.status == StepStatus.SUCCESS:
-        recorded = last.details.get("code_fingerprint")
-        if recorded and current_fingerprint and recorded != current_fingerprint:
-            report.drift = (
-                "the step function's source changed since this output was written; the output is kept "
-                "(code is not hashed). Bump code_version or force_run the step to rebuild it."
-            )
+    if state.drifted(current_fingerprint):
+        report.drift = (
+            "the step function's source changed since this output was written; the output is kept "
+            "(code is not hashed). Bump code_version or force_run the step to rebuild it."
+        )
     for path, info_blob, status_blob in zip(siblings, sibling_infos, sibling_statuses, strict=True):
         if info_blob is None:
             continue
         info = json.loads(info_blob)
         if info.get("name") != name:
             continue
-        event = _last_event(status_blob, path)
+        other = StepState.read(status_blob, path)
         report.others.append(
             OtherVersion(
                 label=storage.basename(path),
                 output_path=path,
-                status=str(event.status) if event else None,
+                status=other.status,
                 written=info.get("written"),
                 differences=diff_versions(info.get("version") or {}, version),
-                digest=committed_digest([event] if event else []),
+                digest=other.digest,
             )
         )
     report.others.sort(key=lambda other: (len(other.differences), other.label))

@@ -37,9 +37,6 @@ from typing import Any
 from executor.dag.spec import ExecutorStep, InputName, OutputName, VersionedValue
 from executor.errors import ConfigError, UnversionableValueError
 
-HASH_CHARS = 8
-"""Hex characters of the version hash used in output paths."""
-
 Marker = VersionedValue | InputName | OutputName
 
 

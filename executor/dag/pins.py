@@ -29,8 +29,8 @@ from executor.dag.plan import Plan, PlannedStep
 from executor.errors import ConfigError
 from executor.store import storage
 from executor.store.events import committed_digest, now_iso, read_many_events
+from executor.store.experiments import latest_experiment, read_experiment
 from executor.store.layout import EXPERIMENTS_DIR
-from executor.store.step_rows import latest_experiment, load_experiment
 
 PIN_SUFFIX = ".pins.json"
 
@@ -59,8 +59,8 @@ def experiment_record_for(experiment: str, prefix: str) -> tuple[str, dict[str, 
         if found is None:
             where = storage.join(prefix, EXPERIMENTS_DIR)
             raise FileNotFoundError(f"no experiment file of {script!r} under {where}; run {experiment} first")
-        return found, load_experiment(found)
-    return experiment, load_experiment(storage.make_absolute(experiment))
+        return found, read_experiment(found)
+    return experiment, read_experiment(storage.make_absolute(experiment))
 
 
 def write_pins(experiment: str, prefix: str, to: str | None = None) -> tuple[str, list[Pin], list[str]]:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.dag.identity import (
-    HASH_CHARS,
     Marker,
     canonical_json,
     code_fingerprint,
@@ -36,6 +35,7 @@ from executor.dag.spec import ExecutorStep, InputName, OutputName, ResourceConfi
 from executor.errors import ConfigError, CycleError
 from executor.retry import DEFAULT_RETRY
 from executor.store import storage
+from executor.store.layout import HASH_CHARS
 
 logger = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from executor.dag.identity import HASH_CHARS, canonical_json, readable_value
+from executor.dag.identity import canonical_json, readable_value
 from executor.dag.plan import Plan, PlannedStep
 from executor.shards.writer import read_shard_markers
 from executor.store import storage
 from executor.store.events import now_iso
-from executor.store.layout import INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_executor_record, is_metadata
+from executor.store.layout import HASH_CHARS, INFO_FILE, MANIFEST_FILE, STATUS_FILE, is_executor_record, is_metadata
 
 logger = logging.getLogger(__name__)
 

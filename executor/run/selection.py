@@ -27,6 +27,7 @@ from executor.dag.plan import Plan, PlannedStep
 from executor.errors import ConfigError, StepFailedError
 from executor.store.events import StatusEvent, StepStatus, read_many_events
 from executor.store.lease import LeaseSettings, takeover_reason
+from executor.store.step_rows import code_drifted
 
 logger = logging.getLogger(__name__)
 
@@ -157,8 +158,7 @@ def _decide(planned: PlannedStep, last: StatusEvent | None, forced: bool) -> Dec
     if last is None:
         return Decision(planned, "run", "no output yet", fresh=True)
     if last.status == StepStatus.SUCCESS:
-        recorded = last.details.get("code_fingerprint")
-        drift = bool(recorded and planned.fingerprint and recorded != planned.fingerprint)
+        drift = code_drifted(last.details.get("code_fingerprint"), planned.fingerprint)
         reason = f"SUCCESS at {last.time}" + ("; code drift: fn changed since" if drift else "")
         return Decision(planned, "skip", reason, drift=drift)
     if last.status == StepStatus.FAILED:

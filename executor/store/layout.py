@@ -47,6 +47,9 @@ METRICS_FILE = "metrics.jsonl"
 written as segments under `metrics.jsonl.d/` (executor/store/metrics_log.py, which reads both)."""
 METADATA_NAMES = frozenset({INFO_FILE, STATUS_FILE, LEASE_DIR, MANIFEST_FILE, LOG_DIR, PROGRESS_FILE})
 
+HASH_CHARS = 8
+"""Hex characters of the version hash in a step folder's name, `<name>-<hash[:HASH_CHARS]>`."""
+
 EXPERIMENTS_DIR = "experiments"
 """`<prefix>/experiments/<script>-<hash>.json`: the steps of one experiment run, with their paths."""
 
@@ -87,3 +90,11 @@ def is_executor_record(relative: str) -> bool:
     `work/hashes/.executor_shards/`, which hold times and worker ids). Manifests and digests leave these out."""
     parts = relative.split("/")
     return is_metadata(parts[0]) or any(part.startswith(".executor_") for part in parts)
+
+
+def relative_to(prefix: str, full_path: str) -> str | None:
+    """`full_path` relative to `prefix`, or None if it does not lie under it."""
+    base = prefix.rstrip("/") + "/"
+    if full_path.startswith(base) and len(full_path) > len(base):
+        return full_path[len(base) :].rstrip("/")
+    return None

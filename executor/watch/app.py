@@ -40,9 +40,10 @@ from typing import Any
 
 from executor.store import storage
 from executor.store.events import read_many_events
+from executor.store.experiments import Experiment
 from executor.store.layout import INFO_FILE, LOG_FILE, METRICS_FILE
 from executor.watch import files
-from executor.watch.experiment_index import Experiment, ExperimentIndex
+from executor.watch.experiment_index import ExperimentIndex
 from executor.watch.incidents import code_now, experiment_incidents
 from executor.watch.metrics_view import metrics_grid
 from executor.watch.safety import UnsafePathError, check_relative, resolve_under

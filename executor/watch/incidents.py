@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.store.events import StatusEvent
+from executor.store.step_rows import StepState
 
 MAX_EXPERIMENT_STEPS = 200
 """Steps whose histories an experiment's timeline reads at most: those with a failure or a second attempt."""
@@ -158,12 +159,10 @@ def code_drift(
 ) -> dict[str, Any] | None:
     """A `code_drift` entry when the fingerprint the step's SUCCESS recorded is not the code's now; `info` is the
     step's `.executor_info` (the function and git commit the output was written with). None: no drift known."""
-    last = events[-1] if events else None
-    if last is None or str(last.status) != "SUCCESS" or now is None:
+    state = StepState.of(events)
+    if now is None or not state.drifted(now.fingerprint):
         return None
-    recorded = last.details.get("code_fingerprint")
-    if not recorded or not now.fingerprint or recorded == now.fingerprint:
-        return None
+    last, recorded, current = events[-1], state.recorded_fingerprint or "", now.fingerprint or ""
     info = info or {}
     fn_then, commit_then = info.get("fn"), info.get("git_commit")
     function = f"{fn_then} (now {now.fn})" if now.fn and fn_then and now.fn != fn_then else (now.fn or fn_then)
@@ -172,10 +171,10 @@ def code_drift(
     else:
         commits = f"the same git commit {(now.git_commit or commit_then or '?')[:12]}: an uncommitted edit"
     text = (f"code drift: {function} changed since this output was written at {last.time} (code fingerprint "
-            f"{recorded[:12]} -> {now.fingerprint[:12]}, {commits}; planned so by {now.experiment}). The output is "
+            f"{recorded[:12]} -> {current[:12]}, {commits}; planned so by {now.experiment}). The output is "
             f"kept (code is not hashed): bump code_version or --force_run {name} to rebuild it")  # fmt: skip
     return {"time": now.created or last.time, "kind": "code_drift", "attempt": last.attempt, "fn": function,
-            "recorded": recorded, "current": now.fingerprint, "experiment": now.experiment, "text": text}  # fmt: skip
+            "recorded": recorded, "current": current, "experiment": now.experiment, "text": text}  # fmt: skip
 
 
 def code_now(experiment: Any, relative: str) -> CodeNow | None:
@@ -228,8 +227,7 @@ def experiment_incidents(experiment: Any, states: Sequence[Any], histories: Any,
     oldest first. `histories(paths)` reads the status histories of the steps chosen (at most
     MAX_EXPERIMENT_STEPS), `infos(paths)` their `.executor_info`s (read for the drifted ones only)."""
     steps = experiment.steps
-    drifted = {step.relative for step, state in zip(steps, states, strict=True)
-               if state.recorded_fingerprint not in (None, step.fingerprint) and step.fingerprint}  # fmt: skip
+    drifted = {step.relative for step, state in zip(steps, states, strict=True) if state.drifted(step.fingerprint)}
     chosen = [
         step
         for step, state in zip(steps, states, strict=True)

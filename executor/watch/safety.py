@@ -50,11 +50,3 @@ def resolve_under(prefix: str, relative: str) -> str:
         if real_full != real_prefix and not real_full.startswith(real_prefix + os.sep):
             raise UnsafePathError(f"{relative!r} leads outside the prefix through a symbolic link")
     return full
-
-
-def relative_to(prefix: str, full_path: str) -> str | None:
-    """`full_path` relative to `prefix`, or None if it does not lie under it."""
-    base = prefix.rstrip("/") + "/"
-    if full_path.startswith(base) and len(full_path) > len(base):
-        return full_path[len(base) :].rstrip("/")
-    return None

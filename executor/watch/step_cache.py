@@ -1,4 +1,5 @@
-"""A read-through cache of step status, shard progress and figures, shared by every request.
+"""A read-through cache of step state (executor/store/step_rows.StepState), shard progress and figures, shared by
+every request.
 
 The dashboard is polled by many browser tabs for months, over DAGs of 10,000 steps on object
 stores where each read is a round trip. So reads are batched (`storage.read_many`) and cached:
@@ -34,38 +35,11 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from executor.store import storage
-from executor.store.events import parse_time
 from executor.store.layout import PROGRESS_FILE, STATS_FILE, STATUS_FILE
 from executor.store.lease import holder_lost_note
+from executor.store.step_rows import StepState
 
 logger = logging.getLogger(__name__)
-
-TERMINAL = {"SUCCESS", "FAILED", "DEP_FAILED"}
-
-
-@dataclass(frozen=True)
-class StepState:
-    """What a step's `.executor_status` says now, in the form the views need."""
-
-    status: str | None
-    """WAITING, RUNNING, SUCCESS, FAILED, DEP_FAILED, CORRUPT, or None (never ran)."""
-    attempts: int = 0
-    started: str | None = None
-    """Time of the last RUNNING event."""
-    finished: str | None = None
-    """Time of the last event when it is SUCCESS, FAILED or DEP_FAILED."""
-    worker: str | None = None
-    message: str | None = None
-    recorded_fingerprint: str | None = None
-    """The code fingerprint written with SUCCESS (for the drift warning)."""
-    started_ts: float | None = None
-    finished_ts: float | None = None
-
-    def duration_s(self, now: float) -> float | None:
-        if self.started_ts is None:
-            return None
-        end = self.finished_ts if self.finished_ts is not None else now
-        return max(0.0, end - self.started_ts) if self.status != "WAITING" else None
 
 
 def read_blobs(paths: Sequence[str]) -> list[bytes | None]:
@@ -84,35 +58,6 @@ def _read_local(path: str) -> bytes | None:
             return handle.read()
     except (FileNotFoundError, NotADirectoryError):
         return None
-
-
-def state_from_status_file(blob: bytes | None, output_path: str) -> StepState:
-    """Summarise a `.executor_status` history (JSON lines; the last line is the current status)."""
-    if not blob:
-        return StepState(status=None)
-    try:
-        events = [json.loads(line) for line in blob.splitlines() if line.strip()]
-        statuses = [str(event["status"]) for event in events]
-    except (ValueError, KeyError, TypeError) as error:
-        return StepState(status="CORRUPT", message=f"{output_path}/{STATUS_FILE} is corrupt: {error}")
-    if not events:
-        return StepState(status=None)
-    last = events[-1]
-    running = [event for event, status in zip(events, statuses, strict=True) if status == "RUNNING"]
-    started = running[-1]["time"] if running else None
-    finished = last["time"] if statuses[-1] in TERMINAL else None
-    details = last.get("details") or {}
-    return StepState(
-        status=statuses[-1],
-        attempts=len(running),
-        started=started,
-        finished=finished,
-        worker=last.get("worker"),
-        message=last.get("message"),
-        recorded_fingerprint=details.get("code_fingerprint") if statuses[-1] == "SUCCESS" else None,
-        started_ts=parse_time(started).timestamp() if started else None,
-        finished_ts=parse_time(finished).timestamp() if finished else None,
-    )
 
 
 @dataclass
@@ -169,7 +114,7 @@ class StatusCache:
     def _read_states(self, paths: Sequence[str]) -> None:
         now = time.monotonic()
         blobs = read_blobs([storage.join(path, STATUS_FILE) for path in paths])
-        fresh = [state_from_status_file(blob, path) for blob, path in zip(blobs, paths, strict=True)]
+        fresh = [StepState.read(blob, path) for blob, path in zip(blobs, paths, strict=True)]
         with self._lock:
             for path, state in zip(paths, fresh, strict=True):
                 self._states[path] = _Entry(state, now, state.status == "SUCCESS")

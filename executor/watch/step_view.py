@@ -22,10 +22,11 @@ from executor.dag.identity import join_key
 from executor.errors import StorageError
 from executor.store import storage
 from executor.store.events import parse_events
+from executor.store.experiments import Experiment
 from executor.store.layout import GANG_FILE, INFO_FILE, MANIFEST_FILE, PROGRESS_FILE, STATS_FILE, STATUS_FILE
 from executor.store.lease import holder_lost_note
-from executor.watch.experiment_index import Experiment
-from executor.watch.step_cache import json_or_none, state_from_status_file
+from executor.store.step_rows import StepState, code_drifted
+from executor.watch.step_cache import json_or_none
 
 _DEPENDENCY = re.compile(r"^DEP\[(\d+)\](.*)$")
 
@@ -116,7 +117,7 @@ def live_state(output_path: str) -> dict[str, Any]:
         events = parse_events(status_blob, output_path)
     except StorageError as error:
         return {"status": "CORRUPT", "message": str(error), "events": [], "progress": None, "gang": None}
-    state = state_from_status_file(status_blob, output_path)
+    state = StepState.of(events)
     lost = holder_lost_note(output_path, state.started) if state.status == "RUNNING" else None
     return {
         "status": state.status or "NEVER_RAN",
@@ -126,17 +127,11 @@ def live_state(output_path: str) -> dict[str, Any]:
         "message": f"RUNNING - {lost}" if lost else state.message,
         "holder_lost": lost,
         "recorded_fingerprint": state.recorded_fingerprint,
+        "digest": state.digest,
         "events": [json.loads(event.to_json()) for event in events],
         "progress": json_or_none(progress_blob),
         "gang": json_or_none(gang_blob),
     }
-
-
-def _output_digest(events: list[dict[str, Any]]) -> str | None:
-    """The output digest the step's SUCCESS recorded (records.output_digest), None unless it is SUCCESS."""
-    if not events or events[-1].get("status") != "SUCCESS":
-        return None
-    return (events[-1].get("details") or {}).get("output_digest")
 
 
 def step_detail(prefix: str, relative: str, output_path: str, experiment: Experiment | None) -> dict[str, Any]:
@@ -149,12 +144,12 @@ def step_detail(prefix: str, relative: str, output_path: str, experiment: Experi
     info = json.loads(info_blob) if info_blob else {}
     step = experiment.by_relative.get(relative) if experiment else None
     current = step.fingerprint if step else None
-    recorded = live["recorded_fingerprint"]
+    recorded = live.get("recorded_fingerprint")
     drift = None
-    if recorded and current and recorded != current:
+    if code_drifted(recorded, current):
         drift = (
             "The step function's source changed since this output was written "
-            f"(recorded {recorded[:12]}, current {current[:12]} in {experiment.file if experiment else '?'}). "
+            f"(recorded {recorded[:12]}, current {(current or '')[:12]} in {experiment.file if experiment else '?'}). "
             "The output is kept (code is not hashed); bump code_version or force_run the step to rebuild it."
         )
     name = info.get("name") or (step.name if step else relative)
@@ -194,6 +189,6 @@ def step_detail(prefix: str, relative: str, output_path: str, experiment: Experi
         "drift": drift,
         "stats": json_or_none(stats_blob),
         "output_bytes": manifest.get("total_bytes") if isinstance(manifest, dict) else None,
-        "output_digest": _output_digest(live["events"]),
+        "output_digest": live.get("digest"),
         "rerun": rerun_command(prefix, name, experiment),
     }

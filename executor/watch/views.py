@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from executor.dag.identity import HASH_CHARS
-from executor.watch.experiment_index import Experiment, ExperimentStep
-from executor.watch.step_cache import StatusCache, StepExtras, StepState
+from executor.store.experiments import Experiment, ExperimentStep
+from executor.store.layout import HASH_CHARS
+from executor.store.step_rows import StepState
+from executor.watch.step_cache import StatusCache, StepExtras
 
 NEVER_RAN = "NEVER_RAN"
 STATUS_ORDER = ["FAILED", "CORRUPT", "DEP_FAILED", "RUNNING", "WAITING", NEVER_RAN, "SUCCESS"]
@@ -128,7 +129,6 @@ def _figures(stats: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def step_row(step: ExperimentStep, state: StepState, extras: StepExtras, now: float) -> dict[str, Any]:
-    drift = bool(state.recorded_fingerprint and step.fingerprint and state.recorded_fingerprint != step.fingerprint)
     return {
         "index": step.index,
         "name": step.name,
@@ -142,7 +142,7 @@ def step_row(step: ExperimentStep, state: StepState, extras: StepExtras, now: fl
         "worker": state.worker,
         "message": f"RUNNING - {extras.holder_lost}" if extras.holder_lost else state.message,
         "holder_lost": extras.holder_lost,
-        "drift": drift,
+        "drift": state.drifted(step.fingerprint),
         "progress": extras.progress,
         "figures": _figures(extras.stats),
     }

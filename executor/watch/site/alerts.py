@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.store import storage
+from executor.store.experiments import ExperimentStep
 from executor.store.layout import MIXTURE_FILE
 from executor.store.lease import LeaseSettings, takeover_reason
-from executor.watch.experiment_index import ExperimentStep
 from executor.watch.training import alerts
 from executor.watch.training.panels import PanelError, predicted_curve, read_json, step_config
 

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from executor.store import storage
+from executor.store.experiments import Experiment
 from executor.store.layout import METRICS_FILE
 from executor.store.metrics_log import segments_folder
-from executor.watch.experiment_index import Experiment
 
 CHANGE_MARKS = ("mtime", "ino", "generation", "ETag", "etag", "updated", "LastModified", "created")
 """Listing fields that change when an object is rewritten, on the stores fsspec lists (whichever are there)."""

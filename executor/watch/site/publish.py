@@ -42,11 +42,11 @@ from typing import Any
 
 from executor.errors import StorageError
 from executor.store import storage
+from executor.store.experiments import Experiment, ExperimentStep
 from executor.store.layout import METRICS_FILE
 from executor.store.lease import holder_lost_note
 from executor.watch import files
 from executor.watch.app import DashboardApp, load_static
-from executor.watch.experiment_index import Experiment, ExperimentStep
 from executor.watch.incidents import code_now
 from executor.watch.metrics_view import metrics_grid
 from executor.watch.site.alerts import RunAlerts

@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from executor.store import storage
-from executor.store.layout import COMPOSITION_FILE, METRICS_FILE, MIXTURE_FILE, WEIGHTS_FILE
+from executor.store.layout import COMPOSITION_FILE, METRICS_FILE, MIXTURE_FILE, WEIGHTS_FILE, relative_to
 from executor.watch import files
-from executor.watch.safety import relative_to
 from executor.watch.training.alerts import AlertRules
 from executor.watch.training.panels import PanelError, config_path, numbers, read_json
 from executor.watch.training.served_mixture import drifted, served_by_phase

@@ -27,11 +27,10 @@ import math
 from typing import Any
 
 from executor.store import storage
-from executor.store.layout import METRICS_FILE, PREDICTION_FILE, RESULTS_FILE
+from executor.store.experiments import Experiment
+from executor.store.layout import METRICS_FILE, PREDICTION_FILE, RESULTS_FILE, relative_to
 from executor.store.metrics_log import predicted_metric, rows_by_step
 from executor.watch import files
-from executor.watch.experiment_index import Experiment
-from executor.watch.safety import relative_to
 from executor.watch.training.panels import PanelError, chart, numbers, read_json
 
 ACHIEVED_DEPTH = 2

@@ -33,10 +33,11 @@ from executor.store.layout import (
     MIXTURE_FILE,
     PREDICTION_FILE,
     WEIGHTS_FILE,
+    relative_to,
 )
 from executor.store.metrics_log import SUITE_MACRO_LOSS, read_metrics_bytes, rows_by_step
 from executor.watch import files
-from executor.watch.safety import relative_to, resolve_under
+from executor.watch.safety import resolve_under
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 RUN_DETECT_BYTES = 256 * 1024
