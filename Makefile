@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell infra/find_python312.sh)
 
-.PHONY: install lock demo data-demo test test-demo lint bench status dashboard docs docs-serve screenshots clean
+.PHONY: install tools lock lock-tools lint-imports demo data-demo test test-demo lint bench status dashboard docs docs-serve screenshots clean
 
 # Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
 # dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
@@ -23,6 +23,25 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	@touch $@
 
 install: $(VENV)/.installed
+
+# Tools kept out of requirements.lock, whose sha256 the tiny eval suite versions (infra/tools.in says why): their own
+# environment, pinned in requirements-tools.lock. `make lock-tools` re-resolves infra/tools.in.
+TOOLS := .venv-tools
+$(TOOLS)/.installed: requirements-tools.lock $(VENV)/.installed
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(TOOLS)
+	$(UV) pip sync --quiet --python $(TOOLS)/bin/python requirements-tools.lock
+	@touch $@
+
+tools: $(TOOLS)/.installed
+
+lock-tools: $(VENV)/.installed
+	$(UV) pip compile infra/tools.in --python-version 3.12 --python-platform x86_64-manylinux_2_28 --quiet \
+		-o requirements-tools.lock
+
+# The layout's import rules ([tool.importlinter] in pyproject.toml; docs/contributing.md says what they mean): the
+# rooms of executor/, steps/ in pipeline order, the public API, no cycles. Static: nothing is imported.
+lint-imports: tools
+	PYTHONPATH=$(CURDIR) $(TOOLS)/bin/lint-imports --no-cache
 
 lock: $(VENV)/.installed
 	$(UV) pip compile pyproject.toml $(EXTRAS) --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
@@ -48,7 +67,7 @@ data-demo: install
 # tiny hero's first (tests/conftest.py). TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 3
 
-test: install
+test: install lint-imports
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # Only `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/test_hero_tiny.py; part of `make test`).
@@ -87,4 +106,4 @@ screenshots: install
 		.quantize(128).save('docs/img/run-view.png', optimize=True)"
 
 clean:
-	rm -rf $(VENV) outputs build/jax-compilation-cache build/site build/screenshots .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) outputs build/jax-compilation-cache build/site build/screenshots .pytest_cache .mypy_cache .ruff_cache

@@ -1,14 +1,18 @@
-"""The source tree's shape: `steps/` is one subpackage per stage, and no module imports its way back to itself.
+"""The source tree's shape, and the page that describes it: executor/ in rooms, steps/ by stage, tests by source.
 
-An import cycle is found from the source alone (every `import` statement counts, those inside functions and
-under `TYPE_CHECKING` included): a function-level import that closes a cycle still couples two modules that
-should sit one below the other, and only hides the cycle until someone moves the import to the top.
+Who may import whom is import-linter's (`[tool.importlinter]` in pyproject.toml, run by `make test` before pytest):
+the rooms of executor/ in layers, steps/'s stages in pipeline order, steps/ and experiments/ on the public API
+only, no import cycles. These tests check what it cannot: that docs/contributing.md says the same as those
+contracts, that each room lists its modules, that executor/'s root holds only the public API, and sizes.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,93 +21,96 @@ from executor.dag.plan import build_plan
 from experiments import hero_535b
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("executor", "steps", "experiments")
 MAX_MODULES_PER_STAGE = 10
+MAX_MODULE_LINES = 400
 PINNED_HASHES = Path(__file__).parent / "data" / "hero_step_hashes.json"
+CONTRIBUTING = ROOT / "docs" / "contributing.md"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def contract(contract_id: str) -> dict:
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    return next(found for found in contracts if found["id"] == contract_id)
 
 
-def imported_modules(path: Path, modules: set[str]) -> set[str]:
-    """The project modules `path` imports: `from a.b import c` counts as a.b.c when that is a module, else a.b."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            for alias in node.names:
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
-    return {module for module in found if module in modules and module != name}
+def layer_modules(layer: str) -> list[str]:
+    return [module.strip() for module in re.split(r"[|:]", layer)]
 
 
-def import_graph() -> dict[str, set[str]]:
-    paths = {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
-    return {name: imported_modules(path, set(paths)) for name, path in paths.items()}
+def test_make_test_runs_the_import_contracts_first() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test: install lint-imports$", makefile, re.M)
+    assert re.search(r"^lint-imports: tools\n\t.*lint-imports", makefile, re.M)
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found = []
-    for root in sorted(graph):
-        if root in index:
+def test_executors_root_holds_only_the_public_api_errors_and_retry() -> None:
+    executor = ROOT / "executor"
+    assert sorted(path.name for path in executor.glob("*.py")) == [
+        "__init__.py",
+        "__main__.py",
+        "errors.py",
+        "retry.py",
+    ]
+    rooms = sorted(path.name for path in executor.iterdir() if (path / "__init__.py").exists())
+    assert rooms == ["cli", "dag", "run", "shards", "store", "watch"]
+
+
+def test_each_room_says_what_it_owns_and_lists_its_modules() -> None:
+    for package in sorted((ROOT / "executor").rglob("__init__.py")):
+        folder = package.parent
+        if folder == ROOT / "executor":
             continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
+        docstring = ast.get_docstring(ast.parse(package.read_text())) or ""
+        relative = folder.relative_to(ROOT / "executor").as_posix()
+        assert docstring.startswith(f"{relative}/:"), f"executor/{relative}/__init__.py does not open with its room"
+        assert "import" in docstring.lower(), f"executor/{relative}/__init__.py does not say what it may import"
+        for module in sorted(folder.glob("*.py")):
+            if module.name != "__init__.py":
+                assert re.search(rf"\b{re.escape(module.name)}\b", docstring), (
+                    f"executor/{relative}/ lacks {module.name}"
+                )
 
 
-def test_no_module_imports_its_way_back_to_itself() -> None:
-    graph = import_graph()
-    assert len(graph) > 80, "the walk found too few modules to mean anything"
-    assert cycles(graph) == []
+def test_no_module_of_executor_is_over_400_lines() -> None:
+    long = {
+        path.relative_to(ROOT).as_posix(): lines
+        for path in (ROOT / "executor").rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
 
 
-def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert cycles(graph) == [["a", "b", "c"]]
-    module = ROOT / "steps" / "model" / "moe_block.py"
-    modules = set(import_graph())
-    assert "steps.model.config" in imported_modules(module, modules)
+def documented_rooms() -> dict[str, set[str]]:
+    """docs/contributing.md's table of rooms: `executor/<room>/` -> the rooms it may import."""
+    rows = re.findall(r"^\| `executor/(\w+)/` \| [^|]+ \| ([^|]+) \|$", CONTRIBUTING.read_text(), re.M)
+    return {room: set(re.findall(r"\b(cli|watch|run|dag|shards|store)\b", may)) for room, may in rows}
+
+
+def test_the_contributing_page_describes_the_rooms_the_contracts_enforce() -> None:
+    layers = [layer_modules(layer) for layer in contract("executor-rooms")["layers"]]
+    rooms = [module.removeprefix("executor.") for layer in layers for module in layer if len(layer) == 1]
+    assert rooms[:6] == ["cli", "watch", "run", "dag", "shards", "store"]
+    assert layers[-1] == ["executor.retry", "executor.errors"]
+    assert documented_rooms() == {room: set(rooms[index + 1 : 6]) for index, room in enumerate(rooms[:6])}
+
+
+def written(module: str) -> str:
+    """How the page writes a module of watch/: `watch/site/` for a room, `app` for a module."""
+    name = module.removeprefix("executor.watch.")
+    return f"`watch/{name}/`" if (ROOT / "executor" / "watch" / name).is_dir() else f"`{name}`"
+
+
+def test_the_contributing_page_describes_the_watch_rooms_and_the_stage_order() -> None:
+    text = CONTRIBUTING.read_text()
+    watch = [layer_modules(layer) for layer in contract("watch-rooms")["layers"]]
+    said = text[text.index("Inside `watch/`") :].split("\n\n")[0]
+    positions = [[said.index(written(module)) for module in layer] for layer in watch]
+    assert all(max(upper) < min(lower) for upper, lower in itertools.pairwise(positions)), said
+    stages = [module.removeprefix("steps.") for module in contract("steps-stages")["layers"]]
+    assert stages[::-1] == list(STAGE_ORDER)
+    public = contract("public-api")
+    assert sorted(public["source_modules"]) == ["experiments", "steps"]
+    rooms = {f"executor.{room}" for room in documented_rooms()} | {"executor.retry", "executor.errors"}
+    assert set(public["forbidden_modules"]) == rooms
 
 
 def test_steps_holds_one_documented_subpackage_per_stage() -> None:
@@ -137,20 +144,12 @@ def test_the_hero_dags_hashes_change_only_on_purpose(scale: str) -> None:
 
 
 STAGE_ORDER = ("data", "dedup", "filter", "tokenize", "model", "train", "evaluate", "scaling", "corpora")
-"""steps/README.md's table, top to bottom: a stage imports only from the stages before it."""
+"""steps/README.md's table, top to bottom: a stage imports only from the stages before it (the `steps-stages`
+contract, in pyproject.toml, lists them bottom to top)."""
 
 
-def test_a_stage_imports_only_from_the_stages_before_it() -> None:
-    graph = import_graph()
+def test_the_stages_readme_lists_them_in_pipeline_order() -> None:
     on_disk = sorted(path.name for path in (ROOT / "steps").iterdir() if (path / "__init__.py").exists())
     assert sorted(STAGE_ORDER) == on_disk
     readme = (ROOT / "steps" / "README.md").read_text()
     assert sorted(STAGE_ORDER, key=lambda stage: readme.index(f"`steps/{stage}/`")) == list(STAGE_ORDER)
-    upward = [
-        f"{module} -> {dependency}"
-        for module, dependencies in graph.items()
-        for dependency in dependencies
-        if module.startswith("steps.") and dependency.startswith("steps.") and dependency.count(".") >= 2
-        if STAGE_ORDER.index(dependency.split(".")[1]) > STAGE_ORDER.index(module.split(".")[1])
-    ]
-    assert upward == []

@@ -13,7 +13,7 @@ import pytest
 from conftest import CALLS, make_step, plant_crashed_holder, race, run_in_threads, wait_until
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, read_status, storage
-from executor.run.step_runner import Outcome
+from executor.run.step_task import Outcome
 from executor.store.events import StatusEvent, StepStatus, append_event, now_iso, read_events
 from executor.store.lease import Heartbeat, Lease, LeaseSettings
 

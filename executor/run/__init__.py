@@ -5,8 +5,8 @@
     force_guard.py    what a forced rerun would discard (a train step's checkpoints), said before it is
     scheduler.py      dependency order, concurrency, retries with backoff
     backends.py       local threads/processes and Ray, interchangeable
-    step_runner.py    one step's attempt: lease, heartbeat, status events, log, manifest, SUCCESS last
-    step_attempt.py   how an attempt's end is recorded (success, failure, interruption, a lost lease)
+    step_task.py      what a backend hands a worker (StepTask) and gets back (StepResult)
+    step_runner.py    one step's attempts: lease, heartbeat, status events, log, manifest, SUCCESS last
     interrupts.py     Ctrl-C and SIGTERM: stop at a step boundary, or abort
     cpu_devices.py    fake CPU JAX devices for a step's stand-in hosts
     gang.py           a multi-host step as a gang of Ray actors, watched by progress

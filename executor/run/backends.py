@@ -35,7 +35,8 @@ from executor.errors import ConfigError
 from executor.run.cpu_devices import claim_for_steps, on_cpu_devices, single_host_devices, stand_in_environment
 from executor.run.gang import gang_task
 from executor.run.interrupts import StopSignal
-from executor.run.step_runner import StepResult, StepTask, record_worker_killed, run_step
+from executor.run.step_runner import record_worker_killed, run_step
+from executor.run.step_task import StepResult, StepTask
 from executor.store import storage
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,7 @@ class RayBackend:
             if (count := single_host_devices(resources)) is not None:
                 by_count.setdefault(count, []).append(module)  # "" or __main__: nothing to import
         cpus = int(self._ray.cluster_resources().get("CPU", 1))
-        warm = self._ray.remote(_warm_worker)
+        warm: Any = self._ray.remote(_warm_worker)  # Ray types a remote function by its arity, defaults unseen
         for count, modules in sorted(by_count.items()):
             options = {"num_cpus": 0, "max_retries": 0, "runtime_env": {"env_vars": stand_in_environment(count)}}
             importable = tuple(sorted({module for module in modules if module and module != "__main__"}))

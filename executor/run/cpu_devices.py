@@ -31,7 +31,7 @@ from typing import Any
 
 from executor.dag.spec import ResourceConfig
 from executor.errors import ConfigError
-from executor.run.step_runner import StepTask
+from executor.run.step_task import StepTask
 
 logger = logging.getLogger(__name__)
 

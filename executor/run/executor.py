@@ -37,7 +37,8 @@ from executor.run.backends import check_backend, check_gang_storage, make_backen
 from executor.run.force_guard import confirm_or_refuse, discarded_checkpoints
 from executor.run.scheduler import schedule
 from executor.run.selection import Decision, select
-from executor.run.step_runner import Outcome, StepResult, StepTask, record_dep_failed, record_pin_mismatch
+from executor.run.step_runner import record_dep_failed, record_pin_mismatch
+from executor.run.step_task import Outcome, StepResult, StepTask
 from executor.store import storage
 from executor.store.events import StatusEvent, StepStatus, create_initial_status, now_iso, read_many_events
 from executor.store.layout import EXPERIMENTS_DIR, LOG_FILE

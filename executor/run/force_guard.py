@@ -22,7 +22,6 @@ from executor.store.layout import CHECKPOINTS_DIR
 
 logger = logging.getLogger(__name__)
 
-"""The folder under a step's output whose contents a forced rerun must not discard unasked."""
 SHOWN_CHECKPOINTS = 5
 """How many of a step's checkpoints the list names (the newest ones); the rest are counted."""
 

@@ -40,7 +40,7 @@ from executor.retry import TransientError
 from executor.run import gang_progress as progress
 from executor.run.cpu_devices import stand_in_environment
 from executor.run.gang_member import GangMember
-from executor.run.step_runner import StepTask
+from executor.run.step_task import StepTask
 from executor.store import storage
 from executor.store.layout import GANG_FILE
 

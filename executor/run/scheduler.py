@@ -21,7 +21,7 @@ from executor.dag.plan import PlannedStep
 from executor.retry import DEFAULT_RETRY, is_transient
 from executor.run.backends import Backend
 from executor.run.interrupts import STOP_GRACE_S
-from executor.run.step_runner import Outcome, StepResult, StepTask
+from executor.run.step_task import Outcome, StepResult, StepTask
 
 logger = logging.getLogger(__name__)
 

@@ -22,16 +22,15 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from executor.dag.pins import PinError, mismatch_message
 from executor.dag.records import clear_outputs, info_path, write_manifest
 from executor.errors import LeaseLostError
-from executor.retry import RetryPolicy, is_transient
+from executor.retry import is_transient
 from executor.run.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
+from executor.run.step_task import Outcome, StepResult, StepTask
 from executor.store import storage
 from executor.store.events import (
     StatusEvent,
@@ -45,58 +44,6 @@ from executor.store.lease import Heartbeat, Lease, LeaseSettings
 from executor.store.step_log import StepLog
 
 logger = logging.getLogger(__name__)
-
-
-class Outcome(StrEnum):
-    SUCCEEDED = "SUCCEEDED"
-    """This worker ran the step and it succeeded."""
-    DONE_ELSEWHERE = "DONE_ELSEWHERE"
-    """Another worker finished it (before or while this one waited)."""
-    FAILED = "FAILED"
-    """This worker ran it and it raised."""
-    FAILED_ELSEWHERE = "FAILED_ELSEWHERE"
-    """Another worker ran it while this one waited, and it failed."""
-    DEP_FAILED = "DEP_FAILED"
-    """Not run: a blocking dependency failed."""
-
-
-@dataclass(frozen=True)
-class StepResult:
-    outcome: Outcome
-    message: str | None = None
-    taken_over: bool = False
-    """This worker ran the step on a lease it took over from a holder that was gone (stale, or dead here)."""
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in (Outcome.SUCCEEDED, Outcome.DONE_ELSEWHERE)
-
-
-@dataclass
-class StepTask:
-    """Everything a worker needs to run one step."""
-
-    label: str
-    output_path: str
-    fn: Callable[[Any], Any]
-    config: Any
-    info: dict[str, Any]
-    fingerprint: str | None
-    force: bool
-    """Run even if SUCCESS (force_run); a SUCCESS newer than `planned_at` still counts as done."""
-    planned_at: str
-    worker_id: str
-    """The executor's id; each call of `run_step` adds a suffix of its own."""
-    lease_settings: LeaseSettings
-    retry: RetryPolicy
-    pinned_digest: str | None = None
-    """The output digest a pin file holds for this step: committing other bytes is FAILED, not SUCCESS."""
-    pin_file: str | None = None
-
-    @property
-    def run_id(self) -> str:
-        """This executor run: its RUNNING events say so, and its retry budget counts only them."""
-        return f"{self.worker_id}@{self.planned_at}"
 
 
 def run_step(task: StepTask, stop: StopSignal | None = None) -> StepResult:

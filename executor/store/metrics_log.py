@@ -124,14 +124,3 @@ def rows_by_step(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, An
         if isinstance(step, int) and not isinstance(step, bool):
             rows.setdefault(step, {}).update(record)
     return rows
-
-
-SUITE_MACRO_LOSS = "eval/suite/macro_loss"
-"""A run with an eval suite (steps/tokenize/eval_suite.py): the mean over its subsets, what the ladder predicts."""
-MACRO_LOSS = "eval/macro_loss"
-"""Levanter's mean over every evaluated component (cells and suite subsets alike)."""
-
-
-def predicted_metric(rows: Mapping[int, Mapping[str, Any]]) -> str:
-    """The eval line a run's prediction is drawn against: the suite's macro loss where the run logs one."""
-    return SUITE_MACRO_LOSS if any(SUITE_MACRO_LOSS in row for row in rows.values()) else MACRO_LOSS

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from executor.store.metrics_log import predicted_metric, rows_by_step
+from executor.store.metrics_log import rows_by_step
 from executor.watch import files
 from executor.watch.series import METRIC_BUCKETS, by_key, downsample, json_number, nonfinite
+from executor.watch.training.metric_names import predicted_metric
 
 ALERT_KEYS = {
     "nonfinite_loss": "train/loss",

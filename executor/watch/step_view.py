@@ -144,7 +144,7 @@ def step_detail(prefix: str, relative: str, output_path: str, experiment: Experi
     info = json.loads(info_blob) if info_blob else {}
     step = experiment.by_relative.get(relative) if experiment else None
     current = step.fingerprint if step else None
-    recorded = live.get("recorded_fingerprint")
+    recorded = live.get("recorded_fingerprint") or ""
     drift = None
     if code_drifted(recorded, current):
         drift = (

@@ -44,7 +44,8 @@ from typing import Any
 
 from executor.store import storage
 from executor.store.layout import ALERTS_FILE
-from executor.store.metrics_log import predicted_metric, rows_by_step
+from executor.store.metrics_log import rows_by_step
+from executor.watch.training.metric_names import predicted_metric
 from executor.watch.training.served_mixture import drifted, served_by_phase
 
 logger = logging.getLogger(__name__)

@@ -29,8 +29,9 @@ from typing import Any
 from executor.store import storage
 from executor.store.experiments import Experiment
 from executor.store.layout import METRICS_FILE, PREDICTION_FILE, RESULTS_FILE, relative_to
-from executor.store.metrics_log import predicted_metric, rows_by_step
+from executor.store.metrics_log import rows_by_step
 from executor.watch import files
+from executor.watch.training.metric_names import predicted_metric
 from executor.watch.training.panels import PanelError, chart, numbers, read_json
 
 ACHIEVED_DEPTH = 2

@@ -35,15 +35,14 @@ from executor.store.layout import (
     WEIGHTS_FILE,
     relative_to,
 )
-from executor.store.metrics_log import SUITE_MACRO_LOSS, read_metrics_bytes, rows_by_step
+from executor.store.metrics_log import read_metrics_bytes, rows_by_step
 from executor.watch import files
 from executor.watch.safety import resolve_under
+from executor.watch.training.metric_names import SUITE_MACRO_LOSS, TRAIN_LOSS
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 RUN_DETECT_BYTES = 256 * 1024
 """How much of metrics.jsonl is searched for a train/loss key (it comes with the first logged step)."""
-"""A train step's optimizer and which group each parameter is in (steps/train/optimizer.py writes it)."""
-TRAIN_LOSS = "train/loss"
 
 
 class PanelError(ValueError):
@@ -181,10 +180,6 @@ def macro_eval(row: Mapping[str, Any], components: list[str]) -> float | None:
     if components and all(loss is not None for loss in losses):
         return math.fsum(losses) / len(losses)  # type: ignore[arg-type]
     return files.number(row.get("eval/loss")) if not components else None
-
-
-def series_of(rows: Mapping[int, Mapping[str, Any]], key: str) -> dict[int, float]:
-    return {step: value for step, row in rows.items() if (value := files.number(row.get(key))) is not None}
 
 
 def predicted_curve(prefix: str, output_path: str) -> tuple[list[dict[str, float]], str | None, str | None]:

@@ -39,13 +39,13 @@ from executor.store.layout import (
     PREDICTION_FILE,
     PREDICTION_SEAL_FILE,
 )
-from executor.store.metrics_log import predicted_metric, rows_by_step
+from executor.store.metrics_log import rows_by_step
 from executor.watch import files
 from executor.watch.incidents import CodeNow, code_drift, run_incidents
 from executor.watch.series import RUN_BUCKETS, by_key, downsample, json_number, nonfinite
 from executor.watch.training.alerts import AlertRules, read_alerts
+from executor.watch.training.metric_names import TRAIN_LOSS, predicted_metric
 from executor.watch.training.panels import (
-    TRAIN_LOSS,
     PanelError,
     chart,
     config_path,
