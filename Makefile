@@ -70,9 +70,9 @@ TEST_WORKERS ?= 3
 test: install lint-imports
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
-# Only `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/test_hero_tiny.py; part of `make test`).
+# Only `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/e2e/test_hero_tiny.py; part of `make test`).
 test-demo: install
-	$(PY) -m pytest -q -m demo tests/test_hero_tiny.py $(ARGS)
+	$(PY) -m pytest -q -m demo tests/e2e/test_hero_tiny.py $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check executor steps experiments tests benchmarks
@@ -89,7 +89,7 @@ dashboard: install
 	$(PY) -m executor dashboard --prefix $${EXECUTOR_PREFIX:-outputs} $(ARGS)
 
 # The docs site (mkdocs.yml: docs/, with README.md as its home page) into build/site, offline. --strict fails on a
-# broken link or anchor and on a page the nav leaves out, as tests/test_docs.py does in `make test`.
+# broken link or anchor and on a page the nav leaves out, as tests/project/test_docs.py does in `make test`.
 docs: install
 	$(VENV)/bin/mkdocs build --strict $(ARGS)
 
@@ -97,11 +97,11 @@ docs-serve: install
 	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000 $(ARGS)
 
 # The picture on the README and the docs' home page: the tiny hero's run view as the published site draws it, saved
-# by the browser test that publishes `make demo`'s DAG (tests/test_hero_tiny.py, which runs the DAG first: minutes),
+# by the browser test that publishes `make demo`'s DAG (tests/e2e/test_hero_tiny.py, which runs the DAG first: minutes),
 # then kept under 300 KB as a 128-colour PNG.
 SCREENSHOTS := $(CURDIR)/build/screenshots
 screenshots: install
-	TEST_ARTIFACTS_DIR=$(SCREENSHOTS) $(PY) -m pytest -q tests/test_hero_tiny.py -k tiny_heros_prefix_published $(ARGS)
+	TEST_ARTIFACTS_DIR=$(SCREENSHOTS) $(PY) -m pytest -q tests/e2e/test_hero_tiny.py -k tiny_heros_prefix_published $(ARGS)
 	$(PY) -c "from PIL import Image; Image.open('$(SCREENSHOTS)/dashboard/publish-hero-run-view.png').convert('RGB')\
 		.quantize(128).save('docs/img/run-view.png', optimize=True)"
 

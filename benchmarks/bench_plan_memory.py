@@ -147,7 +147,7 @@ def probe_optimizer(name: str):
 
 
 BAND = (0.8, 1.25)
-"""Where every ratio must lie (tests/test_plan_memory.py)."""
+"""Where every ratio must lie (tests/steps/train/test_memory_model.py)."""
 
 
 def probe_shape(d_model: int = 96, layers: int = 8, seq: int = 128, latent: bool = True, vocab: int = 1024) -> MoeShape:

@@ -14,8 +14,8 @@ begun (one line). Then, in this one run, side by side:
 - an idle cycle: files opened and folders listed per step in the prefix (goal: no file opened, one listing a
   step), counted with Python's audit hooks on the real disk, and its time against a first (full) cycle's.
 
-Bytes are the publisher's own count of what it put in the destination (tests/test_publish_cost.py checks
-the same figures against the destination folder itself).
+Bytes are the publisher's own count of what it put in the destination
+(tests/executor/watch/site/test_publish_cost.py checks the same figures against the destination folder itself).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ training efficient.
 `--comm` compiles the tiny hero-shaped MoE's training step on 4 fake CPU devices (data=2 x expert=2) as the
 train step runs it: Levanter's own `Trainer` and jitted step on the layout `trainer_mesh` gives the train step
 (dense weights FSDP over every device, routed experts split over `expert` and FSDP over `data`), with the capacity
-factor given (tests/expert_parallel_run.py). It reports `comm_bytes_ratio`: the bytes of every collective of
+factor given (tests/support/expert_parallel_run.py). It reports `comm_bytes_ratio`: the bytes of every collective of
 the compiled step (each op's result on one device, every array of a tuple-valued one; an op is counted once,
 which is exact here: the model has one layer period, so no collective sits in a loop run more than once; an op
 whose groups hold one device, which XLA keeps for a `psum` over a mesh axis of size 1, moves nothing) over the

@@ -191,7 +191,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
-FIRST = "tests/test_hero_tiny.py"
+FIRST = "tests/e2e/test_hero_tiny.py"
 """The tiny hero's whole run and every test that reads it (one session fixture): the longest file, sent first."""
 
 

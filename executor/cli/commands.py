@@ -39,7 +39,7 @@ from executor.store.events import StepStatus
 from executor.store.experiments import current_fingerprints, latest_experiment, read_experiment
 from executor.store.layout import INFO_FILE
 from executor.store.probe import StoreUnreachableError, probe
-from executor.store.step_rows import StepRow, prefix_rows
+from executor.store.step_rows import CORRUPT, StepRow, prefix_rows
 from executor.watch.site.files import PublishError
 from executor.watch.training.alerts import AlertConfigError
 
@@ -102,7 +102,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             worst = max(worst, 1)
             continue
         render_status(rows, title, console)
-        worst = max(worst, 1 if any(row.status == StepStatus.FAILED for row in rows) else 0)
+        worst = max(worst, 1 if any(row.status in (StepStatus.FAILED, CORRUPT) for row in rows) else 0)
     return worst
 
 

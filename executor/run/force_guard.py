@@ -8,6 +8,10 @@ only if the caller confirms: `--yes` on the command line, or an answer typed at 
 (`executor_main`). Without either the run stops with a `ForceDiscardError` that lists them; nothing is
 written. A dry run prints the list. From Python, `Executor.run(force_run=...)` is explicit enough and goes on
 (with a warning naming what it discards) unless `confirm_discard` is given.
+
+This is the one place the generic runner knows a training convention, said here so nobody has to find it: the
+folder name (`layout.CHECKPOINTS_DIR`, what steps/train writes) and Levanter's `step-N` names, used only to list
+the newest checkpoints first. A step of any other kind with a `checkpoints/` folder is guarded the same way.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ never writes. Modules, by concern:
     safety.py            every request path stays inside the prefix
     experiment_index.py  experiment files, parsed once per change
     step_cache.py        batched, cached reads of step state / progress / stats (finished steps cached)
-    views.py             counts, the filtered/sorted/paginated step table, the (grouped) DAG graph
+    experiment_view.py   an experiment page: counts, the filtered/sorted/paginated step table, the (grouped) DAG graph
     step_view.py         one step: history, config with versioned fields, explain diff, drift, rerun command
     files.py             file listings, previews (JSONL / JSON / Parquet / text), log tail, metrics lines
     metrics_view.py      the metrics grid: every key a joined series of its own

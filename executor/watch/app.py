@@ -44,6 +44,7 @@ from executor.store.experiments import Experiment
 from executor.store.layout import INFO_FILE, LOG_FILE, METRICS_FILE
 from executor.watch import files
 from executor.watch.experiment_index import ExperimentIndex
+from executor.watch.experiment_view import SORT_KEYS, StepQuery, experiment_summary, graph, shard_totals, steps_page
 from executor.watch.incidents import code_now, experiment_incidents
 from executor.watch.metrics_view import metrics_grid
 from executor.watch.safety import UnsafePathError, check_relative, resolve_under
@@ -54,7 +55,6 @@ from executor.watch.training.composition_view import composition_view
 from executor.watch.training.ladder_view import ladder_view
 from executor.watch.training.panels import PanelError, available
 from executor.watch.training.run_view import run_view
-from executor.watch.views import SORT_KEYS, StepQuery, experiment_summary, graph, shard_totals, steps_page
 
 logger = logging.getLogger(__name__)
 

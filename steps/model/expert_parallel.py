@@ -12,7 +12,7 @@ own slice of the tokens (tokens split over every mesh axis, `data` and `expert`)
 4. sends the outputs back by the reverse `all_to_all`, and sums each token's copies weighted by its gates.
 
 No collective carries the whole token batch: the two all-to-alls move each device's own routed copies
-(tests/test_expert_parallel.py reads the compiled HLO). The grid is `E x groups x slots` rows of `feature`
+(tests/steps/model/test_expert_parallel.py reads the compiled HLO). The grid is `E x groups x slots` rows of `feature`
 per device, about the capacity factor times its copies (tokens x K), whatever S. Two ways to use it:
 
 - **capacity** (`dropless=False`): one pass; a copy past its expert's slots in its group is dropped (no

@@ -7,7 +7,7 @@ lists sub-caches by relative path, and Levanter reads them in that order as one 
 what Marin's tokenize steps leave and what `consolidate_shard_cache_ledgers` writes.
 
 So a shard group writes each split's documents as one sub-cache, in the layout Levanter's own
-`SerialCacheWriter` leaves (same array specs, same ledger; `tests/test_levanter_cache.py` compares
+`SerialCacheWriter` leaves (same array specs, same ledger; `tests/steps/tokenize/test_levanter_cache.py` compares
 them), into a folder of the shard's (`ShardWriter.folder`), which the executor commits with the
 shard's marker: one rename on a local disk. Once every group is committed,
 `write_sharded_ledger` writes the split's ledger from the markers' row and token counts, in one
@@ -318,7 +318,7 @@ class _ArrayPair:
     row's tokens end to end; `offsets`, the row count at [0] and each row's end offset at [1 + row].
 
     Created with Levanter's own spec (`jagged_array._get_spec`: sharded chunks, blosc zstd), so Levanter
-    opens them as if its `SerialCacheWriter` had written them (`tests/test_levanter_cache.py` compares
+    opens them as if its `SerialCacheWriter` had written them (`tests/steps/tokenize/test_levanter_cache.py` compares
     the metadata and the file bytes). Written here rather than through `JaggedArrayStore.extend`, which writes
     the row count as a separate read-modify-write of the offsets after every batch, on arrays opened
     one after the other with tensorstore's default of an fsync per file write. Here `data` is written as tokens

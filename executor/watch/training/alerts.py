@@ -22,9 +22,9 @@ run of consecutive offending steps: it fires once, at its first step, and an ale
                        phase of at least `mixture_drift_min_blocks` mixture blocks (served_mixture.py); one
                        alert a phase, at its first step, naming each such component
 
-Defaults stay quiet on a healthy run (the tiny demo's runs fire none: tests/test_alerts.py) and fire on an
-injected NaN, spike or stall. Thresholds are plain config, never versioned: tuning an alert must not restart
-a run. Firings can also be POSTed as JSON to a webhook (`post_webhook`); a webhook that fails is logged and
+Defaults stay quiet on a healthy run (the tiny demo's runs fire none: tests/executor/watch/training/test_alerts.py)
+and fire on an injected NaN, spike or stall. Thresholds are plain config, never versioned: tuning an alert must
+not restart a run. Firings can also be POSTed as JSON to a webhook (`post_webhook`); a webhook that fails is logged and
 retried on the next cycle's new firings only, never allowed to stop the publisher.
 """
 

@@ -1,0 +1,137 @@
+"""A published site says how fresh it is, survives being copied, and can be opened as the CLI says.
+
+- the publisher's heartbeat (data/site.json) while it watches; a RUNNING step shown stale in Chromium once the
+  heartbeat is 3 intervals old (a real running step, tests/support/publish_dag.py's `stalled_run`);
+- a prefix copied elsewhere renders the same (the band, read from the scaling step the config names by its old
+  absolute path), through the dashboard's views and on its published site;
+- `publish` prints a command that serves the folder, which, run, serves the site; a page opened from disk says why
+  it cannot read its data instead of "Failed to fetch".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from band_dag import build_band_prefix
+from browser_fixtures import DEADLINE_MS, expect, screenshot
+from conftest import wait_until
+from publish_dag import STALL_GATES, StalledRunConfig, build_publish_prefix, stalled_run
+from services import free_port, wait_for_port
+from test_publish_browser import static_server
+
+from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
+from executor.store.events import read_status
+from executor.store.layout import METRICS_FILE
+from executor.watch.site.publish import SitePublisher
+from executor.watch.training.run_view import run_view
+
+
+def test_a_watching_publisher_beats_and_a_one_off_publish_writes_nothing_idle(tmp_path: Path) -> None:
+    build_publish_prefix(tmp_path / "prefix")
+    now = [1_800_000_000.0]
+    watcher = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site"), clock=lambda: now[0], interval_s=60)
+    watcher.cycle()
+    first = json.loads((tmp_path / "site" / "data" / "site.json").read_text())
+    assert first == {"published_at": "2027-01-15T08:00:00+00:00", "interval_s": 60,
+                     "heartbeat": "2027-01-15T08:00:00+00:00"}  # fmt: skip
+    now[0] += 60
+    idle = watcher.cycle()
+    beat = json.loads((tmp_path / "site" / "data" / "site.json").read_text())
+    assert beat["published_at"] == first["published_at"] and beat["heartbeat"] == "2027-01-15T08:01:00+00:00"
+    assert idle.files_written <= 3  # the heartbeat and its folder's manifest
+    once = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site-once"))
+    once.cycle()
+    assert once.cycle().files_written == 0
+    assert json.loads((tmp_path / "site-once" / "data" / "site.json").read_text())["heartbeat"] is None
+
+
+def test_a_copied_prefix_keeps_its_band(tmp_path: Path) -> None:
+    paths = build_band_prefix(tmp_path / "ran-here", long_steps=10)
+    copy = tmp_path / "synced" / "copy"
+    shutil.copytree(tmp_path / "ran-here", copy)
+    shutil.rmtree(tmp_path / "ran-here")  # the old absolute paths lead nowhere now
+    view = run_view(str(copy), str(copy / paths["train/hero"]))
+    assert view["prediction_error"] is None and view["prediction"]["source"] == paths["scaling/ladder"]
+    assert view["last_eval"]["verdict"] == "inside"
+    SitePublisher(str(copy), str(tmp_path / "site")).cycle()
+    published = json.loads((tmp_path / "site" / "data" / "step" / paths["train/hero"] / "run.json").read_text())
+    assert published["prediction"]["source"] == paths["scaling/ladder"] and published["last_eval"]["band"]
+
+
+def test_publish_prints_a_command_that_serves_the_site(tmp_path: Path) -> None:
+    build_publish_prefix(tmp_path / "prefix")
+    command = [
+        sys.executable,
+        "-m",
+        "executor",
+        "publish",
+        "--prefix",
+        str(tmp_path / "prefix"),
+        "--to",
+        str(tmp_path / "site"),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    printed = re.search(r"serve it with: (python -m http\.server .*?)  then open (http://\S+)", result.stdout)
+    assert printed, result.stdout
+    port = free_port()
+    serve = shlex.split(printed.group(1).replace(" 8000 ", f" {port} "))
+    assert serve[:3] == ["python", "-m", "http.server"] and printed.group(2) == "http://127.0.0.1:8000/"
+    process = subprocess.Popen([sys.executable, *serve[1:]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process, "http.server")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/experiments.json", timeout=30) as response:
+            assert json.loads(response.read())["experiments"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.mark.browser
+def test_a_running_step_shows_stale_once_the_publisher_stops(page, tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
+    gate = "freshness"
+    STALL_GATES[gate] = threading.Event()
+    step = ExecutorStep(
+        name="train/running", fn=stalled_run, config=StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate))
+    )
+    executor = Executor(str(tmp_path / "prefix"))
+    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/running.py"})
+    runner.start()
+    try:
+        wait_until(lambda: step in executor.output_paths, "the step to be planned")
+        output_path = executor.output_paths[step]
+        wait_until(lambda: Path(output_path, METRICS_FILE).exists() and read_status(output_path) == "RUNNING", "a run")
+        relative = Path(output_path).relative_to(tmp_path / "prefix").as_posix()
+        beat = [time.time() - 3600]  # the watcher's last cycle an hour ago, every minute before that
+        publisher = SitePublisher(
+            str(tmp_path / "prefix"), str(tmp_path / "site"), clock=lambda: beat[0], interval_s=60
+        )
+        publisher.cycle()
+        with static_server(tmp_path / "site") as base:
+            page.goto(f"{base}/index.html#/step/{relative}")
+            expect(page.locator("[data-testid=step-status] [data-stale=true]")).to_have_text(
+                "RUNNING · stale", timeout=DEADLINE_MS
+            )
+            expect(page.locator("#published")).to_contain_text("publisher last seen 1.0 h ago")
+            screenshot(page, "publish-stale-running")
+            time.sleep(1.1)  # http.server revalidates by Last-Modified, in whole seconds
+            beat[0] = time.time()
+            publisher.cycle()
+            page.reload()
+            expect(page.locator("#published")).to_have_attribute("data-stale", "false", timeout=DEADLINE_MS)
+            expect(page.locator("[data-testid=step-status] [data-status=RUNNING]")).to_have_text("RUNNING")
+        page.goto((tmp_path / "site" / "index.html").as_uri())
+        expect(page.locator(".error").first).to_contain_text("python -m http.server", timeout=DEADLINE_MS)
+    finally:
+        STALL_GATES[gate].set()
+        runner.join(timeout=120)
