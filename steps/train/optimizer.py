@@ -3,8 +3,10 @@
 `hero` puts each trained weight in one of three groups, by a mask over the model's tree (`parameter_groups`):
 
 - **muonh**: every matrix of attention, the dense and shared MLPs, the latent projections and the routed experts.
-  The update is Nesterov momentum orthogonalised by five Newton-Schulz steps (the quintic 3.4445, -4.7750,
-  2.0315), then a *hyperball* step that keeps the matrix's Frobenius norm where it was:
+  The update is Nesterov momentum orthogonalised by five Newton-Schulz steps, Levanter's
+  `zeropower_via_newtonschulz5` on the coefficient schedule the recipe names (the hero's: "quintic", one
+  triple per step from Levanter's `NEWTON_SCHULZ_COEFFICIENTS`, what its `MuonHConfig` runs by default), then
+  a *hyperball* step that keeps the matrix's Frobenius norm where it was:
   `p' = p - lr * u * |p| / |u|`, `p'' = p' * |p| / |p'|`. A weight stacked over layers or experts is that
   many matrices (`matrix_view`): the stacked 3-D expert weights are orthogonalised and normalised per expert.
 - **adamh**: the lm-head readout: Adam's direction, then the same hyperball step.
@@ -12,8 +14,9 @@
 
 The router bias (steps/model/router_balance.py) is no trained weight: Levanter's train step takes it out of the
 gradient before the optimizer sees it (`partition_for_grad_overwrite`), so it is in no group and has no state.
-The norm-keeping groups need no weight decay; `hero` decays nothing. The gradient is clipped to a global norm
-of `max_grad_norm` first, as AdamW's is. Every learning rate follows the train config's schedule (the hero's:
+The norm-keeping groups need no weight decay; `hero` decays nothing. The published hero trains unclipped
+(`max_grad_norm` None, Marin's "1pct-noclip" schedule); a recipe that sets it clips the gradient to that global
+norm before every group. Every learning rate follows the train config's schedule (the hero's:
 linear decay to 5% of its peak).
 
 `optimizer_groups(model)` is the mask as `{parameter path: group}`, what the step writes to
@@ -37,14 +40,13 @@ import jax.numpy as jnp
 import optax
 from haliax import NamedArray
 from levanter.optim.config import AdamConfig, OptimizerConfig
+from levanter.optim.util import NEWTON_SCHULZ_COEFFICIENTS
 
 from executor import storage
 
 OPTIMIZERS = ("adamw", "hero")
 """`TrainConfig.optimizer`'s choices."""
 GROUPS = ("muonh", "adamh", "adam")
-NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)
-"""The quintic's coefficients (a, b, c): X <- a X + (b A + c A^2) X, A = X X^T."""
 OPTIMIZER_GROUPS_FILE = "optimizer_groups.json"
 
 
@@ -67,8 +69,22 @@ class HeroHyperparameters:
     momentum: float = 0.95
     """MuonH's (Nesterov) momentum."""
     newton_schulz_steps: int = 5
-    max_grad_norm: float | None = 1.0
-    """Global gradient-norm clip before every group (None: none)."""
+    """Newton-Schulz steps of each MuonH update."""
+    newton_schulz_coefficients: str = "quintic"
+    """Which of Levanter's `NEWTON_SCHULZ_COEFFICIENTS` schedules the steps take their (a, b, c) from, step i
+    the i-th triple (cyclically): "quintic" (the hero's, Levanter's default: five triples), "simple" (one
+    triple, Muon's), "polar_express" or "aol"."""
+    newton_schulz_epsilon: float = 1e-8
+    """Added to the Frobenius norm each matrix is divided by before the iteration (Levanter's `muon_epsilon`)."""
+    max_grad_norm: float | None = None
+    """Global gradient-norm clip before every group (None, the published hero's: none)."""
+
+    def __post_init__(self) -> None:
+        if self.newton_schulz_coefficients not in NEWTON_SCHULZ_COEFFICIENTS:
+            raise ValueError(
+                f"newton_schulz_coefficients={self.newton_schulz_coefficients!r} is none of Levanter's "
+                f"{sorted(NEWTON_SCHULZ_COEFFICIENTS)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -79,13 +95,16 @@ class MoeHeuristic:
     Each rung of a ladder and the hero get their own rates, epsilon and beta2 from their own token budget `T`,
     batch `B` (tokens per step) and width `d` (d_model), by one formula family:
 
-        adam_lr  = min(0.06602 * T^-0.395 * d^-0.150 * sqrt(B), 0.05)
-        muonh_lr = adamh_lr = 13/3 * adam_lr
+        rate     = 0.06602 * T^-0.395 * d^-0.150 * sqrt(B)
+        adam_lr  = min(rate, 0.05)
+        muonh_lr = adamh_lr = min(13/3 * rate, 0.05)
         epsilon  = 9.676e-18 * sqrt(T / B)
         beta2    = clip(0.999^(B / 131072), 0.95, 0.9999),  beta1 = 0.9062
 
-    with a linear decay to 5% of the peak. The constants are Marin's published ones; a refit is a new `version`
-    (and so a new hash for every run that uses it: the derived figures are what the train steps hash).
+    with a linear decay to 5% of the peak. The cap holds every group's rate, as published: the MuonH and AdamH
+    rates reach it first (at the tiny hero's d768 rung, 13/3 x 0.01226 = 0.0531 is trained at 0.05). The
+    constants are Marin's published ones; a refit is a new `version` (and so a new hash for every run that uses
+    it: the derived figures are what the train steps hash).
     For example a run of 2^30 tokens in steps of 2^20 at d_model 2048 gets adam_lr 0.00584, muonh_lr 0.0253,
     beta2 0.9920 and epsilon 3.1e-16: `MoeHeuristic().hyperparameters(2**30, 2**20, 2048)`.
     """
@@ -95,7 +114,8 @@ class MoeHeuristic:
     lr_coefficient: float = 0.06602
     tokens_exponent: float = -0.395
     width_exponent: float = -0.150
-    max_adam_lr: float = 0.05
+    max_lr: float = 0.05
+    """The highest peak rate of any group (Adam's, MuonH's and AdamH's alike)."""
     muonh_over_adam: float = 13 / 3
     epsilon_coefficient: float = 9.676e-18
     beta2_base: float = 0.999
@@ -108,9 +128,10 @@ class MoeHeuristic:
     """The linear decay's end, over the peak."""
     lr_schedule: str = "linear"
 
-    def adam_lr(self, tokens: float, tokens_per_batch: float, hidden_dim: int) -> float:
+    def uncapped_adam_lr(self, tokens: float, tokens_per_batch: float, hidden_dim: int) -> float:
+        """The formula's Adam rate before the cap (`max_lr`)."""
         rate = self.lr_coefficient * tokens**self.tokens_exponent * hidden_dim**self.width_exponent
-        return min(rate * math.sqrt(tokens_per_batch), self.max_adam_lr)
+        return rate * math.sqrt(tokens_per_batch)
 
     def hyperparameters(self, tokens: float, tokens_per_batch: float, hidden_dim: int) -> HeroHyperparameters:
         """The hero optimizer's settings for a run of `tokens` tokens in steps of `tokens_per_batch`, width
@@ -120,12 +141,13 @@ class MoeHeuristic:
                 f"MoeHeuristic needs positive tokens, batch and width, got tokens={tokens}, "
                 f"tokens_per_batch={tokens_per_batch}, hidden_dim={hidden_dim}"
             )
-        adam_lr = self.adam_lr(tokens, tokens_per_batch, hidden_dim)
+        rate = self.uncapped_adam_lr(tokens, tokens_per_batch, hidden_dim)
+        matrix_rate = min(self.muonh_over_adam * rate, self.max_lr)
         low, high = self.beta2_range
         return HeroHyperparameters(
-            adam_lr=adam_lr,
-            muonh_lr=self.muonh_over_adam * adam_lr,
-            adamh_lr=self.muonh_over_adam * adam_lr,
+            adam_lr=min(rate, self.max_lr),
+            muonh_lr=matrix_rate,
+            adamh_lr=matrix_rate,
             beta1=self.beta1,
             beta2=min(max(self.beta2_base ** (tokens_per_batch / self.beta2_reference_batch), low), high),
             epsilon=self.epsilon_coefficient * math.sqrt(tokens / tokens_per_batch),
@@ -198,16 +220,23 @@ def _axes(spec: Any) -> tuple[Any, ...]:
     return tuple(spec) if isinstance(spec, tuple | list) else (spec,)
 
 
-def newton_schulz(matrix: jax.Array, steps: int = 5, eps: float = 1e-7) -> jax.Array:
-    """The quintic Newton-Schulz iteration towards the orthogonal factor U V^T of `matrix` = U S V^T (one 2-D
-    matrix; its result's singular values end near 1, in [0.7, 1.2] after five steps)."""
-    a, b, c = NEWTON_SCHULZ
+def newton_schulz(matrix: jax.Array, steps: int, coefficients: str, eps: float) -> jax.Array:
+    """Levanter's Newton-Schulz iteration (`zeropower_via_newtonschulz5`) towards the orthogonal factor U V^T of
+    one 2-D `matrix` = U S V^T: `steps` steps, step i on the i-th (a, b, c) of Levanter's `coefficients` schedule,
+    X <- a X + (b A + c A^2) X with A = X X^T, in float32. Its result's singular values end near 1, not at 1:
+    five "quintic" steps leave them in about [0.98, 1.03], five "simple" ones in [0.68, 1.13].
+
+    The same arithmetic in the same order as Levanter's function, less its sharding constraint, which names mesh
+    axes ("data", "model") that the plan's meshes need not have: the matrices stay laid out as the plan put them.
+    """
+    table = NEWTON_SCHULZ_COEFFICIENTS[coefficients]
     x = matrix.astype(jnp.float32)
+    x = x / (jnp.linalg.norm(x) + eps)
     wide = x.shape[0] > x.shape[1]
     if wide:
         x = x.T  # iterate on the side whose Gram matrix is the smaller
-    x = x / (jnp.linalg.norm(x) + eps)
-    for _ in range(steps):
+    for step in range(steps):
+        a, b, c = table[step % len(table)]
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     return (x.T if wide else x).astype(matrix.dtype)
@@ -242,8 +271,14 @@ class MuonHState(NamedTuple):
     momentum: optax.Updates
 
 
-def scale_by_muonh(momentum: float, steps: int, learning_rate: Any) -> optax.GradientTransformation:
-    """MuonH's update (module docstring): Nesterov momentum, orthogonalised per matrix, then the hyperball step."""
+def scale_by_muonh(
+    momentum: float, steps: int, learning_rate: Any, coefficients: str = "quintic", eps: float = 1e-8
+) -> optax.GradientTransformation:
+    """MuonH's update (module docstring): Nesterov momentum, orthogonalised per matrix by `steps` Newton-Schulz
+    steps on the `coefficients` schedule, then the hyperball step."""
+
+    def orthogonalise(stack: jax.Array) -> jax.Array:
+        return jax.vmap(lambda matrix: newton_schulz(matrix, steps, coefficients, eps))(stack)
 
     def init(params: Any) -> MuonHState:
         return MuonHState(optax.tree_utils.tree_zeros_like(params))
@@ -251,7 +286,7 @@ def scale_by_muonh(momentum: float, steps: int, learning_rate: Any) -> optax.Gra
     def update(updates: Any, state: MuonHState, params: Any = None) -> tuple[Any, MuonHState]:
         buffer = jax.tree.map(lambda m, g: momentum * m + g, state.momentum, updates)
         nesterov = jax.tree.map(lambda m, g: momentum * m + g, buffer, updates)
-        orthogonal = _map_matrices(lambda stack: jax.vmap(lambda m: newton_schulz(m, steps))(stack), nesterov)
+        orthogonal = _map_matrices(orthogonalise, nesterov)
         step = _map_matrices(lambda p, u: hyperball_step(p, u, learning_rate), params, orthogonal)
         return step, MuonHState(buffer)
 
@@ -289,7 +324,8 @@ class HeroOptimizerConfig(OptimizerConfig):
 
         def optimizer(muonh_lr: Any, adamh_lr: Any, adam_lr: Any) -> optax.GradientTransformation:
             groups = {
-                "muonh": scale_by_muonh(settings.momentum, settings.newton_schulz_steps, muonh_lr),
+                "muonh": scale_by_muonh(settings.momentum, settings.newton_schulz_steps, muonh_lr,
+                                        settings.newton_schulz_coefficients, settings.newton_schulz_epsilon),
                 "adamh": scale_by_adamh(settings.beta1, settings.beta2, settings.epsilon, adamh_lr),
                 "adam": optax.chain(optax.scale_by_adam(settings.beta1, settings.beta2, settings.epsilon),
                                     optax.scale(-adam_lr)),
