@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from paths import REPO
@@ -213,10 +214,11 @@ def hero_config(data: dict[str, str]) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def hero_runs(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
-    """The hero-optimizer run killed and resumed, and trained whole."""
+def hero_runs(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict], Path]:
+    """The hero-optimizer run killed and resumed, and trained whole (its metrics and output path)."""
     resumed = kill_and_resume(data, tmp_path_factory.mktemp("hero-prefix"), hero_config(data))
-    return resumed, run_whole(tmp_path_factory.mktemp("hero-uninterrupted"), hero_config(data))
+    whole_prefix = tmp_path_factory.mktemp("hero-uninterrupted")
+    return resumed, run_whole(whole_prefix, hero_config(data)), next(whole_prefix.glob("train/tiny-moe-*"))
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "hero"])
@@ -227,12 +229,20 @@ def test_a_resumed_run_has_the_uninterrupted_runs_losses(optimizer: str, request
     if optimizer == "adamw":
         killed, whole_run = request.getfixturevalue("killed_and_resumed"), request.getfixturevalue("uninterrupted")
     else:
-        killed, whole_run = request.getfixturevalue("hero_runs")
+        killed, whole_run, whole_path = request.getfixturevalue("hero_runs")
     resumed = dict(train_losses(killed["records"][killed["records_before"] :]))
     whole = dict(train_losses(whole_run))
     assert sorted(resumed) == list(range(killed["killed_at"][-1] + 1, STEPS))
-    assert [resumed[step] for step in sorted(resumed)] == pytest.approx([whole[step] for step in sorted(resumed)],
-                                                                        rel=1e-5, abs=1e-5)  # fmt: skip
+    resumed_losses, whole_losses = [resumed[step] for step in sorted(resumed)], [whole[s] for s in sorted(resumed)]
+    if optimizer == "hero":
+        # Bit for bit: MuonH's momentum and the Adam moments come back exactly, and so do every loss after and
+        # the final weights (the router bias among them).
+        assert resumed_losses == whole_losses
+        exports = [load_hf_export(str(path / HF_FOLDER)) for path in (killed["output_path"], whole_path)]
+        for resumed_leaf, whole_leaf in zip(*(jax.tree.leaves(model) for model in exports), strict=True):
+            assert np.array_equal(np.asarray(resumed_leaf), np.asarray(whole_leaf))
+    else:
+        assert resumed_losses == pytest.approx(whole_losses, rel=1e-5, abs=1e-5)
     groups = json.loads((killed["output_path"] / OPTIMIZER_GROUPS_FILE).read_text())
     assert groups["optimizer"] == optimizer
     expected = {"adamw"} if optimizer == "adamw" else {"muonh", "adamh", "adam"}
