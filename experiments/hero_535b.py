@@ -423,15 +423,18 @@ def build_dag(scale: Scale) -> HeroDag:
     steps += [tokenizer, cells, tokenized, weights, suite]
 
     trains, evaluates, ladder = {}, {}, []
+    eval_sets = scale.topics * scale.quality_buckets + len(suite_subsets)  # every cell's validation, every subset
     for rung in scale.rungs:
-        trained = default_train(rung, scale.recipe, tokenizer, tokenized, weights, eval_suite=suite)
+        trained = default_train(rung, scale.recipe, tokenizer, tokenized, weights, eval_suite=suite,
+                                eval_sets=eval_sets)  # fmt: skip
         evaluated = default_evaluate(rung, scale.recipe, trained, tokenizer, tokenized, eval_suite=suite)
         trains[rung.name] = (rung, trained)
         evaluates[rung.name] = (rung, evaluated)
         ladder.append((rung, trained, evaluated))
         steps += [trained, evaluated]
     scaling = default_scaling(ladder, scale.hero, scale.irreducible_loss, scale.bootstrap_samples, SUITE_MACRO_LOSS)
-    hero = default_train(scale.hero, scale.recipe, tokenizer, tokenized, weights, prediction=scaling, eval_suite=suite)
+    hero = default_train(scale.hero, scale.recipe, tokenizer, tokenized, weights, prediction=scaling, eval_suite=suite,
+                         eval_sets=eval_sets)  # fmt: skip
     hero_eval = default_evaluate(scale.hero, scale.recipe, hero, tokenizer, tokenized, eval_suite=suite)
     trains[scale.hero.name] = (scale.hero, hero)
     evaluates[scale.hero.name] = (scale.hero, hero_eval)

@@ -24,6 +24,7 @@ from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.train.hardware import Hardware, mfu_denominator
 from steps.train.optimizer import HeroHyperparameters, MoeHeuristic
 from steps.train.parallelism import ParallelismPlan, plan_parallelism
+from steps.train.step_time import eval_allowance_s
 from steps.train.train import TrainConfig, train
 
 
@@ -61,6 +62,18 @@ class Rung:
         if self.hardware is None:
             return None
         return self.flops / (mfu_denominator(self.hardware.peak_flops_per_device, self.devices) * planning_mfu) / 3600
+
+    def train_resources(self, recipe: Recipe, eval_sets: int) -> ResourceConfig:
+        """What its train step asks for: `resources`, and on planned hardware a progress allowance that holds one
+        of its evals (`eval_sets` sets of the recipe's eval batches; steps/train/step_time.py `eval_allowance_s`):
+        an eval completes no step, so a gang's watch counts it against `progress_timeout_s` (the eval's own
+        progress phase, steps/train/run_environment.py `EVAL`, gets no allowance of its own from the watch yet)."""
+        if self.hardware is None or recipe.eval_batches is None or eval_sets == 0:
+            return self.resources
+        sequences = eval_sets * recipe.eval_batches * recipe.eval_batch_size
+        allowance = eval_allowance_s(self.shape, sequences, self.hardware, self.devices)
+        current = self.resources.progress_timeout_s or self.resources.hang_timeout_s
+        return dataclasses.replace(self.resources, progress_timeout_s=max(current, allowance))
 
     def hero_hyperparameters(self, recipe: Recipe) -> HeroHyperparameters | None:
         """The hero optimizer's settings for this rung under `recipe` (None: the recipe trains with AdamW)."""
@@ -181,9 +194,11 @@ def default_train(
     weights: ExecutorStep,
     prediction: ExecutorStep | None = None,
     eval_suite: ExecutorStep | None = None,
+    eval_sets: int = 0,
 ) -> ExecutorStep:
     """Train `rung` on the mixture `weights` over the cells in `tokenized`, evaluated on the cells' validation
-    splits and `eval_suite`'s subsets; watched against `prediction`."""
+    splits and `eval_suite`'s subsets (`eval_sets` of them in all, which size the gang's progress allowance on
+    planned hardware: `Rung.train_resources`); watched against `prediction`."""
     every_eval = max(1, rung.steps // recipe.evals_per_run)
     min_lr_ratio, lr_schedule = rung.schedule(recipe)
     return ExecutorStep(
@@ -231,7 +246,7 @@ def default_train(
             mesh=_mesh(rung.plan(recipe)),
             prediction_path=None if prediction is None else output_path_of(prediction),
         ),
-        resources=rung.resources,
+        resources=rung.train_resources(recipe, eval_sets),
         # 2: the model holds local/global layer periods and latent experts, without QK-norm: checkpoints of
         # earlier runs have another tree and cannot be resumed.
         # 3: the router bias is read from the whole batch's excess histogram (steps/model/router_balance.py), not

@@ -7,7 +7,8 @@ restores it after, so that several train steps in one worker process (Ray runs m
 another's files. Tools that write only local files get a folder of the output path when it is local, or a
 temporary one that is uploaded to `<output>/<name>/` when the output is on an object store (`local_dir`,
 `keep_local_folder`). A run also tells a gang's watch how far it got (executor/run/gang_progress.py): it runs in phase
-`TRAINING` and each checkpoint save in phase "checkpoint" (`checkpoint_saves_in_their_phase`).
+`TRAINING`, each checkpoint save in phase "checkpoint" (`checkpoint_saves_in_their_phase`) and each eval in phase
+`EVAL` (`in_eval_phase`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import wandb
@@ -134,6 +135,25 @@ TRAINING = "training"
 """The progress phase of the whole run (`executor.progress`): from its start the gang's watch expects steps, the
 first within `ResourceConfig.first_step_timeout_s`; each completed step is reported by the trackers
 (steps/train/train_metrics.py)."""
+
+
+EVAL = "eval"
+"""The progress phase of a periodic or final eval, inside `TRAINING`: no step completes while it runs, and the
+first one compiles the eval's program besides. A gang's watch that grants this phase its own allowance (as it
+grants "checkpoint" `checkpoint_timeout_s`) never calls a slow eval a stall; one that does not counts it against
+`ResourceConfig.progress_timeout_s`, which the plan therefore sets to cover the eval (experiments/train_defaults.py
+`Rung.train_resources`)."""
+
+
+def in_eval_phase[T](evaluate: Callable[[T], None]) -> Callable[[T], None]:
+    """`evaluate` (an eval hook of Levanter's trainer, called with the step's info) run in progress phase `EVAL`."""
+
+    @functools.wraps(evaluate)
+    def evaluate_in_phase(step: T) -> None:
+        with progress.phase(EVAL):
+            evaluate(step)
+
+    return evaluate_in_phase
 
 
 @contextlib.contextmanager

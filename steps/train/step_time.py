@@ -27,6 +27,12 @@ recomputes each layer's forward pass, remat "layer" or "period", else 0):
   prefetched and overlap it (the plan holds the next layer's gathered copy), the fast and slow links at once;
   the all-to-alls do not overlap (a layer's experts wait for their tokens):
   `step = max(compute, max(fsdp on fast links, fsdp on slow links)) + all-to-all`. `serial` adds every term.
+
+An eval completes no train step, and a gang's watch allows only so long without one: `eval_allowance_s` is how
+long one eval of a run may take, its first compile included, from the eval's forward FLOPs (`eval_seconds`, the
+roofline bound) at a stated low efficiency. The plan sets a train step's progress allowance from it
+(experiments/train_defaults.py `Rung.train_resources`). For the full hero on 1,024 GB200s, an eval of 216 sets x
+4 batches of 1,024 sequences of 4,096 tokens is at least 71 s; its allowance is 1,800 + 71 / 0.1 = 2,506 s.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 """AdamW's step reads the f32 master weight, gradient and two moments and writes the weight and moments back."""
 GRADIENT_BYTES = 4
 """Gradients are reduce-scattered in f32, the master weights' dtype."""
+EVAL_COMPILE_S = 1800.0
+"""What a run's first eval may spend compiling its forward program, besides running it: half the hour a train
+step's first compile (forward and backward) is given (`ResourceConfig.first_step_timeout_s`'s default)."""
+EVAL_EFFICIENCY = 0.1
+"""The share of the devices' bf16 peak the eval allowance assumes an eval reaches: below any MFU Marin published
+for a train step (13.6% at d2048, about 23% for the hero), so that a slow eval still fits."""
 
 
 @dataclass(frozen=True)
@@ -197,3 +209,16 @@ def domains_used(plan: ParallelismPlan, hardware: Hardware) -> tuple[int, int]:
     """(fast domains, devices used in each) of the plan (`parallelism.devices_per_domain`)."""
     per_domain = devices_per_domain(plan.devices, plan.mesh.get("expert", 1), hardware)
     return math.ceil(plan.devices / per_domain), per_domain
+
+
+def eval_seconds(shape: MoeShape, sequences: int, hardware: Hardware, devices: int) -> float:
+    """The least time one eval of `sequences` sequences takes on `devices` of `hardware`: its forward FLOPs (a
+    third of a train step's per token) at the devices' bf16 peak."""
+    forward_flops = flops_per_token(shape) / 3 * sequences * shape.seq_len
+    return forward_flops / (devices * hardware.peak_flops_per_device)
+
+
+def eval_allowance_s(shape: MoeShape, sequences: int, hardware: Hardware, devices: int) -> float:
+    """How long one eval of `sequences` sequences may take, its first compile included (module docstring):
+    `EVAL_COMPILE_S` plus its forward FLOPs at `EVAL_EFFICIENCY` of the devices' peak."""
+    return EVAL_COMPILE_S + eval_seconds(shape, sequences, hardware, devices) / EVAL_EFFICIENCY

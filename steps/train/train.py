@@ -103,6 +103,7 @@ from steps.train.run_environment import (
     TRAINING,
     checkpoint_saves_in_their_phase,
     close_log_files,
+    in_eval_phase,
     keep_local_folder,
     local_dir,
     training_environment,
@@ -311,6 +312,7 @@ def periodic_evals(capacity_factor: float | None, last_step: int) -> Iterator[No
         drops = None if capacity_factor is None else _drops_evaluator(build, args, kwargs)
         last_evaluated: int | None = None
 
+        @in_eval_phase
         def evaluate(step: StepInfo) -> None:
             nonlocal last_evaluated
             if step.step == last_evaluated:
