@@ -85,7 +85,7 @@ from steps.scaling.ladder import SUITE_MACRO_LOSS
 from steps.train.hardware import HARDWARE, Hardware, host_resources
 from steps.train.optimizer import OPTIMIZERS
 from steps.train.parallelism import ParallelismPlan, devices_per_domain, expert_parallel_size, refuse_unless_fits
-from steps.train.step_time import StepTimeEstimate, domains_used, estimate_step_time
+from steps.train.step_time import StepTimeForecast, domains_used
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +94,6 @@ DEFAULT_HARDWARE = "gb200"
 """The hero's own: GB200 NVL72 racks."""
 PHASE_FRACTIONS = (0.8, 0.2)
 """Pretraining, then the cooldown mixture from 80% of the steps."""
-PLANNING_MFU = 0.4
-"""The MFU the hours are planned at."""
 
 
 @dataclass(frozen=True)
@@ -335,6 +333,8 @@ class HeroDag:
     hero_eval: ExecutorStep
     recipe: Recipe
     """What every rung shares (its expert capacity and eval batch size the plans)."""
+    eval_sets: int = 0
+    """Sets each eval of a train step reads: every cell's validation split and every suite subset."""
 
 
 def _data_chain(scale: Scale, downloads: dict[str, ExecutorStep], classifier: ExecutorStep, eval_paths: list[Any],
@@ -440,7 +440,7 @@ def build_dag(scale: Scale) -> HeroDag:
     evaluates[scale.hero.name] = (scale.hero, hero_eval)
     steps += [scaling, hero, hero_eval]
     return HeroDag(steps=steps, trains=trains, evaluates=evaluates, scaling=scaling, hero_eval=hero_eval,
-                   recipe=scale.recipe)  # fmt: skip
+                   recipe=scale.recipe, eval_sets=eval_sets)  # fmt: skip
 
 
 def step_plans(dag: HeroDag) -> dict[ExecutorStep, ParallelismPlan]:
@@ -472,7 +472,7 @@ def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
     """The plan as JSON rows: every step's name, hash, output path and action; train steps add their figures,
     train and evaluate steps their parallelism plan (hardware, hosts, devices, mesh, microbatch, memory, fits)."""
     figures = {step: rung.figures() for rung, step in dag.trains.values()}
-    plans, estimates = step_plans(dag), step_time_estimates(dag)
+    plans, forecasts = step_plans(dag), step_time_forecasts(dag)
     entries = []
     for decision in executor.decisions:
         planned = decision.planned
@@ -486,20 +486,21 @@ def plan_entries(executor: Executor, dag: HeroDag) -> list[dict]:
         entry.update(figures.get(planned.step, {}))
         if planned.step in plans:
             entry.update(plans[planned.step].as_json())
-        if planned.step in estimates:
-            entry["step_time_estimate"] = estimates[planned.step].as_json()
+        if planned.step in forecasts:
+            entry["step_time_estimate"] = forecasts[planned.step].bound.as_json()
+            entry["step_time_forecast"] = forecasts[planned.step].as_json()
         entries.append(entry)
     return entries
 
 
-def step_time_estimates(dag: HeroDag) -> dict[ExecutorStep, StepTimeEstimate]:
-    """Every planned train step's roofline step-time estimate (steps/train/step_time.py)."""
-    estimates = {}
+def step_time_forecasts(dag: HeroDag) -> dict[ExecutorStep, StepTimeForecast]:
+    """Every planned train step's roofline bound and forecast step time (steps/train/step_time.py)."""
+    forecasts = {}
     for rung, step in dag.trains.values():
-        plan = rung.plan(dag.recipe)
-        if plan is not None and rung.hardware is not None:
-            estimates[step] = estimate_step_time(rung.shape, plan, rung.hardware)
-    return estimates
+        forecast = rung.forecast(dag.recipe, dag.eval_sets)
+        if forecast is not None:
+            forecasts[step] = forecast
+    return forecasts
 
 
 def across(plan: ParallelismPlan, domains: int) -> str:
@@ -510,8 +511,10 @@ def across(plan: ParallelismPlan, domains: int) -> str:
     return f"'data' {'across' if domains > 1 else 'inside'} them"
 
 
-def print_estimate(plan: ParallelismPlan, hardware: Hardware, estimate: StepTimeEstimate, flops: float) -> None:
-    """The layout over fast domains, each collective's axis and bytes, and the roofline estimate beside the plan."""
+def print_estimate(plan: ParallelismPlan, hardware: Hardware, forecast: StepTimeForecast, flops: float) -> None:
+    """The layout over fast domains, each collective's axis and bytes, the roofline bound beside the plan and the
+    forecast (steps/train/step_time.py), each with the hours it gives."""
+    estimate = forecast.bound
     domains, per_domain = domains_used(plan, hardware)
     print(f"          layout: {domains} fast domain(s) of {hardware.fast_domain_devices} {hardware.name}s, {per_domain}"
           f" devices used in each; 'expert' inside a domain, {across(plan, domains)}")
@@ -521,10 +524,14 @@ def print_estimate(plan: ParallelismPlan, hardware: Hardware, estimate: StepTime
               f"{collective.fast_bytes / 1e9:9.2f} GB fast + {collective.slow_bytes / 1e9:7.2f} GB slow per device"
               f"{'' if collective.overlapped else ', on the critical path'}")
     terms = ", ".join(f"{name} {seconds:.3g}" for name, seconds in estimate.terms_s().items())
-    hours = flops / (estimate.mfu * plan.devices * hardware.peak_flops_per_device) / 3600
+    hours, expected_hours = (flops / (mfu * plan.devices * hardware.peak_flops_per_device) / 3600
+                             for mfu in (estimate.mfu, forecast.mfu))
     print(f"          estimate (roofline, not measured): {estimate.step_s:.3g} s/step ({terms}; "
           f"{estimate.serial_s:.3g} s with nothing overlapped), {estimate.tokens_per_s:.3g} tokens/s, "
           f"MFU at most {estimate.mfu:.0%}, {hours:,.1f} hours")
+    terms = ", ".join(f"{name} {seconds:.3g}" for name, seconds in forecast.terms_s().items())
+    print(f"          forecast (fitted to Marin's MFUs): {forecast.step_s:.3g} s/step ({terms}), MFU "
+          f"{forecast.mfu:.1%}, {expected_hours:,.1f} hours")
 
 
 def optimizer_line(rung: Rung, recipe: Recipe) -> str:
@@ -542,8 +549,9 @@ def optimizer_line(rung: Rung, recipe: Recipe) -> str:
 
 def print_totals(scale: Scale, dag: HeroDag) -> None:
     """Per training run: size, tokens, FLOPs and, on planned hardware, hosts, devices, mesh, microbatch, memory
-    per device and hours at PLANNING_MFU; then the totals."""
-    print(f"\nTraining at scale {scale.name} (hours at {PLANNING_MFU:.0%} MFU of each device's bf16 peak):")
+    per device, the roofline bound and the forecast (steps/train/step_time.py) and the forecast's hours; then the
+    totals."""
+    print(f"\nTraining at scale {scale.name} (hours at each run's forecast MFU, fitted to Marin's measured MFUs):")
     total_tokens = total_flops = device_hours = 0.0
     for rung, _ in dag.trains.values():
         figures = rung.figures()
@@ -552,9 +560,9 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
             f"active, {rung.tokens:.3g} tokens, {rung.flops:.2g} FLOPs"
         )
         print(f"          optimizer: {optimizer_line(rung, dag.recipe)}")
-        plan, hours = rung.plan(dag.recipe), rung.hours(PLANNING_MFU)
-        if plan is not None and hours is not None and rung.hardware is not None:
-            memory = plan.memory
+        plan, forecast = rung.plan(dag.recipe), rung.forecast(dag.recipe, dag.eval_sets)
+        if plan is not None and forecast is not None and rung.hardware is not None:
+            hours, memory = rung.hours(forecast.mfu), plan.memory
             print(
                 f"          {plan.hosts} hosts x {plan.devices // plan.hosts} {plan.hardware} = {plan.devices} devices,"
                 f" mesh {plan.mesh}, microbatch {plan.microbatch}, remat {plan.remat},"
@@ -564,7 +572,7 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
                 f"{memory.activations / 1e9:.1f}, dispatch {memory.dispatch / 1e9:.1f})"
                 f"{'' if plan.fits else ' DOES NOT FIT'}, {hours:,.1f} hours"
             )
-            print_estimate(plan, rung.hardware, estimate_step_time(rung.shape, plan, rung.hardware), rung.flops)
+            print_estimate(plan, rung.hardware, forecast, rung.flops)
             device_hours += hours * plan.devices
         total_tokens += rung.tokens
         total_flops += rung.flops

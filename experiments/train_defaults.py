@@ -24,7 +24,7 @@ from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.train.hardware import Hardware, mfu_denominator
 from steps.train.optimizer import HeroHyperparameters, MoeHeuristic
 from steps.train.parallelism import ParallelismPlan, plan_parallelism
-from steps.train.step_time import eval_allowance_s
+from steps.train.step_time import StepTimeForecast, eval_allowance_s, forecast_step_time
 from steps.train.train import TrainConfig, train
 
 
@@ -57,11 +57,11 @@ class Rung:
         return plan_parallelism(self.shape, batch, self.hardware, self.devices, training=training,
                                 capacity_factor=recipe.capacity_factor, optimizer=recipe.optimizer)  # fmt: skip
 
-    def hours(self, planning_mfu: float) -> float | None:
-        """Wall-clock hours of its training at `planning_mfu` on its devices (None without hardware)."""
+    def hours(self, mfu: float) -> float | None:
+        """Wall-clock hours of its training at `mfu` on its devices (None without hardware)."""
         if self.hardware is None:
             return None
-        return self.flops / (mfu_denominator(self.hardware.peak_flops_per_device, self.devices) * planning_mfu) / 3600
+        return self.flops / (mfu_denominator(self.hardware.peak_flops_per_device, self.devices) * mfu) / 3600
 
     def train_resources(self, recipe: Recipe, eval_sets: int) -> ResourceConfig:
         """What its train step asks for: `resources`, and on planned hardware a progress allowance that holds one
@@ -70,10 +70,19 @@ class Rung:
         progress phase, steps/train/run_environment.py `EVAL`, gets no allowance of its own from the watch yet)."""
         if self.hardware is None or recipe.eval_batches is None or eval_sets == 0:
             return self.resources
-        sequences = eval_sets * recipe.eval_batches * recipe.eval_batch_size
-        allowance = eval_allowance_s(self.shape, sequences, self.hardware, self.devices)
+        allowance = eval_allowance_s(self.shape, eval_sequences(recipe, eval_sets), self.hardware, self.devices)
         current = self.resources.progress_timeout_s or self.resources.hang_timeout_s
         return dataclasses.replace(self.resources, progress_timeout_s=max(current, allowance))
+
+    def forecast(self, recipe: Recipe, eval_sets: int) -> StepTimeForecast | None:
+        """Its train step's expected step time beside the roofline bound (steps/train/step_time.py), with its
+        recipe's evals of `eval_sets` sets and temporary checkpoints; None without planned hardware."""
+        plan = self.plan(recipe)
+        if plan is None or self.hardware is None:
+            return None
+        return forecast_step_time(self.shape, plan, self.hardware, steps=self.steps, evals=recipe.evals_per_run,
+                                  eval_sequences=eval_sequences(recipe, eval_sets),
+                                  checkpoint_interval_s=recipe.temporary_checkpoint_seconds)  # fmt: skip
 
     def hero_hyperparameters(self, recipe: Recipe) -> HeroHyperparameters | None:
         """The hero optimizer's settings for this rung under `recipe` (None: the recipe trains with AdamW)."""
@@ -144,6 +153,12 @@ class Recipe:
     temporary_checkpoint_seconds: float = 600.0
     peak_flops_per_device: float | None = None
     """Dense bf16 peak of one device the rungs run on, for MFU (None: not logged)."""
+
+
+def eval_sequences(recipe: Recipe, eval_sets: int) -> int:
+    """Sequences one eval of a run reads: the recipe's eval batches of each of `eval_sets` sets (0 where the
+    recipe reads every validation sequence, `eval_batches` None: not known before the data exists)."""
+    return eval_sets * (recipe.eval_batches or 0) * recipe.eval_batch_size
 
 
 def _microbatch(plan: ParallelismPlan | None) -> int:

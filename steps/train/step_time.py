@@ -1,6 +1,7 @@
-"""A roofline estimate of one train step's time, from its plan: what the MFU behind the hours could be.
+"""A roofline bound of one train step's time, from its plan, and a forecast of it: what the MFU could be, and
+what to expect.
 
-An estimate, never a measurement: each term is the least time the hardware's published peaks allow
+The bound is an estimate, never a measurement: each term is the least time the hardware's published peaks allow
 (steps/train/hardware.py), and what a real step loses besides (kernels below peak, load imbalance between
 experts, launch gaps, stragglers) is not in it, so it bounds the step time from below and the MFU from above.
 Marin's hero reached ~23% MFU on GB200 and its d2048 rung 13.6%; docs/hero.md sets the estimates beside them.
@@ -27,6 +28,12 @@ recomputes each layer's forward pass, remat "layer" or "period", else 0):
   prefetched and overlap it (the plan holds the next layer's gathered copy), the fast and slow links at once;
   the all-to-alls do not overlap (a layer's experts wait for their tokens):
   `step = max(compute, max(fsdp on fast links, fsdp on slow links)) + all-to-all`. `serial` adds every term.
+
+The forecast (`forecast_step_time`, `StepTimeForecast`) adds what the bound leaves out, each term derived from
+the plan and recipe (the slot grid's capacity padding, memory-bound kernels, exposed FSDP traffic, the evals and
+checkpoints spread over the steps), and two efficiencies, the matmuls' share of peak and the all-to-alls' share of
+the fast link, fitted to Marin's two published MFUs (`fit_efficiency`, `PUBLISHED_MFU`): 71.3% and 13.1%, which
+give the hero 11.7 s a step (23.0%) where the bound gives 4.37 s (at most 62%).
 
 An eval completes no train step, and a gang's watch allows only so long without one: `eval_allowance_s` is how
 long one eval of a run may take, its first compile included, from the eval's forward FLOPs (`eval_seconds`, the
@@ -222,3 +229,127 @@ def eval_allowance_s(shape: MoeShape, sequences: int, hardware: Hardware, device
     """How long one eval of `sequences` sequences may take, its first compile included (module docstring):
     `EVAL_COMPILE_S` plus its forward FLOPs at `EVAL_EFFICIENCY` of the devices' peak."""
     return EVAL_COMPILE_S + eval_seconds(shape, sequences, hardware, devices) / EVAL_EFFICIENCY
+
+
+PUBLISHED_MFU = {"d2048": 0.136, "d6144": 0.23}
+"""Marin's measured MFU on GB200, by rung: its d2048 ladder rung and the hero (their issue #8549). The forecast's
+two efficiencies are fitted to these two points (`fit_efficiency`), nothing else."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What a real step reaches of the two peaks the bound is mostly made of. Fitted (`FITTED_EFFICIENCY`)."""
+
+    matmul: float
+    """Share of the bf16 peak the matmuls reach: attention and the small per-expert matmuls below peak, kernel
+    launch gaps, stragglers."""
+    all_to_all: float
+    """Share of the fast link's bandwidth the expert all-to-alls reach: small messages, uneven routing."""
+
+
+FITTED_EFFICIENCY = Efficiency(matmul=0.7128, all_to_all=0.1309)
+"""`fit_efficiency` on the full-scale GB200 plans of d2048 and the hero at `PUBLISHED_MFU` (refit by
+tests/steps/train/test_step_forecast.py, which fails if a plan change moves them)."""
+
+
+@dataclass(frozen=True)
+class StepTimeForecast:
+    """An expected train step time beside the roofline bound (`bound`): the terms the bound leaves out, each
+    derived from the plan and recipe, and the two fitted efficiencies.
+
+    - **compute**: the bound's matmul time, the routed experts' share padded to the capacity the slot grid
+      computes (capacity factor, or dropless rounding: derived), at the fitted matmul efficiency;
+    - **memory**: the bound's HBM time, serial: norms, routing, activations and the optimizer are kernels of
+      their own, not hidden under the matmuls (derived);
+    - **all-to-all**: the bound's, at the fitted link efficiency;
+    - **exposed FSDP**: gathers and reduce-scatters past the compute they overlap (derived);
+    - **eval**: the run's evals spread over its steps, their forward FLOPs at the matmul efficiency (derived);
+    - **checkpoints**: the share of wall-clock spent writing the device's weights and optimizer state over the
+      slow link, once every temporary-checkpoint interval (derived).
+    """
+
+    bound: StepTimeEstimate
+    efficiency: Efficiency
+    routed_padding: float
+    """The matmuls' time over the bound's: 1 + routed share of the FLOPs x (capacity factor - 1)."""
+    eval_bound_s: float
+    """The evals' least time per train step."""
+    checkpoint_share: float
+    """Wall-clock share spent writing checkpoints."""
+
+    @property
+    def compute_s(self) -> float:
+        return self.bound.matmul_s * self.routed_padding / self.efficiency.matmul
+
+    @property
+    def all_to_all_s(self) -> float:
+        return self.bound.all_to_all_s / self.efficiency.all_to_all
+
+    @property
+    def exposed_fsdp_s(self) -> float:
+        return max(0.0, self.bound.fsdp_s - self.compute_s)
+
+    @property
+    def eval_s(self) -> float:
+        return self.eval_bound_s / self.efficiency.matmul
+
+    @property
+    def step_s(self) -> float:
+        work = self.compute_s + self.bound.hbm_s + self.all_to_all_s + self.exposed_fsdp_s + self.eval_s
+        return work / (1 - self.checkpoint_share)
+
+    @property
+    def mfu(self) -> float:
+        return self.bound.model_flops_per_device / (self.step_s * self.bound.peak_flops_per_device)
+
+    def terms_s(self) -> dict[str, float]:
+        return {"compute": self.compute_s, "memory": self.bound.hbm_s, "all_to_all": self.all_to_all_s,
+                "exposed_fsdp": self.exposed_fsdp_s, "eval": self.eval_s,
+                "checkpoints": self.step_s * self.checkpoint_share}  # fmt: skip
+
+    def as_json(self) -> dict:
+        return {"step_s": self.step_s, "mfu": self.mfu, "terms_s": self.terms_s(),
+                "efficiency": dataclasses.asdict(self.efficiency), "routed_padding": self.routed_padding}  # fmt: skip
+
+
+def forecast_step_time(
+    shape: MoeShape,
+    plan: ParallelismPlan,
+    hardware: Hardware,
+    *,
+    steps: int,
+    evals: int,
+    eval_sequences: int,
+    checkpoint_interval_s: float,
+    efficiency: Efficiency = FITTED_EFFICIENCY,
+) -> StepTimeForecast:
+    """The expected step time of a train step's `plan` (`StepTimeForecast`): a run of `steps` steps with `evals`
+    evals of `eval_sequences` sequences each, writing a checkpoint every `checkpoint_interval_s` seconds."""
+    routed_share = 6 * shape.n_layers * shape.top_k * routed_params_per_expert(shape) / flops_per_token(shape)
+    capacity = plan.capacity_factor or DROPLESS_ROUND_FACTOR
+    state_bytes = plan.memory.parameters + plan.memory.optimizer_state
+    return StepTimeForecast(
+        bound=estimate_step_time(shape, plan, hardware),
+        efficiency=efficiency,
+        routed_padding=1 + routed_share * (capacity - 1),
+        eval_bound_s=evals * eval_seconds(shape, eval_sequences, hardware, plan.devices) / steps,
+        checkpoint_share=state_bytes / hardware.slow_link_bytes_per_s / checkpoint_interval_s,
+    )
+
+
+def fit_efficiency(forecasts: list[tuple[StepTimeForecast, float]]) -> Efficiency:
+    """The two efficiencies that give two forecasts their measured MFUs (`(forecast, mfu)` pairs; the forecasts'
+    own efficiencies are ignored): solved exactly, the step times being linear in 1 / matmul and 1 / all-to-all
+    where no FSDP is exposed."""
+    if len(forecasts) != 2:
+        raise ValueError(f"two measured points fit the two efficiencies, got {len(forecasts)}")
+    rows = []
+    for forecast, mfu in forecasts:
+        measured_step = forecast.bound.model_flops_per_device / (mfu * forecast.bound.peak_flops_per_device)
+        matmul = forecast.bound.matmul_s * forecast.routed_padding + forecast.eval_bound_s
+        rest = measured_step * (1 - forecast.checkpoint_share) - forecast.bound.hbm_s
+        rows.append((matmul, forecast.bound.all_to_all_s, rest))
+    (a, b, e), (c, d, f) = rows
+    determinant = a * d - b * c
+    inverse_matmul, inverse_all_to_all = (e * d - b * f) / determinant, (a * f - e * c) / determinant
+    return Efficiency(matmul=1 / inverse_matmul, all_to_all=1 / inverse_all_to_all)
