@@ -48,7 +48,7 @@ class ResourceConfig:
     on the same global devices: executor/run/cpu_devices.py). None on real accelerators."""
     hang_timeout_s: float = 600.0
     """A gang member that answers no heartbeat for this long is hung, and so is a gang none of whose members has
-    completed a step (`executor.run.gang_progress.report`) for this long: the gang is torn down and the attempt fails as
+    completed a step (`executor.progress.report`) for this long: the gang is torn down and the attempt fails as
     transient (the executor's retry starts a new gang)."""
     domain_label: str | None = None
     """The Ray node label whose value names a node's fast domain (an NVLink rack, a TPU slice), e.g.

@@ -2,7 +2,7 @@
 
 A corpus is a folder holding `shard-00000.jsonl.gz`, `shard-00001.jsonl.gz`, ... with one JSON
 record per line (`{"id", "text", "source"}` for text corpora). Each shard is gzipped in memory and
-written with one atomic write through `executor.store.storage`, so a reader never sees half a shard and
+written with one atomic write through `executor.storage`, so a reader never sees half a shard and
 the code works on any fsspec store. Gzip's header timestamp is pinned to 0 so that the same
 documents always give the same bytes, and so the same checksums in the step's manifest.
 """

@@ -19,14 +19,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import xxhash
-from paths import REPO
+from paths import REPO, SUPPORT
 
 from steps.dedup.dedup_exact import ExactDedupConfig, exact_dedup, paragraph_spans, text_hash
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.tokenize import TokenizeConfig, document_pieces, tokenize
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, special_token_ids, train_tokenizer
 
-RUNNER = REPO / "tests" / "long_document_run.py"
+RUNNER = SUPPORT / "long_document_run.py"
 SHARD_BUDGET_BYTES = 2 << 30
 LONG_CHARS = 50_000_000
 _BREAK = r"(?>\r\n|\r|\n)"

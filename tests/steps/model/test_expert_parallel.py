@@ -17,11 +17,10 @@ import sys
 import textwrap
 
 import pytest
-from paths import SUPPORT
+from paths import REPO, SUPPORT
 
 pytestmark = pytest.mark.training
 
-HERE = SUPPORT
 
 KERNEL = textwrap.dedent(r"""
     import json, os, re, sys
@@ -69,7 +68,7 @@ KERNEL = textwrap.dedent(r"""
 
 
 def result(*command: str) -> dict:
-    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=2400, cwd=HERE.parent)
+    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=2400, cwd=REPO)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(lines[-1].removeprefix("RESULT "))
@@ -182,7 +181,7 @@ def trained_on(devices: int) -> dict:
     """tests/support/expert_parallel_run.py's hero-shaped run and layout runs on `devices`, one subprocess for both
     trainer tests (JAX and Levanter start once a device count; one device trains the latent model once)."""
     if devices not in TRAINED:
-        TRAINED[devices] = result(str(HERE / "expert_parallel_run.py"), str(devices), "both")
+        TRAINED[devices] = result(str(SUPPORT / "expert_parallel_run.py"), str(devices), "both")
     return TRAINED[devices]
 
 

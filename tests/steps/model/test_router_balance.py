@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from haliax import NamedArray
 from levanter.models.lm_model import LmExample
-from paths import SUPPORT
+from paths import REPO, SUPPORT
 
 from steps.model.moe_model import MoeConfig, router_balances
 from steps.model.router_balance import GRID, RouterBalance, excess_histogram, excess_quantile, settled
@@ -26,7 +26,6 @@ from steps.train.parallelism import precision_policy
 
 pytestmark = pytest.mark.training
 
-HERE = SUPPORT
 EXPERTS, TOP_K = 8, 2
 Experts = hax.Axis("experts", EXPERTS)
 
@@ -172,7 +171,7 @@ def test_the_histogram_of_token_sharded_excesses_moves_counts_not_excesses() -> 
     all-reduce of the experts x points masses sums them (no excess, tokens x experts, moves): O(1) collectives per
     layer, where the exact quantile's search took 32 sequential all-reduces."""
     done = subprocess.run([sys.executable, "-c", HISTOGRAM_ON_DEVICES], capture_output=True, text=True,
-                          cwd=HERE.parent, timeout=300)  # fmt: skip
+                          cwd=REPO, timeout=300)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
@@ -192,8 +191,8 @@ def test_one_two_and_four_microbatches_train_alike(devices: int) -> None:
     loss apart over five steps; keeping one microbatch's histogram moves the bias ~1e-1 apart. (Run apart, the
     trajectories can flip a near-tied top-k choice on that float noise, where the CPU's rounding decides; from one
     state, they cannot.)"""
-    done = subprocess.run([sys.executable, str(HERE / "router_microbatch_run.py"), str(devices), "1", "2", "4"],
-                          capture_output=True, text=True, cwd=HERE.parent, timeout=840)  # fmt: skip
+    done = subprocess.run([sys.executable, str(SUPPORT / "router_microbatch_run.py"), str(devices), "1", "2", "4"],
+                          capture_output=True, text=True, cwd=REPO, timeout=840)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
