@@ -64,15 +64,14 @@ class Rung:
         return self.flops / (mfu_denominator(self.hardware.peak_flops_per_device, self.devices) * mfu) / 3600
 
     def train_resources(self, recipe: Recipe, eval_sets: int) -> ResourceConfig:
-        """What its train step asks for: `resources`, and on planned hardware a progress allowance that holds one
-        of its evals (`eval_sets` sets of the recipe's eval batches; steps/train/step_time.py `eval_allowance_s`):
-        an eval completes no step, so a gang's watch counts it against `progress_timeout_s` (the eval's own
-        progress phase, steps/train/run_environment.py `EVAL`, gets no allowance of its own from the watch yet)."""
+        """What its train step asks for: `resources`, and on planned hardware an eval allowance that holds one of
+        its evals (`eval_sets` sets of the recipe's eval batches; steps/train/step_time.py `eval_allowance_s`): an
+        eval completes no step, so a gang's watch gives its progress phase (`progress.EVAL`) `eval_timeout_s`
+        from its start, while training keeps the hang timeout between two steps."""
         if self.hardware is None or recipe.eval_batches is None or eval_sets == 0:
             return self.resources
         allowance = eval_allowance_s(self.shape, eval_sequences(recipe, eval_sets), self.hardware, self.devices)
-        current = self.resources.progress_timeout_s or self.resources.hang_timeout_s
-        return dataclasses.replace(self.resources, progress_timeout_s=max(current, allowance))
+        return dataclasses.replace(self.resources, eval_timeout_s=max(self.resources.eval_timeout_s, allowance))
 
     def forecast(self, recipe: Recipe, eval_sets: int) -> StepTimeForecast | None:
         """Its train step's expected step time beside the roofline bound (steps/train/step_time.py), with its

@@ -58,11 +58,14 @@ class ResourceConfig:
     """Hosts of a gang inside one fast domain (with `domain_label`); `hosts` must be a multiple of it."""
     progress_timeout_s: float | None = None
     """How long a gang that reports progress may go without a completed step (None: `hang_timeout_s`); what runs
-    between two steps (a periodic eval, the end-of-run eval) must fit in it."""
+    between two steps outside a phase of its own (a checkpoint save and an eval have theirs) must fit in it."""
     first_step_timeout_s: float = 3600.0
     """How long a gang that reports progress may take to its first completed step (compiling)."""
     checkpoint_timeout_s: float = 1800.0
     """How long a gang member may spend in a checkpoint save (`progress.phase("checkpoint")`) without a step."""
+    eval_timeout_s: float = 1800.0
+    """How long a gang member may spend in an eval between two steps (`progress.phase("eval")`, the first of which
+    compiles the eval's program) without a step. The train step's plan sets it from the eval's size."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1:
@@ -77,7 +80,7 @@ class ResourceConfig:
             raise ConfigError(f"ResourceConfig.hosts_per_domain={self.hosts_per_domain} must divide hosts={self.hosts}")
         if self.progress_timeout_s is not None and not self.progress_timeout_s > 0:
             raise ConfigError(f"ResourceConfig.progress_timeout_s must be positive, got {self.progress_timeout_s}")
-        for name in ("hang_timeout_s", "first_step_timeout_s", "checkpoint_timeout_s"):
+        for name in ("hang_timeout_s", "first_step_timeout_s", "checkpoint_timeout_s", "eval_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"ResourceConfig.{name} must be positive, got {getattr(self, name)}")
 

@@ -10,7 +10,8 @@ heartbeat, status and retries stay with the executor's own thread (the driver), 
     -> runs the step function in every member, each joined by `jax.distributed.initialize`
     -> watches them: each run's result, a heartbeat (`ping`) answered within `hang_timeout_s`, and, for a step
        function that reports its steps (executor/run/gang_progress.py), that some member completes one within
-       `hang_timeout_s` (`first_step_timeout_s` to the first, `checkpoint_timeout_s` while one saves)
+       `hang_timeout_s` (`first_step_timeout_s` to the first, `checkpoint_timeout_s` while one saves,
+       `eval_timeout_s` while one evaluates)
     -> tears the whole gang down (every actor killed, the placement group removed, and, for members on
        this node, their processes checked gone), whatever happened.
 
@@ -250,6 +251,7 @@ class _Gang:
             resources.first_step_timeout_s,
             resources.checkpoint_timeout_s,
             time.monotonic(),
+            eval_timeout_s=resources.eval_timeout_s,
         )
         failure: tuple[int, BaseException] | None = None
         failed_at = 0.0

@@ -16,7 +16,8 @@ while any member is in a phase, no member has advanced for `ResourceConfig.hang_
     export()                                 # outside any phase: watched by the heartbeat alone
 
 Before the first `report` the gang has `first_step_timeout_s` (compiling); inside `phase(CHECKPOINT)` it has
-`checkpoint_timeout_s` from the phase's start. A step function that never enters a phase is watched by its
+`checkpoint_timeout_s` from the phase's start, and inside `phase(EVAL)` (an eval between two steps, the first of
+which compiles its own program) `eval_timeout_s`. A step function that never enters a phase is watched by its
 heartbeat alone. The state is one per process (a gang member is one process) and guarded by a lock: `report` is
 called from the training loop, `snapshot` from the heartbeat's thread.
 """
@@ -31,6 +32,8 @@ from typing import Any
 
 CHECKPOINT = "checkpoint"
 """The phase a checkpoint save runs in."""
+EVAL = "eval"
+"""The phase an eval between two training steps runs in."""
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"step": None, "reported_at": None, "phase": None, "phase_since": None}
@@ -72,10 +75,18 @@ class ProgressWatch:
     rule). Times are the driver's own monotonic clock: a phase counts from when the driver first saw it, so the
     hosts' clocks never enter."""
 
-    def __init__(self, hang_timeout_s: float, first_step_timeout_s: float, checkpoint_timeout_s: float, now: float):
+    def __init__(
+        self,
+        hang_timeout_s: float,
+        first_step_timeout_s: float,
+        checkpoint_timeout_s: float,
+        now: float,
+        eval_timeout_s: float | None = None,
+    ):
         self.hang_timeout_s = hang_timeout_s
         self.first_step_timeout_s = first_step_timeout_s
-        self.checkpoint_timeout_s = checkpoint_timeout_s
+        self.phase_allowances = {CHECKPOINT: checkpoint_timeout_s, EVAL: eval_timeout_s or hang_timeout_s}
+        """Each phase's own allowance from its start, on top of the step's."""
         self.advanced_at = now
         self.steps: dict[int, int] = {}
         self.phases: dict[int, tuple[str, float]] = {}
@@ -95,9 +106,10 @@ class ProgressWatch:
             return None
         allowed, what = (self.hang_timeout_s, "a step") if self.steps else (self.first_step_timeout_s, "its first step")
         deadline = self.advanced_at + allowed
-        saving = [since for name, since in self.phases.values() if name == CHECKPOINT]
-        if saving:
-            deadline = max(deadline, min(saving) + self.checkpoint_timeout_s)
+        for name, allowance in self.phase_allowances.items():
+            started = [since for phase, since in self.phases.values() if phase == name]
+            if started:
+                deadline = max(deadline, min(started) + allowance)
         if now <= deadline:
             return None
         last = f"last completed steps by member {self.steps}" if self.steps else "no step completed yet"

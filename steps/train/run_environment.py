@@ -137,12 +137,12 @@ first within `ResourceConfig.first_step_timeout_s`; each completed step is repor
 (steps/train/train_metrics.py)."""
 
 
-EVAL = "eval"
+EVAL = progress.EVAL
 """The progress phase of a periodic or final eval, inside `TRAINING`: no step completes while it runs, and the
-first one compiles the eval's program besides. A gang's watch that grants this phase its own allowance (as it
-grants "checkpoint" `checkpoint_timeout_s`) never calls a slow eval a stall; one that does not counts it against
-`ResourceConfig.progress_timeout_s`, which the plan therefore sets to cover the eval (experiments/train_defaults.py
-`Rung.train_resources`)."""
+first one compiles the eval's program besides. A gang's watch grants it `ResourceConfig.eval_timeout_s` from its
+start (as it grants "checkpoint" `checkpoint_timeout_s`), which the plan sizes from the eval
+(experiments/train_defaults.py `Rung.train_resources`), so a slow eval is never called a stall while a stall in
+training is still caught after the hang timeout."""
 
 
 def in_eval_phase[T](evaluate: Callable[[T], None]) -> Callable[[T], None]:

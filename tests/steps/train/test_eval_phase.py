@@ -38,7 +38,8 @@ def planned_allowance(scale: Scale, rung: Rung) -> float:
 def watch_of(resources) -> progress.ProgressWatch:
     """The gang driver's watch for a step with `resources` (executor/run/gang.py builds it the same way)."""
     return progress.ProgressWatch(resources.progress_timeout_s or resources.hang_timeout_s,
-                                  resources.first_step_timeout_s, resources.checkpoint_timeout_s, now=0.0)  # fmt: skip
+                                  resources.first_step_timeout_s, resources.checkpoint_timeout_s, now=0.0,
+                                  eval_timeout_s=resources.eval_timeout_s)  # fmt: skip
 
 
 def train_to_an_eval(watch: progress.ProgressWatch) -> float:
@@ -55,7 +56,8 @@ def test_a_stand_in_gang_whose_eval_outlasts_the_hang_timeout_is_not_called_a_st
     scale = full_scale()
     hero, step = build_dag(scale).trains["d6144"]
     resources, allowance = step.resources, planned_allowance(scale, hero)
-    assert resources.progress_timeout_s == allowance > EVAL_COMPILE_S > resources.hang_timeout_s
+    assert resources.eval_timeout_s == allowance > resources.checkpoint_timeout_s >= EVAL_COMPILE_S
+    assert (resources.progress_timeout_s or resources.hang_timeout_s) == 600.0  # training keeps the hang timeout
 
     watch = watch_of(resources)
     started = train_to_an_eval(watch)
@@ -67,16 +69,23 @@ def test_a_stand_in_gang_whose_eval_outlasts_the_hang_timeout_is_not_called_a_st
         assert watch.stalled(now=started + seconds) is None, seconds
     # A member stuck past the plan's allowance is a stall still.
     assert "no member completed a step" in watch.stalled(now=started + allowance + 1)
-    # The same gang on the bare resources (the hang timeout its whole progress allowance) was torn down.
-    bare = watch_of(hero.resources)
+    # A gang stuck while training (not in an eval) is still torn down after the hang timeout.
+    stuck = watch_of(resources)
+    for rank in range(MEMBERS):
+        stuck.heard(rank, {"step": 9, "phase": TRAINING}, now=109.0)
+    assert stuck.stalled(now=109.0 + resources.hang_timeout_s - 1) is None
+    assert "no member completed a step" in stuck.stalled(now=109.0 + resources.hang_timeout_s + 1)
+    # Without an eval allowance (a watch that gives the eval phase only the hang timeout) the gang was torn down.
+    bare = progress.ProgressWatch(resources.hang_timeout_s, resources.first_step_timeout_s,
+                                  resources.checkpoint_timeout_s, now=0.0)  # fmt: skip
     started = train_to_an_eval(bare)
-    assert bare.stalled(now=started + hero.resources.hang_timeout_s + 1) is not None
+    assert bare.stalled(now=started + resources.hang_timeout_s + 1) is not None
 
 
 def test_every_planned_train_step_allows_its_eval_and_unplanned_ones_keep_their_resources() -> None:
     scale = full_scale()
     for rung, step in build_dag(scale).trains.values():
-        assert step.resources.progress_timeout_s == planned_allowance(scale, rung), rung.name
-        assert step.resources == dataclasses.replace(rung.resources, progress_timeout_s=planned_allowance(scale, rung))
+        assert step.resources.eval_timeout_s == planned_allowance(scale, rung), rung.name
+        assert step.resources == dataclasses.replace(rung.resources, eval_timeout_s=planned_allowance(scale, rung))
     for rung, step in build_dag(tiny_scale()).trains.values():  # no hardware, no plan: as the rung asks
         assert step.resources == rung.resources, rung.name
