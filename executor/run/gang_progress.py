@@ -85,8 +85,10 @@ class ProgressWatch:
     ):
         self.hang_timeout_s = hang_timeout_s
         self.first_step_timeout_s = first_step_timeout_s
-        self.phase_allowances = {CHECKPOINT: checkpoint_timeout_s, EVAL: eval_timeout_s or hang_timeout_s}
-        """Each phase's own allowance from its start, on top of the step's."""
+        self.phase_allowances = {CHECKPOINT: checkpoint_timeout_s}
+        """Each phase's own allowance from its start, on top of the step's (an eval's only where it is given)."""
+        if eval_timeout_s is not None:
+            self.phase_allowances[EVAL] = eval_timeout_s
         self.advanced_at = now
         self.steps: dict[int, int] = {}
         self.phases: dict[int, tuple[str, float]] = {}

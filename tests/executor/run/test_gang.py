@@ -253,6 +253,23 @@ def test_stalled_watch_allows_the_first_step_and_checkpoints_their_own_time_and_
     assert watch.stalled(now=10_000) is None
 
 
+
+def test_stalled_watch_gives_an_eval_its_own_allowance_from_its_start():
+    """An eval completes no step (and the first compiles its program): `progress.EVAL` has `eval_timeout_s` from
+    when the driver first saw it, as a checkpoint save has its own; training around it keeps the step allowance,
+    and a watch given no eval allowance holds an eval to the step's."""
+    watch = progress.ProgressWatch(hang_timeout_s=10, first_step_timeout_s=100, checkpoint_timeout_s=50, now=0,
+                                   eval_timeout_s=300)  # fmt: skip
+    watch.heard(0, {"step": 4, "phase": "training"}, now=20)
+    watch.heard(0, {"step": 4, "phase": progress.EVAL}, now=25)
+    assert watch.stalled(now=324) is None and "a step" in watch.stalled(now=326)
+    watch.heard(0, {"step": 5, "phase": "training"}, now=200)  # the eval ended, a step completed
+    assert watch.stalled(now=209) is None and watch.stalled(now=211) is not None
+    plain = progress.ProgressWatch(hang_timeout_s=10, first_step_timeout_s=100, checkpoint_timeout_s=50, now=0)
+    plain.heard(0, {"step": 4, "phase": "training"}, now=20)
+    plain.heard(0, {"step": 4, "phase": progress.EVAL}, now=25)
+    assert plain.stalled(now=31) is not None
+
 def counted_step(prefix: Path, name: str, progress_timeout_s: float | None = None,
                  **settings) -> tuple[Executor, ExecutorStep]:  # fmt: skip
     config = CountedSumConfig(output_path=THIS_OUTPUT_PATH, **settings)
