@@ -561,8 +561,9 @@ def print_totals(scale: Scale, dag: HeroDag) -> None:
         )
         print(f"          optimizer: {optimizer_line(rung, dag.recipe)}")
         plan, forecast = rung.plan(dag.recipe), rung.forecast(dag.recipe, dag.eval_sets)
-        if plan is not None and forecast is not None and rung.hardware is not None:
-            hours, memory = rung.hours(forecast.mfu), plan.memory
+        hours = rung.hours(forecast.mfu) if forecast is not None else None
+        if plan is not None and forecast is not None and rung.hardware is not None and hours is not None:
+            memory = plan.memory
             print(
                 f"          {plan.hosts} hosts x {plan.devices // plan.hosts} {plan.hardware} = {plan.devices} devices,"
                 f" mesh {plan.mesh}, microbatch {plan.microbatch}, remat {plan.remat},"
