@@ -13,16 +13,7 @@ import threading
 import time
 
 from executor.store import storage
-from executor.store.experiments import (
-    Experiment,
-    ExperimentStep,
-    experiment_files,
-    experiments_folder,
-    parse_experiment,
-    parse_record,
-)
-
-__all__ = ["Experiment", "ExperimentIndex", "ExperimentStep"]
+from executor.store.experiments import Experiment, experiment_files, experiments_folder, parse_experiment, parse_record
 
 logger = logging.getLogger(__name__)
 
