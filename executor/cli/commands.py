@@ -6,7 +6,7 @@ python -m executor status outputs --latest demo       # the newest experiment of
 python -m executor explain outputs/tokenizer-5e6f7a8b # why this hash; diff vs other versions
 python -m executor explain outputs 'tokenize.*'       # by step name (a regex matching the whole name)
 python -m executor verify outputs                     # recompute checksums of every finished step
-python -m executor compare outputs other/outputs      # same hash, same bytes? (exit 1 if not)
+python -m executor compare outputs other/outputs      # same hash, same result? (exit 1 if not)
 python -m executor pin experiments/demo.py            # pin its finished steps' digests: experiments/demo.pins.json
 python -m executor dashboard --prefix outputs         # live read-only web view at http://127.0.0.1:8765/
 python -m executor publish --prefix outputs --to site --watch 60   # a static public site, republished each minute
@@ -204,7 +204,7 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
             raise TargetError(f"{target}: no such prefix")
     if args.rtol is not None and not 0 <= args.rtol < 1:
         raise TargetError(f"--rtol {args.rtol}: give a relative tolerance in [0, 1), e.g. 1e-5")
-    comparison = compare_prefixes(args.a, args.b, args.experiment, args.rtol, args.recorded)
+    comparison = compare_prefixes(args.a, args.b, args.experiment, args.rtol, args.recorded, args.bytes)
     console.print(comparison.render(), highlight=False, markup=False)
     return 1 if comparison.differing else 0
 
@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("targets", nargs="+", help="step output paths, prefixes, or experiment JSON files or globs")
     compare = command(
         "compare",
-        "whether two prefixes hold the same bytes under the same step hashes (docs/reproducibility.md)",
+        "whether two prefixes hold the same results under the same step hashes (docs/reproducibility.md)",
         "python -m executor compare outputs /mnt/other/outputs --rtol 1e-5",
     )
     compare.add_argument("a", help="a prefix (local, gs://, s3://)")
@@ -292,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument(
         "--recorded", action="store_true", help="compare the digests the steps recorded instead of reading every file"
+    )
+    compare.add_argument(
+        "--bytes",
+        action="store_true",
+        help="ask for the same bytes: no measured times, prefixes, checkpoint file names or run records set aside",
     )
     pin = command(
         "pin",

@@ -7,7 +7,8 @@
     explain.py     why a step's hash is what it is, against the other versions stored beside it
     records.py     `.executor_info`, the experiment file and the manifest with its digest
     pins.py        pin files: the bytes a published result depends on
-    compare.py     two prefixes, step by step: the same bytes under the same hashes?
+    compare.py     two prefixes, step by step: the same results under the same hashes?
+    equivalence.py whether files that differ in bytes hold the same result (times, prefixes, checkpoint databases)
 
 May import store/, shards/ (and errors, retry).
 """

@@ -4,28 +4,31 @@ A step is named by its output folder relative to its prefix (`tokenized/cells-1a
 hash: the same key under two prefixes is the same step, so its output should be the same bytes. Every finished
 (SUCCESS) step of either prefix, or of one experiment file, gets one of four outcomes:
 
-    same        same hash, same output digest (the files read again, not the digests recorded)
-    DIFFERENT   same hash, different bytes: the files that differ; for a `.jsonl` file (metrics.jsonl) the first
+    same        same hash, same result: the same output digest (the files read again, not the digests
+                recorded), or files whose bytes differ but hold the same result (equivalence.py: measured times
+                and the prefix set aside in JSON, a checkpoint's database compared by its keys and values, the
+                run's wandb records counted), each such file named with why
+    DIFFERENT   same hash, different results: the files that differ; for a `.jsonl` file (metrics.jsonl) the first
                 line that differs
     only in A   finished under A only (B never ran it, or it is not SUCCESS there)
     only in B   the other way round
 
 A step whose files no longer match its own manifest (edited after it committed) is said so: `verify` names them.
 Training is not bit-exact across CPU types (other SIMD widths sum in another order), so `rtol` lets the figures of
-JSON and JSONL files (metrics.jsonl, stats.json, results.json) differ by that relative tolerance: such a file is
-"equal within rtol" and the largest relative difference found is reported, which quantifies the drift. Other
-files (checkpoints, shards) must be byte-identical. With `recorded=True` the digests the steps recorded are
-compared instead of reading every file (one read per step; tampering after commit goes unseen).
+JSON and JSONL files (metrics.jsonl, stats.json, results.json) differ by that relative tolerance, and the largest
+relative difference found is reported, which quantifies the drift. Every other file (shards, weights) must be
+byte-identical. `same_bytes=True` (`--bytes`) asks for the same bytes everywhere, times and all. With
+`recorded=True` the digests the steps recorded are compared instead of reading every file (one read per step;
+tampering after commit goes unseen).
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from executor.dag import equivalence
 from executor.dag.records import hash_files, output_digest
 from executor.store import storage
 from executor.store.events import StepStatus, parse_events
@@ -52,8 +55,9 @@ class FileDifference:
     """The file's sha256 under A, None if A has no such file."""
     b: str | None
     note: str | None = None
-    """The first differing line of a `.jsonl` file, or the largest relative difference within rtol."""
-    within_rtol: bool = False
+    """The first differing line of a `.jsonl` file, or why two files that differ hold the same result."""
+    equivalent: bool = False
+    """Other bytes, the same result (equivalence.py)."""
     relative: float = 0.0
     """With rtol: the largest relative difference between the two files' figures."""
 
@@ -79,8 +83,13 @@ class StepComparison:
         lines += [f"             {note}" for note in self.notes]
         if self.outcome == Outcome.SAME and self.max_relative:
             lines.append(f"             equal within rtol: largest relative difference {self.max_relative:.3g}")
+        if self.outcome == Outcome.SAME and self.files:
+            lines.append("             other bytes, the same result:")
+            lines += [f"               {file.path}: {file.note}" for file in self.files[:SHOWN_FILES]]
+            if len(self.files) > SHOWN_FILES:
+                lines.append(f"               ... and {len(self.files) - SHOWN_FILES} more file(s)")
         if self.outcome == Outcome.DIFFERENT:
-            differing = [file for file in self.files if not file.within_rtol]
+            differing = [file for file in self.files if not file.equivalent]
             for file in differing[:SHOWN_FILES]:
                 where = "only in A" if file.b is None else "only in B" if file.a is None else "differs"
                 lines.append(f"             {file.path}: {where}" + (f"; {file.note}" if file.note else ""))
@@ -110,12 +119,17 @@ class Comparison:
         )
         lines.append(f"{len(self.steps)} step(s): {summary}")
         if self.differing:
-            lines.append("same hash, different bytes: the steps above are not reproducible as run (exit 1)")
+            lines.append("same hash, different results: the steps above are not reproducible as run (exit 1)")
         return "\n".join(lines)
 
 
 def compare_prefixes(
-    a: str, b: str, experiment: str | None = None, rtol: float | None = None, recorded: bool = False
+    a: str,
+    b: str,
+    experiment: str | None = None,
+    rtol: float | None = None,
+    recorded: bool = False,
+    same_bytes: bool = False,
 ) -> Comparison:
     """Compare every finished step under `a` and `b` (or only those of the experiment file `experiment`)."""
     a, b = storage.make_absolute(a), storage.make_absolute(b)
@@ -127,7 +141,8 @@ def compare_prefixes(
     for key in keys:
         status_a, status_b = stored_a.get(key), stored_b.get(key)
         if status_a == StepStatus.SUCCESS and status_b == StepStatus.SUCCESS:
-            steps.append(_compare_step(key, storage.join(a, key), storage.join(b, key), rtol, recorded))
+            paths = storage.join(a, key), storage.join(b, key)
+            steps.append(_compare_step(key, paths, (a, b), rtol, recorded, same_bytes))
             continue
         outcome = {(True, False): Outcome.ONLY_A, (False, True): Outcome.ONLY_B}.get(
             (status_a == StepStatus.SUCCESS, status_b == StepStatus.SUCCESS), Outcome.NEITHER
@@ -169,7 +184,10 @@ def _files_recorded(output_path: str) -> dict[str, dict[str, Any]]:
     return {entry["path"]: entry for entry in manifest["files"]}
 
 
-def _compare_step(key: str, path_a: str, path_b: str, rtol: float | None, recorded: bool) -> StepComparison:
+def _compare_step(
+    key: str, paths: tuple[str, str], prefixes: tuple[str, str], rtol: float | None, recorded: bool, same_bytes: bool
+) -> StepComparison:
+    path_a, path_b = paths
     files_a = _files_recorded(path_a) if recorded else _files_read(path_a)
     files_b = _files_recorded(path_b) if recorded else _files_read(path_b)
     digest_a, digest_b = output_digest(list(files_a.values())), output_digest(list(files_b.values()))
@@ -178,18 +196,56 @@ def _compare_step(key: str, path_a: str, path_b: str, rtol: float | None, record
         comparison.notes += _unlike_own_manifest("A", path_a, files_a) + _unlike_own_manifest("B", path_b, files_b)
     if digest_a == digest_b:
         return comparison
-    for path in sorted(files_a.keys() | files_b.keys()):
-        sha_a, sha_b = (files.get(path, {}).get("sha256") for files in (files_a, files_b))
-        if sha_a == sha_b:
-            continue
+    differing = [path for path in sorted(files_a.keys() | files_b.keys()) if _sha(files_a, path) != _sha(files_b, path)]
+    look_inside = not recorded and not same_bytes
+    if look_inside:
+        differing = _set_aside(comparison, differing, set(files_a) | set(files_b), paths)
+    for path in differing:
+        sha_a, sha_b = _sha(files_a, path), _sha(files_b, path)
         difference = FileDifference(path, sha_a, sha_b)
-        if sha_a is not None and sha_b is not None:
-            difference = _look_inside(difference, storage.join(path_a, path), storage.join(path_b, path), rtol)
+        if sha_a is not None and sha_b is not None and path.endswith((".json", ".jsonl")):
+            difference = _look_inside(difference, paths, prefixes, rtol, look_inside)
         comparison.files.append(difference)
         comparison.max_relative = max(comparison.max_relative, difference.relative)
-    if any(not file.within_rtol for file in comparison.files):
+    if any(not file.equivalent for file in comparison.files):
         comparison.outcome = Outcome.DIFFERENT
+    elif comparison.files:
+        comparison.files = [file for file in comparison.files if file.note]
     return comparison
+
+
+def _sha(files: dict[str, dict[str, Any]], path: str) -> str | None:
+    return files.get(path, {}).get("sha256")
+
+
+def _set_aside(
+    comparison: StepComparison, differing: list[str], every_path: set[str], paths: tuple[str, str]
+) -> list[str]:
+    """Judge the differing files of checkpoint databases (by their keys and values) and of the run's records
+    (counted, not compared) as one entry each in `comparison.files`; the other differing files, to compare."""
+    left = []
+    databases: dict[str, list[str]] = {}
+    records: dict[str, int] = {}
+    roots = equivalence.database_roots(every_path)
+    for path in differing:
+        root = equivalence.database_of(path, roots)
+        if root is not None:
+            databases.setdefault(root, []).append(path)
+        elif equivalence.is_run_record(path):
+            records[path.split("/", 1)[0]] = records.get(path.split("/", 1)[0], 0) + 1
+        else:
+            left.append(path)
+    for root, members in sorted(databases.items()):
+        verdict = equivalence.compare_databases(root, *(storage.join(path, root) for path in paths))
+        if verdict.equivalent:
+            comparison.files.append(FileDifference(root + "/", None, None, verdict.note, equivalent=True))
+        else:
+            left += members
+            comparison.notes.append(f"{root}/: {verdict.note}")
+    for folder, count in sorted(records.items()):
+        note = f"{count} file(s) that record how the run went (its times and logs), not what it computed: not compared"
+        comparison.files.append(FileDifference(folder + "/", None, None, note, equivalent=True))
+    return sorted(left)
 
 
 def _unlike_own_manifest(side: str, output_path: str, files: dict[str, dict[str, Any]]) -> list[str]:
@@ -203,54 +259,17 @@ def _unlike_own_manifest(side: str, output_path: str, files: dict[str, dict[str,
     return [f"{side}: {shown} no longer match(es) its manifest: changed after the step committed ({advice})"]
 
 
-def _look_inside(difference: FileDifference, path_a: str, path_b: str, rtol: float | None) -> FileDifference:
-    """The first differing line of a `.jsonl` file; with `rtol`, whether a JSON / JSONL file's figures agree."""
+def _look_inside(
+    difference: FileDifference, paths: tuple[str, str], prefixes: tuple[str, str], rtol: float | None, settle: bool
+) -> FileDifference:
+    """Whether a JSON / JSONL file holds the same values (equivalence.compare_json: with `settle`, measured times
+    and the prefixes set aside), else where it differs: a `.jsonl` file's first differing line."""
     name = difference.path
-    if not name.endswith((".jsonl", ".json")):
-        return difference
-    text_a, text_b = storage.read_text(path_a) or "", storage.read_text(path_b) or ""
-    if rtol is not None:
-        largest = _json_within(text_a, text_b, rtol, lines=name.endswith(".jsonl"))
-        if largest is not None:
-            note = f"equal within rtol {rtol:g}: largest relative difference {largest:.3g}"
-            return FileDifference(name, difference.a, difference.b, note, within_rtol=True, relative=largest)
-    if name.endswith(".jsonl"):
-        lines_a, lines_b = text_a.splitlines(), text_b.splitlines()
-        for number, (line_a, line_b) in enumerate(zip(lines_a, lines_b, strict=False), start=1):
-            if line_a != line_b:
-                note = f"first differing line {number}: A {_clip(line_a)} | B {_clip(line_b)}"
-                return FileDifference(name, difference.a, difference.b, note)
-        note = f"A has {len(lines_a)} lines, B {len(lines_b)}; the first {min(len(lines_a), len(lines_b))} agree"
-        return FileDifference(name, difference.a, difference.b, note)
-    return difference
-
-
-def _clip(line: str, chars: int = 160) -> str:
-    return line if len(line) <= chars else line[:chars] + "…"
-
-
-def _json_within(text_a: str, text_b: str, rtol: float, lines: bool) -> float | None:
-    """The largest relative difference between the two documents' numbers if they agree within `rtol` (and in
-    everything that is not a number); None if they do not."""
-    try:
-        values_a = [json.loads(line) for line in text_a.splitlines() if line.strip()] if lines else json.loads(text_a)
-        values_b = [json.loads(line) for line in text_b.splitlines() if line.strip()] if lines else json.loads(text_b)
-    except ValueError:
-        return None
-    largest = [0.0]
-    return largest[0] if _agree(values_a, values_b, rtol, largest) else None
-
-
-def _agree(a: Any, b: Any, rtol: float, largest: list[float]) -> bool:
-    numbers = (int, float)
-    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
-        if a == b or (math.isnan(a) and math.isnan(b)):
-            return True
-        relative = abs(a - b) / max(abs(a), abs(b))
-        largest[0] = max(largest[0], relative)
-        return relative <= rtol
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_agree(a[key], b[key], rtol, largest) for key in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_agree(x, y, rtol, largest) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+    text_a, text_b = (storage.read_text(storage.join(path, name)) or "" for path in paths)
+    if settle or rtol is not None:
+        verdict = equivalence.compare_json(name, text_a, text_b, prefixes, rtol, settle)
+    else:
+        verdict = equivalence.Verdict(False, equivalence.first_differing_line(text_a, text_b))
+    if not verdict.equivalent and not name.endswith(".jsonl"):
+        verdict = equivalence.Verdict(False)
+    return FileDifference(name, difference.a, difference.b, verdict.note, verdict.equivalent, verdict.relative)

@@ -116,7 +116,7 @@ def test_compare_gives_each_step_one_of_four_outcomes_and_exits_1_on_same_hash_d
     assert code == 1, out
     assert f"DIFFERENT  tokens-{Path(run_b.output_paths[shared[1]]).name.rsplit('-', 1)[1]}" in out
     assert "out.txt: differs" in out and "B: out.txt no longer match(es) its manifest" in out
-    assert "same hash, different bytes" in out
+    assert "same hash, different results" in out
     code, out = _compare(capsys, str(a), str(b), "--recorded")
     assert code == 0, out  # the recorded digests agree: only reading the files finds the edit
 
