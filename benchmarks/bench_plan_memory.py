@@ -176,6 +176,17 @@ PROBES = (
                 training=False),
     MemoryProbe("2dev dp2 eval dropless", probe_shape(), mesh={"data": 2, "expert": 1}, batch_size=8,
                 training=False, capacity_factor=None),
+    # Shapes a reviewer chose: an eval on a data-only mesh with capacity (each device's slot grid is its own
+    # sequences'), a train step on the same mesh, per-period and per-layer remat whose layers leave a tail (6
+    # layers, a period of 4: one period, unrolled), and EP4 dropless with the hero optimizer and no remat.
+    MemoryProbe("4dev dp4 eval capacity", probe_shape(), mesh={"data": 4, "expert": 1}, batch_size=64,
+                training=False),
+    MemoryProbe("4dev dp4 train capacity remat-layer", probe_shape(), mesh={"data": 4, "expert": 1},
+                batch_size=16),
+    MemoryProbe("1dev train remat-period tail", probe_shape(layers=6), batch_size=8, remat="period"),
+    MemoryProbe("1dev train remat-layer tail", probe_shape(layers=6), batch_size=8, remat="layer"),
+    MemoryProbe("4dev ep4 train hero dropless remat-none", probe_shape(64, 4, 64), mesh={"data": 1, "expert": 4},
+                batch_size=16, remat="none", capacity_factor=None, optimizer="hero"),
 )  # fmt: skip
 
 

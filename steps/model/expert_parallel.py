@@ -139,6 +139,12 @@ def expert_parallel_size(mesh: Mesh | None) -> int:
     return int(mesh.shape[EXPERT_AXIS])
 
 
+def splits_tokens(mesh: Mesh | None) -> bool:
+    """Whether the mesh splits tokens over more than one device (any data, domain or expert parallelism): each
+    device then routes and serves its own sequences, with a slot grid of its own sequences' size."""
+    return mesh is not None and math.prod(int(mesh.shape[name]) for name in token_axes(mesh)) > 1
+
+
 def token_axes(mesh: Mesh) -> tuple[str, ...]:
     """The mesh axes tokens are split over: every axis but tensor parallelism's `model`."""
     return tuple(name for name in mesh.axis_names if name != "model")
@@ -158,11 +164,11 @@ def replicated(mesh: Mesh, array: jax.Array) -> jax.Array:
 def local_top_k(mesh: Mesh | None, scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """`jax.lax.top_k(scores, k)` of (tokens, experts) `scores`, each device on its own tokens. XLA's SPMD
     partitioner does not split TopK over a sharded batch dimension: it all-gathers the operand, the whole
-    batch's router scores (tokens x experts) onto every device, once per layer. Top-k is per token, so under
-    expert parallelism (where tokens are split over the token axes) it runs inside `shard_map` instead."""
-    if expert_parallel_size(mesh) == 1:
+    batch's router scores (tokens x experts) onto every device, once per layer. Top-k is per token, so on a mesh
+    that splits tokens (`splits_tokens`) it runs inside `shard_map` instead."""
+    if not splits_tokens(mesh):
         return jax.lax.top_k(scores, k)
-    assert mesh is not None  # expert_parallel_size is 1 without a mesh
+    assert mesh is not None  # splits_tokens is False without a mesh
     tokens = P(token_axes(mesh))
 
     def per_device(local: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -195,9 +201,13 @@ def routed_experts(
     docstring).
 
     `x` (tokens, feature), `chosen` and `weights` (tokens, K), `gate_up` = (gate, up) weights (E, feature,
-    width), `down` (E, width, feature)."""
+    width), `down` (E, width, feature).
+
+    On a mesh without expert parallelism (`expert` of size 1 or absent) every device holds every expert and
+    serves its own tokens' grid, no all-to-all: the slot grid is sized by the device's own sequences, as under
+    expert parallelism, never by the global batch."""
     tokens = P(token_axes(mesh))
-    experts = P(EXPERT_AXIS)
+    experts = P(EXPERT_AXIS) if expert_parallel_size(mesh) > 1 else P()
     run = partial(
         _local, activation=activation, shards=expert_parallel_size(mesh), capacity=capacity, dropless=dropless
     )
@@ -232,7 +242,9 @@ def _local(
     if not dropless:
         return serve(x, weights, (gate, up, down), cell, rank, 0), dropped_copies(rank, capacity, chosen.shape[1])
     # The rank of the fullest cell's last copy says its rounds; every device of the group runs the most.
-    rounds = jax.lax.pmax(jnp.max(rank) // capacity.slots + 1, EXPERT_AXIS)
+    rounds = jnp.max(rank) // capacity.slots + 1
+    if shards > 1:
+        rounds = jax.lax.pmax(rounds, EXPERT_AXIS)
     return _in_rounds(serve, x, weights, (gate, up, down), cell, rank, rounds), jnp.zeros(chosen.shape[0], jnp.int32)
 
 
@@ -256,6 +268,9 @@ def _serve(
     local_experts, feature = mlp[0].shape[0], x.shape[-1]
     rows = grid_rows(cell, rank, slots, cells, round_ * slots)
     send = dispatch(x, rows, cells * slots).reshape(shards, local_experts, -1, feature)
+    if shards == 1:  # every expert is here: the grid is served where it was packed
+        out = swiglu_experts(send.reshape(local_experts, -1, feature), *mlp, activation)
+        return combine(out.reshape(cells * slots, feature), rows, weights)
     received = jax.lax.all_to_all(send, EXPERT_AXIS, 0, 0, tiled=True)  # (source, local expert, row, feature)
     by_expert = received.transpose(1, 0, 2, 3).reshape(local_experts, -1, feature)
     out = swiglu_experts(by_expert, *mlp, activation)

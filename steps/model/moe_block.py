@@ -61,6 +61,7 @@ from steps.model.expert_parallel import (
     replicated,
     routed_experts,
     shard_tokens,
+    splits_tokens,
     swiglu_experts,
     token_axes,
 )
@@ -189,7 +190,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
 
     def __call__(self, x: NamedArray, *, key: jax.Array | None = None) -> tuple[NamedArray, dict[str, NamedArray]]:
         mesh = hax.partitioning._get_mesh()
-        if expert_parallel_size(mesh) > 1:
+        if self._tokens_split(mesh):
             # Haliax's layers constrain their outputs by the axis mapping: the flattened tokens must follow the
             # batch's split (unmapped, every Linear on them would gather the batch), and the router's logits
             # must not follow the routed experts' split.
@@ -197,6 +198,15 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
             with hax.axis_mapping({**mapping, self.config.Experts.name: None}):
                 return self._router_replicated(mesh)._forward(x, mesh, key)
         return self._forward(x, mesh, key)
+
+    def _tokens_split(self, mesh: Any) -> bool:
+        """Whether each device routes and serves its own tokens: under expert parallelism, and with a capacity on
+        any mesh that splits tokens (`splits_tokens`), where a slot grid built for the whole batch on every device
+        would cost the global batch's copies per device (every expert is local then: no all-to-all). A dropless
+        layer without expert parallelism keeps Levanter's per-shard sort and grouped matmul."""
+        if expert_parallel_size(mesh) > 1:
+            return True
+        return self.config.capacity_factor is not None and splits_tokens(mesh)
 
     def _router_replicated(self, mesh: Any) -> MoeBlock:
         """This block with its router weight (stored split on d_model over every device) and its router state
@@ -216,12 +226,13 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         squash_axes = [x.resolve_axis(name) for name in ("batch", config.max_Pos.name) if x.has_axis(name)]
         k_gate, k_experts, k_shared, k_in, k_out = maybe_rng_split(key, 5)
         x_flat = hax.flatten_axes(x, old_axes=squash_axes, new_axis="token")
-        if expert_parallel_size(mesh) > 1:
+        split = self._tokens_split(mesh)
+        if split:
             x_flat = hax.named(shard_tokens(mesh, x_flat.array), x_flat.axes)
         token = x_flat.resolve_axis("token")
         logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rename({config.RouterExperts: config.Experts})
         logits = logits.rearrange((token, config.Experts))
-        chosen, weights, carried = self._select(logits.array, mesh)
+        chosen, weights, carried = self._select(logits.array, mesh if split else None)
 
         if self.latent_in is None:  # the experts read d_model under their own axis name (`ExpertIn`)
             x_experts = x_flat.rename({config.Embed: config.ExpertIn})
@@ -230,7 +241,7 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         x_experts = x_experts.rearrange((token, config.ExpertIn))
         grid, dropless = self._slot_grid(x, token), config.capacity_factor is None
         dropped = None
-        if expert_parallel_size(mesh) > 1:
+        if split:  # each device's own slot grid, sized by its own sequences
             out, dropped = self._expert_parallel(mesh, x_experts, chosen, weights, grid, dropless)
         elif not dropless:
             out, dropped = self._experts_with_capacity(x_experts, chosen, weights, grid)

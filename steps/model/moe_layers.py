@@ -36,7 +36,7 @@ import jax
 import jax.random as jrandom
 from haliax import Axis, NamedArray
 from haliax.jax_utils import maybe_rng_split, shaped_rng_split
-from haliax.nn.scan import BlockSeq, Stacked
+from haliax.nn.scan import BlockSeq, ScanCheckpointPolicy, Stacked
 from levanter.layers.attention import Attention, AttentionBackend, AttentionMask, default_attention_type
 from levanter.models.qwen3_moe import Qwen3MoeDecoderLayer
 
@@ -127,7 +127,9 @@ class MoePeriod(eqx.Module):
         local = None
         if num_local:
             stack = _stack(config).init(
-                Axis("local_layers", num_local), MoeDecoderLayer, gradient_checkpointing=config.remat == "layer"
+                Axis("local_layers", num_local),
+                MoeDecoderLayer,
+                gradient_checkpointing=_checkpointing(config.remat == "layer", num_local),
             )
             local = stack(config, False, key=shaped_rng_split(k_local, num_local))
         return MoePeriod(local, MoeDecoderLayer.init(config, True, key=k_global))
@@ -147,6 +149,16 @@ class MoePeriod(eqx.Module):
         return [*local, self.global_layer]
 
 
+def _checkpointing(remat: bool, length: int) -> bool | ScanCheckpointPolicy:
+    """A stack's checkpoint policy: haliax's (each unit's input kept, the rest recomputed). A scan of one unit is
+    unrolled by XLA, which then merges the recomputation with the forward pass it repeats (haliax lets XLA do so
+    inside a scan: `prevent_cse=False`) and keeps every residual: one period and a tail held 1.3-1.5x the memory
+    priced (benchmarks/bench_plan_memory.py's period-remat probes). A stack of one keeps the recomputation apart."""
+    if remat and length == 1:
+        return ScanCheckpointPolicy(prevent_cse=True)
+    return remat
+
+
 class MoeTransformer(eqx.Module):
     """The layer stack: `periods` (a stack of full periods) then `tail` (a shorter period), then the final
     norm. Every per-layer loss term is summed over layers."""
@@ -164,7 +176,9 @@ class MoeTransformer(eqx.Module):
         periods = tail = None
         if num_periods:
             periods = _stack(config).init(
-                Axis("periods", num_periods), MoePeriod, gradient_checkpointing=config.remat == "period"
+                Axis("periods", num_periods),
+                MoePeriod,
+                gradient_checkpointing=_checkpointing(config.remat == "period", num_periods),
             )(config, period - 1, key=shaped_rng_split(k_periods, num_periods))
         if tail_layers:
             tail = MoePeriod.init(config, tail_layers - 1, key=k_tail)

@@ -34,8 +34,10 @@ What the backward pass keeps depends on the remat policy (steps/model/moe_layers
   backward pass;
 - `none`: every layer's residuals.
 
-A tail period (layers not a multiple of `global_every`) runs outside the scan of periods and keeps a working set
-of its own beside the scan's.
+A tail period (layers not a multiple of `global_every`) runs outside the scan of periods: under `period` it keeps
+a working set of its own beside the scan's, and beside a single period (a scan of one, which XLA unrolls) its
+layers' residuals too; under `layer` its layers keep their inputs like any other (a stack of one layer is kept
+from XLA's common-subexpression merging, steps/model/moe_layers.py).
 
 **Dispatch** (expert parallelism, `S` > 1, training): the backward all-to-all's received slot grids of one layer,
 each `capacity_factor x K` copies per token (steps/model/expert_parallel.py), never `S x` the copies
@@ -84,7 +86,7 @@ class WorkingSetFactors:
     """One layer's forward-only working set (evaluation), over the training working set."""
     tail: float
     """A tail period (layers not a multiple of `global_every`) runs outside the scan of periods, and XLA keeps its
-    working set apart from the scan's: this much more of a layer's working set, under remat."""
+    working set apart from the scan's: this much more of a layer's working set, under `period` remat."""
 
 
 FACTORS = WorkingSetFactors(
@@ -148,7 +150,7 @@ def memory_per_device(
         layer = dense_layer_params(shape) + experts_per_device * routed_params_per_expert(shape)
         gathered = compute_bytes * (GATHERED_LAYERS * layer + embedding_params(shape))
     tokens = microbatch * shape.seq_len
-    widths = layer_widths(shape, capacity_factor, attention_scores)
+    widths = layer_widths(shape, capacity_factor, attention_scores, expert_parallel=mesh.get("expert", 1) > 1)
     working = tokens * compute_bytes * working_set(widths)
     # What a layer keeps: the grouped matmul's dense lowering is transient (one projection at a time), its result is
     # the routed output; the same holds for an evaluation's forward pass.
@@ -198,24 +200,33 @@ def _kept_for_backward(shape: MoeShape, remat: str, token_bytes: int, kept: floa
         return (shape.n_layers - 1) * FACTORS.residuals * kept
     inputs = FACTORS.kept_input * token_bytes * shape.d_model
     period = shape.global_every if shape.sliding_window is not None else 1
-    tail = FACTORS.tail * kept if shape.n_layers % period else 0.0
-    if remat == "layer":
-        return shape.n_layers * inputs + tail
+    periods, tail_layers = divmod(shape.n_layers, period)
+    if remat == "layer":  # the tail's layers keep their inputs as every other layer does
+        return shape.n_layers * inputs
     if remat == "period":
+        tail = FACTORS.tail * kept if tail_layers else 0.0
+        if tail_layers and periods == 1:
+            # A scan of one period is unrolled, and XLA holds the tail's residuals beside the period's.
+            tail += (tail_layers - 1) * FACTORS.period_residuals * kept
         return math.ceil(shape.n_layers / period) * inputs + (period - 1) * FACTORS.period_residuals * kept + tail
     raise ValueError(f"unknown remat policy {remat!r}")
 
 
-def layer_widths(shape: MoeShape, capacity_factor: float | None, attention_scores: bool) -> dict[str, float]:
-    """Per token, the widths one layer's working set is made of (module docstring), as elements."""
+def layer_widths(
+    shape: MoeShape, capacity_factor: float | None, attention_scores: bool, expert_parallel: bool = False
+) -> dict[str, float]:
+    """Per token, the widths one layer's working set is made of (module docstring), as elements. Dropless under
+    expert parallelism the copies go through rounds of the slot grid (`DROPLESS_ROUND_FACTOR` x K a token, one
+    round at a time), never through the grouped matmul's dense lowering."""
     expert_in = shape.latent_dim or shape.d_model
-    copies = shape.top_k * (capacity_factor or 1.0)
+    grouped = capacity_factor is None and not expert_parallel
+    copies = shape.top_k * (capacity_factor or (DROPLESS_ROUND_FACTOR if expert_parallel else 1.0))
     return {
         "stream": shape.d_model,
         "attention": (shape.n_heads + 2 * max(shape.kv_heads_global, shape.kv_heads_local)) * shape.head_dim,
         "scores": shape.n_heads * shape.seq_len if attention_scores else 0,
         "routed": copies * (expert_in + shape.expert_width),
-        "dense_grouped": shape.top_k * shape.n_experts * shape.expert_width if capacity_factor is None else 0,
+        "dense_grouped": shape.top_k * shape.n_experts * shape.expert_width if grouped else 0,
         "shared": shape.n_shared_experts * shape.shared_width + (shape.latent_dim or 0),
     }
 
