@@ -8,7 +8,8 @@ A rule looks at the whole series each time (the publisher re-evaluates every cyc
 run of consecutive offending steps: it fires once, at its first step, and an alert is identified by
 (rule, step), so evaluating the same metrics twice appends nothing. Rules:
 
-    nonfinite_loss     train/loss is NaN or infinite
+    nonfinite_*        any metric is NaN or infinite: nonfinite_loss (train/loss), nonfinite_eval, nonfinite_grad,
+                       nonfinite_router, nonfinite_metric (nonfinite_rule.py)
     loss_spike         train/loss above the window's median by more than `loss_spike_z` robust z-scores
                        (median absolute deviation x 1.4826) and by more than `loss_spike_min_ratio`
     grad_spike         the same on grad/norm/total with `grad_spike_z` / `grad_spike_min_ratio`
@@ -44,8 +45,9 @@ from typing import Any
 
 from executor.store import storage
 from executor.store.layout import ALERTS_FILE
-from executor.store.metrics_log import rows_by_step
+from executor.store.metrics_log import metric_number, rows_by_step
 from executor.watch.training.metric_names import predicted_metric
+from executor.watch.training.nonfinite_rule import nonfinite_episodes
 from executor.watch.training.served_mixture import drifted, served_by_phase
 
 logger = logging.getLogger(__name__)
@@ -138,14 +140,12 @@ def _json_number(number: float | None) -> float | str | None:
 
 
 def _raw_series(rows: Mapping[int, Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
-    """(step, value) in step order for rows that hold `key` as a number (NaN and inf kept)."""
+    """(step, value) in step order for rows that hold `key` as a number (NaN and inf kept, as recorded)."""
     series = []
     for step in sorted(rows):
-        value = rows[step].get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            series.append((step, float(value)))
-        elif value in ("NaN", "nan", "Infinity", "-Infinity", "inf"):
-            series.append((step, float(value)))
+        value = metric_number(rows[step].get(key))
+        if value is not None:
+            series.append((step, value))
     return series
 
 
@@ -240,10 +240,10 @@ def evaluate(
     """Every episode of every rule in a run's metrics lines so far (`running`: its lease is live now; `mixture`:
     the run's mixture.json, for mixture_drift)."""
     rows = rows_by_step(records)
+    alerts = [
+        Alert(rule, step, value, math.inf, now, message) for rule, step, value, message in nonfinite_episodes(rows)
+    ]
     loss = _raw_series(rows, "train/loss")
-    alerts = _episodes(
-        ((s, not math.isfinite(v), v, math.inf) for s, v in loss), "nonfinite_loss", now, "train/loss is not finite"
-    )
     alerts += _episodes(
         _window_check(loss, rules, _spike(rules.loss_spike_z, rules.loss_spike_min_ratio)),
         "loss_spike",

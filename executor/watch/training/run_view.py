@@ -69,8 +69,10 @@ RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 """The run view's charts after the loss, each (id, title, metric keys); a key with no data draws no line, a chart with
 none is left out."""
-ALERT_CHARTS = {"grad_spike": "grad_norm", "throughput_drop": "throughput", "expert_imbalance": "expert_load"}
-"""The chart an alert rule's marker goes on; every other rule reads the loss."""
+ALERT_CHARTS = {"grad_spike": "grad_norm", "throughput_drop": "throughput", "expert_imbalance": "expert_load",
+                "nonfinite_grad": "grad_norm", "nonfinite_router": "expert_load", "nonfinite_metric": None}  # fmt: skip
+"""The chart an alert rule's marker goes on (None: none, the non-finite points are marked where they are drawn);
+every other rule reads the loss."""
 
 Rows = Mapping[int, Mapping[str, Any]]
 Columns = dict[str, dict[int, float]]
@@ -171,14 +173,18 @@ def metric_charts(columns: Columns, alerts: list[Any], parent: Columns) -> list[
         per_part = [{"label": name, "kind": "points", "points": drawn(columns[f"{under}{name}/loss"], keep)}
                     for name in eval_components({0: columns}, under)]  # fmt: skip
         if per_part:
-            charts.append(chart(chart_id, title, per_part, x_label="step"))
+            lines = [
+                (f"{under}{name}/loss", columns[f"{under}{name}/loss"]) for name in eval_components({0: columns}, under)
+            ]
+            charts.append(marked(chart(chart_id, title, per_part, x_label="step"), chart_id, lines, []))
     return charts
 
 
 def header_nonfinite(columns: Columns, keys: list[str]) -> list[dict[str, Any]]:
-    """Per key with non-finite points: how many, the first and the last (what the header names)."""
+    """Per key with non-finite points, `keys` first, then every other key in order: how many, the first and the
+    last (what the header names)."""
     named = []
-    for key in dict.fromkeys(keys):
+    for key in dict.fromkeys([*keys, *sorted(columns)]):
         bad = nonfinite(columns.get(key, {}))
         if bad:
             named.append({"key": key, "count": len(bad), "first": bad[0][0], "last": bad[-1][0], "value": bad[-1][1]})
