@@ -18,7 +18,9 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
 
 Not published: logs, file previews, the step's outputs themselves; every JSON value written passes through
 redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: docs/watching.md,
-"What is published, exactly").
+"What is published, exactly"). A cycle makes all its files before it writes one and learns the host and user
+names in every one of them first, so a name learned from one file is hidden in all; a name first learned in a
+later cycle makes the publisher look at every step again, and republish the metrics lines that hold it.
 
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
@@ -109,6 +111,11 @@ class SitePublisher:
         """Alerts fired so far on each run, as of its last full look."""
         self._lost_shown: set[str] = set()
         """RUNNING steps last published with their holder lost (see `_holders_lost`)."""
+        self._pending: list[tuple[str, Any]] = []
+        """This cycle's JSON files, written once every name in them is learned (`_write_pending`)."""
+        self._pending_metrics: list[tuple[str, str]] = []
+        """This cycle's steps whose metrics lines go out, (output path, site folder)."""
+        self._cycles = 0
 
     def _holders_lost(self, steps: dict[str, tuple[ExperimentStep, str]], dirty_steps: set[str]) -> set[str]:
         """RUNNING steps whose lease holder died since they were published: nothing in their folder changes, so
@@ -133,7 +140,25 @@ class SitePublisher:
         return body
 
     def _put(self, relative: str, value: Any) -> None:
-        self.site.write_json(relative, self.redactor.value(value))
+        self._pending.append((relative, value))
+
+    def _write_pending(self) -> None:
+        """Write this cycle's files (module docstring): learn the names in all of them, publish the metrics lines
+        (which may teach more), then redact and write the JSON files. A name learned only now may sit in files
+        an earlier cycle wrote: every step is looked at again next cycle, and metrics lines holding it go anew."""
+        known = set(self.redactor.whole_values)
+        for _, value in self._pending:
+            self.redactor.learn(value)
+        for output_path, folder in self._pending_metrics:
+            self.metrics.publish(output_path, folder)
+        for relative, value in self._pending:
+            self.site.write_json(relative, self.redactor.value(value))
+        self._pending, self._pending_metrics = [], []
+        learned = self.redactor.whole_values - known
+        if learned and self._cycles:
+            logger.info("learned %d name(s) to hide: looking at every step again", len(learned))
+            self.changes = ChangeTracker()
+            self.metrics.recheck(learned)
 
     def cycle(self) -> CycleReport:
         """Publish what changed since the last cycle; returns what it wrote."""
@@ -167,6 +192,8 @@ class SitePublisher:
             for summary in listing.get("experiments", []):
                 summary["alerts"] = counts.get(summary["file"], 0)
             self._put("data/experiments.json", listing)
+        self._write_pending()
+        self._cycles += 1
         self._put_freshness(self.site.files_written > written_before)
         self.site.save_manifest()
         return CycleReport(
@@ -250,7 +277,7 @@ class SitePublisher:
                 self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
                 self._put(f"{folder}/run.json", self._run_view(step, records))
             self._put(f"{folder}/metrics.json", metrics_grid(records, alerts.read_alerts(step.output_path)))
-            self.metrics.publish(step.output_path, folder)
+            self._pending_metrics.append((step.output_path, folder))
         for name, route in STEP_ROUTES.items():
             self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
         for view in views:
