@@ -8,15 +8,14 @@ the step's output is therefore all the dashboard needs, and it sits next to wand
 knowing of the other.
 
 Each line is `{"step": s, "time": unix seconds, <metric>: value, ...}`; a value that is not finite is the string
-"NaN", "Infinity" or "-Infinity" (executor/store/metrics_log.py), which every view reads back as what it was.
-To every line carrying `throughput/tokens_per_second` the tracker adds `model_flops_per_second` from
-steps/model/model_size.py (the one FLOPs calculator the ladder and hero plan use, not Levanter's own count)
-and, when the accelerator's peak is known, `mfu` = achieved / (per-device peak x devices) (steps/train/hardware.py): the tokens per second
-Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device count. To every
-line carrying `train/loss` it adds the tokens of each component trained on so far, `data/tokens/<component>`
-(steps/train/data_order.py), which the composition view sums per mixture phase.
-A resumed run appends: a step logged twice (before and after a kill) has two lines, the later one is the
-run that continued.
+"NaN", "Infinity" or "-Infinity" (executor/store/metrics_log.py), which every view reads back as what it was. To
+every line carrying `throughput/tokens_per_second` the tracker adds `model_flops_per_second` from
+steps/model/model_size.py (the one FLOPs calculator the ladder and hero plan use, not Levanter's own count) and,
+when the accelerator's peak is known, `mfu` = achieved / (per-device peak x devices) (steps/train/hardware.py): the
+tokens per second Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device
+count. To every line carrying `train/loss` it adds the tokens of each component trained on so far,
+`data/tokens/<component>` (steps/train/data_order.py), which the composition view sums per mixture phase. A resumed
+run appends: a step logged twice (before and after a kill) has two lines, the later one is the run that continued.
 
 On a local disk lines are flushed as they are written, so a killed run leaves every line up to the kill.
 Under a gs:// or s3:// prefix, where objects cannot be appended to, they go to segments beside the file
