@@ -107,9 +107,10 @@ class RunPanel extends ChartPanel {
     const [plots, draw] = this.chartBoxes(data.charts);
     const source = data.prediction && data.prediction.source;
     this.element.replaceChildren(
+      data.seal_warning ? h("div", { class: "error headline", "data-testid": "seal-warning" }, "⚠ ", data.seal_warning) : "",
       h("div", { class: "meta" }, h("span", {}, "step ", h("b", {}, fmtNum(data.last_step))),
         h("span", {}, "train loss ", h("b", { "data-testid": "last-train-loss" }, fmtNum(data.last_train_loss))),
-        data.last_eval ? evalHeader(data.last_eval) : "",
+        data.last_eval ? evalHeader(data.last_eval, Boolean(data.seal_warning)) : "",
         data.components.length ? h("span", {}, "domains ", h("b", {}, data.components.join(", "))) : "",
         source ? h("span", {}, "predicted by ", h("a", { href: stepHref(source), "data-testid": "prediction-link" }, source)) : "",
         data.lineage ? h("span", { "data-testid": "lineage" }, "fork of ", data.lineage.parent ? h("a", { href: stepHref(data.lineage.parent) }, data.lineage.parent) : "a run outside this prefix", ` at step ${data.lineage.step}`) : ""),
@@ -137,20 +138,23 @@ function optimizerMask(mask) {
 
 // "predicted at T, before the first step at T2, digest D": the prediction the run sealed when it started.
 function sealLine(seal) {
-  const trusted = seal.before_first_step === true && seal.matches !== false;
+  const trusted = seal.before_first_step === true && seal.matches !== false && seal.witnessed !== false;
   const order = seal.before_first_step === null ? "" : seal.before_first_step ? ", before the first step at " : ", NOT before the first step at ";
   return h("div", { class: trusted ? "muted" : "warn", "data-testid": "sealed-prediction", "data-before": String(seal.before_first_step),
     "data-matches": String(seal.matches), "data-sha256": seal.sha256 },
     `predicted at ${seal.predicted_at || "?"}${order}${seal.first_step_at || ""}, digest `, h("span", { class: "mono" }, seal.sha256.slice(0, 16)),
-    seal.matches === false ? " (prediction.json no longer has this digest: it changed after the run started)" : "");
+    seal.matches === false ? " (prediction.json no longer has this digest: it changed after the run started)" : "",
+    seal.witness ? h("span", { "data-testid": "seal-witness", "data-witnessed": String(seal.witnessed) },
+      seal.witnessed ? `; witnessed by the publisher at ${seal.witness.witnessed_at} (seal.json)` : `; NOT the seal the publisher witnessed at ${seal.witness.witnessed_at} (digest ${String(seal.witness.sha256).slice(0, 16)})`) : "");
 }
 
 // The last eval point of the metric the ladder predicts, and where it sits against the band at its step.
-function evalHeader(last) {
+function evalHeader(last, warned) {
   const band = last.band;
   return h("span", { "data-testid": "last-eval", "data-key": last.key, "data-value": last.value, "data-verdict": last.verdict || "" },
     `${last.key} `, h("b", {}, fmtNum(last.value)), ` at step ${fmtNum(last.step)}`,
-    band ? h("span", { class: last.verdict === "inside" ? "muted" : "warn-inline" }, ` (${last.verdict} the band [${band.low.toFixed(4)}, ${band.high.toFixed(4)}])`) : "");
+    band && last.verdict ? h("span", { class: last.verdict === "inside" ? "muted" : "warn-inline" }, ` (${last.verdict} the band [${band.low.toFixed(4)}, ${band.high.toFixed(4)}])`) : "",
+    band && warned ? h("span", { class: "warn-inline" }, " (not judged against the band: see the warning above)") : "");
 }
 
 // What happened to the run (executor/watch/incidents.py): goodput, then every incident, oldest first.

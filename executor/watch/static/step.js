@@ -104,6 +104,11 @@ function gangTable(gang) {
         h("td", {}, member.last_heartbeat ? fmtTime(new Date(member.last_heartbeat * 1000).toISOString()) : "")))));
 }
 
+// Whether to ask for the step's metrics: the site says which steps have them (the dashboard answers either way).
+function hasMetrics(live) {
+  return live.has_metrics !== false;
+}
+
 async function stepPage(main, path) {
   const experiment = new URLSearchParams(route().search).get("experiment");
   const logBox = h("pre", { class: "log", "data-testid": "log" }, "");
@@ -111,7 +116,7 @@ async function stepPage(main, path) {
   const metricsView = new MetricsView(metricsBox);
   const panels = new StepPanels(path, experiment);
   const statusBox = h("span", { "data-testid": "step-status" }), historyBox = h("div", {}), progressBox = h("div", {});
-  const gangBox = h("div", { "data-testid": "gang" });
+  const gangBox = h("div", { "data-testid": "gang" }), stallBox = h("div", {});
   let lastStatus = null, lastEvents = -1;
 
   const refreshLog = async () => {
@@ -127,7 +132,14 @@ async function stepPage(main, path) {
     metricsView.update(metrics);
   };
   const showLive = (live) => {
-    statusBox.replaceChildren(badge(live.status), live.holder_lost ? h("span", { class: "warn", "data-testid": "holder-lost" }, ` ${live.holder_lost}`) : "");
+    const stalled = live.status === "RUNNING" && live.stalled && !siteStale() ? live.stalled : null;
+    statusBox.replaceChildren(badge(live.status, stalled), live.holder_lost ? h("span", { class: "warn", "data-testid": "holder-lost" }, ` ${live.holder_lost}`) : "");
+    if (JSON.stringify(stalled) !== stallBox.dataset.shown) {
+      stallBox.dataset.shown = JSON.stringify(stalled);
+      stallBox.replaceChildren(stalled ? h("div", { class: "error", "data-testid": "stalled" }, "Stalled: ",
+        countingUp(stalled.since, (seconds) => `no metrics line for ${fmtDuration(seconds)}`),
+        ` since step ${fmtNum(stalled.step)} (a stall after ${fmtDuration(stalled.after_s)} without one, from this run's step time)`) : "");
+    }
     if (live.events.length !== lastEvents) { historyBox.replaceChildren(historyTable(live.events)); lastEvents = live.events.length; }
     progressBox.replaceChildren(live.progress ? h("div", { class: "toolbar" }, progressBar(live.progress),
       h("span", { class: "muted" }, `${fmtNum(live.progress.shards_done || 0)} / ${fmtNum(live.progress.shards_total)} shards · `
@@ -135,7 +147,7 @@ async function stepPage(main, path) {
         + (live.progress.updated ? ` · updated ${fmtTime(live.progress.updated)}` : ""))) : "");
     gangBox.replaceChildren(live.gang ? gangTable(live.gang) : "");
     const busy = live.status === "RUNNING" || live.status === "WAITING";
-    setLive(busy, busy ? "live" : "idle");
+    setLive(busy, busy ? "live" : "idle", stalled ? 1 : 0);
   };
 
   const render = async () => {
@@ -158,6 +170,7 @@ async function stepPage(main, path) {
       step.drift ? h("div", { class: "warn", "data-testid": "drift" }, "Code drift: ", step.drift) : "",
       failed && step.live.status !== "SUCCESS" ? h("div", { class: "error", "data-testid": "failure" }, failed.message || "failed",
         failed.details?.traceback ? h("details", {}, h("summary", {}, "traceback"), h("pre", {}, failed.details.traceback)) : "") : "",
+      stallBox,
       progressBox,
       gangBox,
       panels.element,
@@ -177,7 +190,9 @@ async function stepPage(main, path) {
       section("Outputs", files.element));
     showLive(step.live);
     lastStatus = step.live.status;
-    await Promise.all([refreshLog(), refreshMetrics(), files.open(""), panels.refresh()]);
+    stallBox.dataset.shown = "";
+    metricsBox.closest("[data-section]").hidden = !hasMetrics(step.live);
+    await Promise.all([refreshLog(), hasMetrics(step.live) ? refreshMetrics() : null, files.open(""), panels.refresh()]);
   };
 
   const files = new FileBrowser(path);
@@ -186,6 +201,6 @@ async function stepPage(main, path) {
     const live = await api("/api/step/live", { path });
     if (live.status !== lastStatus) { lastStatus = live.status; lastEvents = -1; await render(); return; }
     showLive(live);
-    if (live.status === "RUNNING") await Promise.all([refreshLog(), refreshMetrics(), panels.refresh()]);
+    if (live.status === "RUNNING") await Promise.all([refreshLog(), hasMetrics(live) ? refreshMetrics() : null, panels.refresh()]);
   });
 }
