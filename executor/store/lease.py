@@ -281,6 +281,14 @@ def holder_lost_note(output_path: str, running_since: str | None, settings: Leas
     return HOLDER_LOST.format(since=record.get("heartbeat") or running_since or "an unknown time")
 
 
+def last_heartbeat(output_path: str, number: int) -> str | None:
+    """The last heartbeat lease `number` of a step recorded (None when it has no such lease): when a holder that
+    was lost, and taken over, was last seen alive."""
+    record = storage.read_json(storage.join(output_path, LEASE_DIR, _lease_name(number)))
+    heartbeat = record.get("heartbeat") if isinstance(record, dict) else None
+    return heartbeat if isinstance(heartbeat, str) else None
+
+
 def takeover_reason(output_path: str, settings: LeaseSettings) -> str | None:
     """For a step recorded RUNNING: why its lease may be taken over now, or None while its holder is live."""
     observer = Lease(output_path, "observer", settings)

@@ -18,6 +18,18 @@ function historyTable(events) {
       h("td", { class: "num" }, event.attempt), h("td", { class: "mono" }, event.worker || ""), h("td", {}, event.message || ""))))));
 }
 
+// Every attempt: its start, its end and how it ended (executor/watch/incidents.py attempt_history); a killed
+// attempt ends at its lease's last heartbeat.
+function attemptsTable(attempts) {
+  if (!attempts || !attempts.length) return h("div", { class: "empty" }, "No attempt yet.");
+  return h("table", { "data-testid": "attempts" }, h("thead", {}, h("tr", {},
+    ["attempt", "started", "ended", "took", "outcome", "cause"].map((name) => h("th", {}, name)))),
+    h("tbody", {}, attempts.map((attempt) => h("tr", { "data-attempt": attempt.attempt, "data-outcome": attempt.outcome },
+      h("td", { class: "num" }, attempt.attempt), h("td", {}, fmtTime(attempt.started)), h("td", {}, attempt.ended ? fmtTime(attempt.ended) : ""),
+      h("td", { class: "num" }, attempt.ended ? fmtDuration((Date.parse(attempt.ended) - Date.parse(attempt.started)) / 1000) : ""),
+      h("td", {}, attempt.outcome), h("td", {}, attempt.cause || "")))));
+}
+
 function configTable(rows) {
   if (!rows.length) return h("div", { class: "empty" }, "No config recorded.");
   return h("table", { class: "kv", "data-testid": "config" }, h("tbody", {}, rows.map((row) => h("tr", { "data-key": row.key, "data-kind": row.kind },
@@ -116,6 +128,7 @@ async function stepPage(main, path) {
   const metricsView = new MetricsView(metricsBox);
   const panels = new StepPanels(path, experiment);
   const statusBox = h("span", { "data-testid": "step-status" }), historyBox = h("div", {}), progressBox = h("div", {});
+  const attemptsBox = h("div", {});
   const gangBox = h("div", { "data-testid": "gang" }), stallBox = h("div", {});
   let lastStatus = null, lastEvents = -1;
 
@@ -140,7 +153,11 @@ async function stepPage(main, path) {
         countingUp(stalled.since, (seconds) => `no metrics line for ${fmtDuration(seconds)}`),
         ` since step ${fmtNum(stalled.step)} (a stall after ${fmtDuration(stalled.after_s)} without one, from this run's step time)`) : "");
     }
-    if (live.events.length !== lastEvents) { historyBox.replaceChildren(historyTable(live.events)); lastEvents = live.events.length; }
+    if (live.events.length !== lastEvents) {
+      historyBox.replaceChildren(historyTable(live.events));
+      attemptsBox.replaceChildren(attemptsTable(live.attempt_history));
+      lastEvents = live.events.length;
+    }
     progressBox.replaceChildren(live.progress ? h("div", { class: "toolbar" }, progressBar(live.progress),
       h("span", { class: "muted" }, `${fmtNum(live.progress.shards_done || 0)} / ${fmtNum(live.progress.shards_total)} shards · `
         + `${fmtNum(live.progress.rows || 0)} rows · ${fmtBytes(live.progress.bytes || 0)}`
@@ -161,7 +178,8 @@ async function stepPage(main, path) {
       h("div", { class: "meta" }, h("span", {}, "hash ", h("b", { class: "mono" }, info.hash || "?")),
         h("span", {}, "fn ", h("b", { class: "mono" }, info.fn || "?")),
         h("span", {}, "attempts ", h("b", {}, step.live.attempts)),
-        step.live.started ? h("span", {}, "started ", h("b", {}, fmtTime(step.live.started))) : "",
+        step.live.started ? h("span", {}, (step.live.attempts > 1 ? `attempt ${step.live.attempts} started ` : "started "), h("b", {}, fmtTime(step.live.started))) : "",
+        (step.live.attempt_history || []).length > 1 ? h("span", { "data-testid": "first-started" }, "first attempt started ", h("b", {}, fmtTime(step.live.attempt_history[0].started))) : "",
         step.output_bytes !== null ? h("span", {}, "outputs ", h("b", {}, fmtBytes(step.output_bytes))) : "",
         step.output_digest ? h("span", { title: "sha256 of the canonical manifest: the same bytes give the same digest" },
           "digest ", h("b", { class: "mono", "data-testid": "output-digest" }, step.output_digest)) : ""),
@@ -175,7 +193,7 @@ async function stepPage(main, path) {
       gangBox,
       panels.element,
       h("div", { class: "grid2" },
-        h("div", {}, section("Status history", historyBox), section("Rerun just this step", copyBox(step.rerun),
+        h("div", {}, section("Attempts", attemptsBox), section("Status history", historyBox), section("Rerun just this step", copyBox(step.rerun),
           h("p", { class: "muted" }, "Its dependencies are skipped when they already succeeded.")),
           section("Dependencies", step.dependencies.length ? h("ul", {}, step.dependencies.map((dep) => h("li", {},
             dep.path ? h("a", { href: stepHref(dep.path, step.experiment) }, dep.name) : dep.name,
