@@ -122,10 +122,18 @@ class RunPanel extends ChartPanel {
       alertList(data.alerts || []),
       plots,
       data.incidents ? incidentTimeline(data.incidents) : "",
-      data.mixture ? h("div", { "data-testid": "run-mixture" }, h("h3", {}, "mixture: planned against served"), servedTable(data.mixture)) : "",
+      data.mixture ? mixtureLine(data.mixture) : "",
       data.optimizer ? optimizerMask(data.optimizer) : "");
     draw();
   }
+}
+
+// The mixture planned against served is one table, the step's Data composition view: here, a line pointing there.
+function mixtureLine(mixture) {
+  const drifted = mixture.drifted || [];
+  return h("div", { class: drifted.length ? "warn" : "muted", "data-testid": "run-mixture" },
+    `mixture: ${mixture.phases.length} phase(s) planned against served in the Data composition view below`,
+    drifted.length ? `; ${drifted.length} component(s) served more than 20% off plan` : "");
 }
 
 // The run's optimizer and its mask (optimizer_groups.json): each group's parameters, then every parameter's group.
