@@ -111,14 +111,17 @@ class MetricsPublisher:
         self._anew: set[str] = set()
         """Folders whose published lines hold a name learned since (`recheck`): published anew on their next turn."""
 
-    def recheck(self, names: set[str]) -> None:
+    def recheck(self, names: set[str]) -> set[str]:
         """Names were learned after some lines were published: a step whose published lines hold one of them is
-        published anew (a new epoch, every line redacted again) the next time it is published."""
+        published anew (a new epoch, every line redacted again) the next time it is published; returns those."""
         needles = [name.encode() for name in names if name]
+        found = set()
         for folder, index in self._indexes.items():
             published = read_metrics_bytes(self._sources[folder], limit=index.source_bytes) or b""
             if any(needle in published for needle in needles):
-                self._anew.add(folder)
+                found.add(folder)
+        self._anew |= found
+        return found
 
     def publish(self, output_path: str, folder: str) -> None:
         """Publish the step's new complete lines under `<folder>/metrics/` (nothing while it has no metrics)."""

@@ -153,8 +153,14 @@ class SitePublisher:
         known = set(self.redactor.whole_values)
         for _, value in self._pending:
             self.redactor.learn(value)
+        learned_from_files = set(self.redactor.whole_values)
         for output_path, folder in self._pending_metrics:
             self.metrics.publish(output_path, folder)
+        if late := self.redactor.whole_values - learned_from_files:  # first seen in a metrics line: the lines this
+            anew = self.metrics.recheck(late)  # cycle published before it go out again at once, without it
+            for output_path, folder in self._pending_metrics:
+                if folder in anew:
+                    self.metrics.publish(output_path, folder)
         for relative, value in self._pending:
             self.site.write_json(relative, self.redactor.value(value))
         self._pending, self._pending_metrics = [], []

@@ -28,6 +28,8 @@ HOOK_PATH = "T0PLANTED/B0PLANTED/XhookPLANTED"
 PRIVATE_KEY_BODY = "MIIEvQIBADANBgkqPLANTEDkeybody"
 LEARNED_HOST = "worker-node-planted7"
 """A host name the publisher learns only from a status event's `worker` field, written bare elsewhere."""
+METRICS_HOST = "gpu-box-planted42"
+"""A host name a metrics line's `host` field teaches, written bare in an earlier line of the same run."""
 
 FREE_TEXT = (
     f"launched by {EMAIL} from /home/{HOME_USER}/repo (also /Users/{HOME_USER}/x); "
@@ -68,8 +70,10 @@ class ChattyRunConfig:
 
 
 def chatty_run(config: ChattyRunConfig) -> None:
-    lines = [metrics_line(step) for step in range(30)]
+    lines = [metrics_line(step) for step in range(80)]  # lines 2-4 are not among the grid's last 50 rows
+    lines[2] |= {"comment": f"checkpoint copied from {METRICS_HOST}"}
     lines[3] |= {"note": FREE_TEXT, "where": f"running on {LEARNED_HOST}", "launcher": EMAIL}
+    lines[4] |= {"host": METRICS_HOST}
     Path(config.output_path, METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -94,7 +98,7 @@ def test_no_planted_secret_survives_in_any_published_byte(tmp_path: Path) -> Non
     site = tmp_path / "site"
     publisher = SitePublisher(str(tmp_path / "prefix"), str(site))
     publisher.cycle()
-    assert not searched(site, PLANTED)
+    assert not searched(site, {**PLANTED, "host taught by a later metrics line": METRICS_HOST})
     assert searched(site, {"learned host": LEARNED_HOST})  # not learned yet: only its own name says it is a host
 
     # The host's name is learned (a status event's worker field) one cycle later, in another step's folder:
@@ -105,10 +109,8 @@ def test_no_planted_secret_survives_in_any_published_byte(tmp_path: Path) -> Non
     assert not searched(site, {**PLANTED, "learned host": LEARNED_HOST})
     relative = Path(run_path).relative_to(tmp_path / "prefix").as_posix()
     index = json.loads((site / "data/step" / relative / "metrics/index.json").read_text())
-    assert index["epoch"] == 1 and index["lines"] == 30  # the lines went out again, the old epoch's files gone
-    assert not list((site / "data/step" / relative / "metrics").glob("s0-*")) + list(
-        (site / "data/step" / relative / "metrics").glob("c0-*")
-    )
+    assert index["epoch"] == 2 and index["lines"] == 80  # out again twice (a name from each), old epochs gone
+    assert sorted(path.name[:2] for path in (site / "data/step" / relative / "metrics").glob("[sc][0-9]*")) == ["c2"]
     step = json.loads((site / "data/step" / relative / "step.json").read_text())
     comment = next(row["value"] for row in step["config"] if row["key"] == "comment")
     assert comment.startswith("on <redacted>: launched by <email> from …/repo (also …/x); ")
