@@ -114,8 +114,8 @@ def attempt_history(
                              "cause": None, "lease": event.lease})  # fmt: skip
         elif current is not None and current["outcome"] == "running" and status in ("SUCCESS", "WAITING", "FAILED"):
             outcome = {"SUCCESS": "succeeded", "WAITING": "retried", "FAILED": "failed"}[status]
-            cause = None if status == "SUCCESS" else _cause(event.message) or f"attempt {event.attempt} failed"
-            current |= {"outcome": outcome, "ended": event.time, "cause": cause}
+            reason = None if status == "SUCCESS" else _cause(event.message) or f"attempt {event.attempt} failed"
+            current |= {"outcome": outcome, "ended": event.time, "cause": reason}
     return attempts
 
 
