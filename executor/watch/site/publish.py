@@ -173,6 +173,7 @@ class SitePublisher:
     def cycle(self) -> CycleReport:
         """Publish what changed since the last cycle; returns what it wrote."""
         written_before, bytes_before = self.site.files_written, self.site.bytes_written
+        self._pending, self._pending_metrics = [], []  # what a cycle that failed part way left
         self._put_shell()
         self.app.experiments.expire()
         experiments = self.app.experiments.all()
