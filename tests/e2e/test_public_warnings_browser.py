@@ -75,6 +75,12 @@ def test_a_changed_prediction_or_seal_turns_the_headline_into_a_warning(page, tm
         expect(last).not_to_contain_text("inside the band")
         expect(last).to_contain_text("not judged against the band")
         screenshot(page, "site-seal-warning")
+        page.goto(f"{base}/index.html#/step/{paths['scaling/ladder']}")  # the ladder page judges nothing either
+        expect(page.locator("[data-testid=ladder-view] [data-testid=seal-warning]")).to_contain_text(
+            "prediction.json changed after", timeout=DEADLINE_MS
+        )
+        expect(page.locator("[data-testid=achieved]")).not_to_contain_text("inside the band")
+        page.goto(f"{base}/index.html#/step/{paths['train/hero']}")
 
         seal = json.loads((hero / PREDICTION_SEAL_FILE).read_text())
         digest = hashlib.sha256((ladder / "prediction.json").read_bytes()).hexdigest()

@@ -60,6 +60,7 @@ from executor.watch.site.metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublis
 from executor.watch.site.redaction import Redactor
 from executor.watch.site.seal_witness import SealWitness
 from executor.watch.training import alerts
+from executor.watch.training.ladder_view import broken_seals
 from executor.watch.training.panels import PanelError
 from executor.watch.training.run_view import run_view
 
@@ -311,8 +312,21 @@ class SitePublisher:
             self._put(f"{folder}/{name}.json", answer)
         for view in views:
             if view in VIEW_ROUTES:
-                self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
+                answer = self._answer(VIEW_ROUTES[view], path=step.relative)
+                if view == "ladder" and "sealed_by" in answer:  # held to the seals the site witnessed, too
+                    self._hold_to_witnesses(answer)
+                self._put(f"{folder}/{view}.json", answer)
         return fired
+
+    def _hold_to_witnesses(self, ladder: dict[str, Any]) -> None:
+        """The ladder's prediction against the digest the site witnessed each downstream run seal (its
+        seal.json), beside the runs' own seals: a seal rewritten with the prediction is caught here."""
+        witnessed = dict(ladder["sealed_by"])
+        for run in ladder["sealed_by"]:
+            held = self.site.read_json(f"data/step/{run}/seal.json")
+            if isinstance(held, dict) and isinstance(held.get("sha256"), str) and held["sha256"] != witnessed[run]:
+                witnessed[f"{run} (witnessed)"] = held["sha256"]
+        ladder["seal_warning"] = broken_seals(ladder["prediction_sha256"], witnessed)
 
     def _run_view(
         self, step: ExperimentStep, records: list[dict[str, Any]], witness: dict[str, Any] | None

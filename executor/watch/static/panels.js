@@ -235,10 +235,12 @@ class LadderPanel extends ChartPanel {
       h("td", { class: "num", "data-col": "final_loss", "data-value": rung.final_loss }, cellValue(rung.final_loss, 4)),
       h("td", { class: "num", "data-col": "fitted", "data-value": rung.fitted }, cellValue(rung.fitted, 4)),
       h("td", { class: "num", "data-col": "residual", "data-value": rung.residual }, (rung.residual >= 0 ? "+" : "") + cellValue(rung.residual, 4))));
-    const verdict = achieved ? (achieved.loss >= prediction.low && achieved.loss <= prediction.high ? "inside the band" : "outside the band") : "";
+    const verdict = !achieved ? "" : data.seal_warning ? "(not judged against the band: see the warning above)"
+      : achieved.loss >= prediction.low && achieved.loss <= prediction.high ? "inside the band" : "outside the band";
     // The scaling step's flags (asymptote at its bound, a band of zero width) go above the figures they qualify.
     const warnings = (data.warnings || []).map((warning) => h("p", { class: "warn", "data-testid": "fit-warning" }, `warning: ${warning}`));
-    this.element.replaceChildren(...warnings,
+    this.element.replaceChildren(data.seal_warning ? h("div", { class: "error headline", "data-testid": "seal-warning" }, "⚠ ", data.seal_warning) : "",
+      ...warnings,
       h("p", { class: "mono", "data-testid": "law" }, `L(C) = ${fit.asymptote.toPrecision(4)} + ${fit.A.toPrecision(4)} · C^-${fit.alpha.toPrecision(4)}`,
         fit.rms_log_residual !== null && fit.rms_log_residual !== undefined ? h("span", { class: "muted" }, `   rms log residual ${Number(fit.rms_log_residual).toPrecision(3)}`) : ""),
       h("div", { class: "grid2" }, plots, h("div", {},

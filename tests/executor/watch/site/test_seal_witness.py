@@ -15,8 +15,8 @@ from executor.store.layout import PREDICTION_SEAL_FILE
 from executor.watch.site.publish import SitePublisher
 
 
-def run_json(site: Path, relative: str) -> dict:
-    return json.loads((site / "data/step" / relative / "run.json").read_text())
+def run_json(site: Path, relative: str, name: str = "run.json") -> dict:
+    return json.loads((site / "data/step" / relative / name).read_text())
 
 
 def test_the_seal_is_witnessed_once_and_a_rewrite_loses_the_verdict(tmp_path: Path, webhook: str) -> None:  # noqa: F811
@@ -37,6 +37,8 @@ def test_the_seal_is_witnessed_once_and_a_rewrite_loses_the_verdict(tmp_path: Pa
     view = run_json(site, paths["train/hero"])
     assert view["seal_warning"] is None and view["sealed"]["witnessed"] is True
     assert view["last_eval"]["verdict"] == "inside"
+    ladder_view = run_json(site, paths["scaling/ladder"], "ladder.json")
+    assert ladder_view["sealed_by"] == {paths["train/hero"]: seal["sha256"]} and ladder_view["seal_warning"] is None
 
     edited = json.loads((ladder / "prediction.json").read_text())  # the band widened after the run started
     edited["prediction"]["high"] += 1.0
@@ -44,6 +46,8 @@ def test_the_seal_is_witnessed_once_and_a_rewrite_loses_the_verdict(tmp_path: Pa
     publisher.cycle()
     view = run_json(site, paths["train/hero"])
     assert view["last_eval"]["verdict"] is None and "prediction.json changed" in view["seal_warning"]
+    ladder_view = run_json(site, paths["scaling/ladder"], "ladder.json")  # the ladder page draws no verdict either
+    assert ladder_view["seal_warning"].startswith(f"prediction.json changed after {paths['train/hero']} sealed it")
 
     # The seal rewritten to match the edited prediction: only the witness tells.
     new_digest = hashlib.sha256((ladder / "prediction.json").read_bytes()).hexdigest()
@@ -55,4 +59,6 @@ def test_the_seal_is_witnessed_once_and_a_rewrite_loses_the_verdict(tmp_path: Pa
     view = run_json(site, paths["train/hero"])
     assert view["sealed"]["matches"] is True and view["sealed"]["witnessed"] is False
     assert view["last_eval"]["verdict"] is None and "not the one the publisher witnessed" in view["seal_warning"]
+    ladder_view = run_json(site, paths["scaling/ladder"], "ladder.json")  # the run's seal matches: the witness tells
+    assert f"{paths['train/hero']} (witnessed)" in ladder_view["seal_warning"]
     assert len([message for message in Hook.received if "seal" in message]) == 1
