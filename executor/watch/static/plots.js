@@ -10,7 +10,8 @@ const MARKER_COLOURS = { alert: "#e07b39", nonfinite: "#d64545" };
 
 // Tick labels that stay legible, distinct and exact at any scale: 1.5e-4 rather than "0.0001" four times, and
 // 5.0, 7.5, 10.0 rather than 5, 8, 10: every tick of an axis gets the fewest digits that write each of them
-// exactly (to a millionth of the step between them), the same count for all.
+// exactly (to a millionth of the step between them), the same count for all (at most 4 after an exponent's
+// point, 8 after a decimal one: what the axis has room for).
 function tickLabels(_, ticks) {
   const finite = ticks.filter((tick) => tick !== null && Number.isFinite(tick));
   const span = Math.max(0, ...finite.map(Math.abs));
@@ -19,7 +20,7 @@ function tickLabels(_, ticks) {
   const scientific = span >= 1e5 || span < 1e-3;
   let digits = scientific ? 1 : 0;
   const write = (tick) => (scientific ? tick.toExponential(digits) : tick.toFixed(digits));
-  while (digits < 8 && !exact(write)) digits += 1;
+  while (digits < (scientific ? 4 : 8) && !exact(write)) digits += 1;  // longer labels would not fit the axis
   return ticks.map((tick) => (tick === null || !Number.isFinite(tick) ? "" : tick === 0 ? "0" : write(tick)));
 }
 
