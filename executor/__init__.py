@@ -48,7 +48,8 @@ for the storage layout and leases.
 What a step function may use, all from this package (`steps/` and `experiments/` import nothing else of
 it; import-linter checks that in `make test`): `storage` (every read and write, on any store), `layout`
 (the names of the files a step folder holds), `run_sharded` / `Shard` / `ShardWriter` (fan out over shards,
-each committed on its own), `MetricsLog` (a live `metrics.jsonl` on any store), `progress` (how far a long
+each committed on its own), `MetricsLog` (a live `metrics.jsonl` on any store;
+`metric_json`, how a value is recorded in it), `progress` (how far a long
 loop got, for a gang's watch), `recorded_path` (a path as the step records it), `TransientError` (a failure
 worth retrying) and the errors. The rooms below are the library's own: `store/`, `dag/`, `shards/`, `run/`,
 `watch/`, `cli/` (docs/contributing.md).
@@ -85,7 +86,7 @@ from executor.shards.writer import Shard, ShardFn, ShardWriter
 from executor.store import layout, storage
 from executor.store.events import StatusEvent, StepStatus, read_events, read_status
 from executor.store.metrics_log import FLUSH_SECONDS as METRICS_FLUSH_SECONDS
-from executor.store.metrics_log import MetricsLog, read_metrics_bytes
+from executor.store.metrics_log import MetricsLog, metric_json, read_metrics_bytes
 
 __all__ = [
     "METRICS_FLUSH_SECONDS",
@@ -116,6 +117,7 @@ __all__ = [
     "executor_main",
     "install_excepthook",
     "layout",
+    "metric_json",
     "output_path_of",
     "progress",
     "read_events",

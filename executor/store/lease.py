@@ -5,8 +5,7 @@ heartbeat time. The highest number is the current lease. To acquire:
 
 - no lease yet: exclusively create number 0;
 - the current one is released, or its heartbeat is older than `stale_s`: exclusively create n + 1;
-- the current one is fresh and someone else's: wait (the caller polls).
-
+- the current one is fresh and someone else's: wait (the caller polls);
 - the current one is fresh but its holder was a process on this machine that no longer exists
   (killed, OOM-killed): exclusively create n + 1 at once, without waiting for staleness.
 
@@ -279,6 +278,11 @@ def holder_lost_note(output_path: str, running_since: str | None, settings: Leas
     if observer.takeover_reason(record) is None:
         return None
     return HOLDER_LOST.format(since=record.get("heartbeat") or running_since or "an unknown time")
+
+
+def last_heartbeat(output_path: str, number: int) -> str | None:
+    """Lease `number`'s last heartbeat (None: no such lease): when a holder lost, and taken over, was last seen."""
+    return (storage.read_json(storage.join(output_path, LEASE_DIR, _lease_name(number))) or {}).get("heartbeat")
 
 
 def takeover_reason(output_path: str, settings: LeaseSettings) -> str | None:

@@ -14,16 +14,27 @@ resumed run) begins after the last segment and never rewrites one another proces
 at most the last `flush_seconds` of lines.
 
 Readers (the train step's `read_metrics`, the dashboard) take the file's lines, then the segments' in order.
+
+JSON has no NaN or infinity, and a metric that is NaN is the one a viewer most needs to see, so a value that
+is not finite is recorded as the JSON string `"NaN"`, `"Infinity"` or `"-Infinity"` (`metric_json`: what
+JavaScript's `String()` gives, so any JSON parser reads the line), never as `null`, which means "not logged".
+Every reader takes a value through `metric_number`, which reads those strings back as the float they were (and
+the published "nan", "inf", "-inf" too; a bare `NaN` token, which Python's json writes and reads, is a float).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from executor.store import storage
 
+NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How a metrics line records a value that is not finite (module docstring)."""
+NONFINITE_READ = {**NONFINITE_JSON, "nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+"""What readers take as a non-finite number: the recorded strings and the published ones (watch/series.py)."""
 SEGMENTS_SUFFIX = ".d"
 SEGMENT_BYTES = 1 << 20
 FLUSH_SECONDS = 10.0
@@ -124,3 +135,21 @@ def rows_by_step(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, An
         if isinstance(step, int) and not isinstance(step, bool):
             rows.setdefault(step, {}).update(record)
     return rows
+
+
+def metric_json(value: float) -> float | str:
+    """A float as a metrics line records it: itself when finite, else "NaN", "Infinity" or "-Infinity"."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def metric_number(value: Any) -> float | None:
+    """A recorded metric value as a number, NaN and infinities included (module docstring); None for anything
+    else (null, text, a list, a bool)."""
+    kind = type(value)
+    if kind is float or kind is int:
+        return float(value)
+    if kind is str:
+        return NONFINITE_READ.get(value)
+    return None

@@ -135,6 +135,9 @@ class DashboardApp:
         self.cache = StatusCache(live_ttl_s=live_ttl_s, finished_ttl_s=finished_ttl_s)
         self.experiments = ExperimentIndex(self.prefix, list_ttl_s=min(2.0, max(live_ttl_s, 0.1)))
         self.assets = load_static()
+        self._resume_lines: dict[str, list[dict[str, Any]]] = {}
+        """The steps and times of finished restarted steps' metrics lines (their resumes, on the experiment's
+        timeline): a finished step's lines do not change."""
         self.routes: dict[str, Callable[[Mapping[str, str]], Response]] = {
             "/api/experiments": self.api_experiments,
             "/api/experiment": self.api_experiment,
@@ -210,7 +213,22 @@ class DashboardApp:
     def api_experiment_incidents(self, query: Mapping[str, str]) -> Response:
         experiment = self._experiment(query)
         states = self.cache.states(experiment.output_paths)
-        return json_response(experiment_incidents(experiment, states, read_many_events, read_infos))
+        finished = {path for path, state in zip(experiment.output_paths, states, strict=True)
+                    if state.status in ("SUCCESS", "FAILED")}  # fmt: skip
+
+        def lines_of(paths: list[str]) -> list[list[dict[str, Any]]]:
+            found = []
+            for path in paths:
+                lines = self._resume_lines.get(path)
+                if lines is None:
+                    records = files.metrics_records(storage.join(path, METRICS_FILE)) or []
+                    lines = [{"step": line.get("step"), "time": line.get("time")} for line in records]
+                    if path in finished:
+                        self._resume_lines[path] = lines
+                found.append(lines)
+            return found
+
+        return json_response(experiment_incidents(experiment, states, read_many_events, read_infos, lines_of))
 
     def api_graph(self, query: Mapping[str, str]) -> Response:
         experiment = self._experiment(query)

@@ -18,17 +18,22 @@ A restart (an attempt after a failure) and a resume say what they followed: the 
 An experiment's timeline (`experiment_incidents`) gathers the failures, retries, takeovers and code drift of its
 steps.
 
+Each attempt's start, end and how it ended (`attempt_history`): finished, failed or retried with the cause, or
+lost (no end recorded: killed, its host gone), ended at its lease's last heartbeat, taken over by the next.
+
 **Goodput** is the share of the run's wall time (its first RUNNING to its last record) spent advancing
-training: the time between consecutive metrics lines of one attempt whose step is new. The rest is given by
-cause: steps redone after a resume, evaluating (a line at the step the line before it logged: Levanter logs
-its evals on lines of their own), starting (an attempt's RUNNING to its first line: compiling, loading the
-checkpoint), and between attempts (a failure to the next start: backoff, a restarted gang, a lost worker).
+training: the time between consecutive metrics lines of one attempt whose step is new, or that log the same
+step's other figures (Levanter logs throughput on a line of its own). The rest is given by cause: steps redone
+after a resume, evaluating (from the line before to a line carrying `eval/` figures), starting (an attempt's
+RUNNING to its first line: compiling, loading the checkpoint), finishing (the last line to the SUCCESS: the final
+checkpoint and the export), and between attempts (a failure to the next start: backoff, a restarted gang, a lost
+worker).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +95,30 @@ def status_incidents(events: Sequence[StatusEvent]) -> list[dict[str, Any]]:
     return found
 
 
+def attempt_history(
+    events: Sequence[StatusEvent], heartbeat_of: Callable[[int], str | None] | None = None
+) -> list[dict[str, Any]]:
+    """Each attempt: {attempt, started, ended, outcome, cause}. outcome: running, succeeded, retried, failed, or
+    lost (no end recorded before a newer lease took over: `ended` is its lease's last heartbeat, by
+    `heartbeat_of(lease number)`, and `cause` says who took over when)."""
+    attempts: list[dict[str, Any]] = []
+    for event in events:
+        status, current = str(event.status), attempts[-1] if attempts else None
+        if status == "RUNNING":
+            if current is not None and current["outcome"] == "running":
+                seen = heartbeat_of(current["lease"]) if heartbeat_of and current["lease"] is not None else None
+                cause = (f"no end recorded (killed, or its host lost); last heartbeat {seen or 'unknown'}; "
+                         f"attempt {event.attempt} took over at {event.time}")  # fmt: skip
+                current |= {"outcome": "lost", "ended": seen, "cause": cause}
+            attempts.append({"attempt": event.attempt, "started": event.time, "ended": None, "outcome": "running",
+                             "cause": None, "lease": event.lease})  # fmt: skip
+        elif current is not None and current["outcome"] == "running" and status in ("SUCCESS", "WAITING", "FAILED"):
+            outcome = {"SUCCESS": "succeeded", "WAITING": "retried", "FAILED": "failed"}[status]
+            reason = None if status == "SUCCESS" else _cause(event.message) or f"attempt {event.attempt} failed"
+            current |= {"outcome": outcome, "ended": event.time, "cause": reason}
+    return attempts
+
+
 def resumes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each point where the lines go back (a resume from a checkpoint): the step resumed at, the steps redone."""
     found: list[dict[str, Any]] = []
@@ -116,26 +145,33 @@ def goodput(events: Sequence[StatusEvent], lines: Sequence[Mapping[str, Any]]) -
         return None
     ends = [_seconds(event.time) for event in events if str(event.status) in ("SUCCESS", "FAILED", "WAITING")]
     total = max([*ends, timed[-1][0]]) - starts[0]
+    finished = [_seconds(event.time) for event in events if str(event.status) == "SUCCESS"]
+    finishing = max(0.0, finished[-1] - timed[-1][0]) if finished and finished[-1] >= max(starts) else 0.0
+    evals = {index for index, line in enumerate(lines) if any(str(key).startswith("eval/") for key in line)}
+    timed_evals = [index in evals for index, line in enumerate(lines)
+                   if isinstance(line.get("time"), int | float) and isinstance(line.get("step"), int)]  # fmt: skip
     advancing = redone = starting = evaluating = 0.0
     boundaries = sorted(starts)
     seen: set[int] = set()
     previous: float | None = None
     previous_step: int | None = None
-    for when, step in timed:
+    for (when, step), is_eval in zip(timed, timed_evals, strict=True):
         attempt_start = max((start for start in boundaries if start <= when), default=None)
         if previous is None or (attempt_start is not None and previous < attempt_start):
             starting += when - attempt_start if attempt_start is not None else 0.0  # this attempt's first line
-        elif step == previous_step:  # another line at the step just logged (Levanter's evals): not redone
+        elif is_eval:  # Levanter's evals log on lines of their own, at the step just trained
             evaluating += when - previous
+        elif step == previous_step:  # the same step's other figures (throughput): part of the step
+            advancing += when - previous
         elif step in seen:
             redone += when - previous
         else:
             advancing += when - previous
         seen.add(step)
         previous, previous_step = when, step
-    between = max(0.0, total - advancing - redone - starting - evaluating)
+    between = max(0.0, total - advancing - redone - starting - evaluating - finishing)
     causes = {"redone after a resume": redone, "starting (compile, restore)": starting,
-              "evaluating (lines at the step just logged)": evaluating,
+              "evaluating": evaluating, "finishing (final checkpoint, export)": finishing,
               "between attempts (failures, restarts)": between}  # fmt: skip
     return {"wall_s": total, "advancing_s": advancing, "goodput": advancing / total if total > 0 else None,
             "lost_s": causes}  # fmt: skip
@@ -221,11 +257,14 @@ def run_incidents(
     return {"timeline": timeline, "goodput": goodput(events, lines)}
 
 
-def experiment_incidents(experiment: Any, states: Sequence[Any], histories: Any, infos: Any) -> dict[str, Any]:
+def experiment_incidents(
+    experiment: Any, states: Sequence[Any], histories: Any, infos: Any, lines_of: Any = None
+) -> dict[str, Any]:
     """An experiment's timeline: the incidents (not the plain starts and finishes) of each step that failed,
     took more than one attempt or whose code drifted from the experiment's, each with its step's name and path,
-    oldest first. `histories(paths)` reads the status histories of the steps chosen (at most
-    MAX_EXPERIMENT_STEPS), `infos(paths)` their `.executor_info`s (read for the drifted ones only)."""
+    oldest first, and the resumes of those with more than one attempt. `histories(paths)` reads the status
+    histories of the steps chosen (at most MAX_EXPERIMENT_STEPS), `infos(paths)` their `.executor_info`s (read for
+    the drifted ones only), `lines_of(paths)` the metrics lines of those restarted (None: no resumes)."""
     steps = experiment.steps
     drifted = {step.relative for step, state in zip(steps, states, strict=True) if state.drifted(step.fingerprint)}
     chosen = [
@@ -237,9 +276,15 @@ def experiment_incidents(experiment: Any, states: Sequence[Any], histories: Any,
     drifted_steps = [step for step in chosen if step.relative in drifted]
     info_of = dict(zip([step.relative for step in drifted_steps],
                        infos([step.output_path for step in drifted_steps]), strict=True))  # fmt: skip
+    restarted = [step for step, state in zip(steps, states, strict=True) if state.attempts > 1 and step in chosen]
+    lines = dict(zip([step.relative for step in restarted], lines_of([step.output_path for step in restarted]),
+                     strict=True)) if lines_of else {}  # fmt: skip
     timeline = []
     for step, events in zip(chosen, histories([step.output_path for step in chosen]), strict=True):
         entries = [entry for entry in status_incidents(events) if entry["kind"] not in ("start", "success")]
+        for resume in resumes(lines.get(step.relative) or []):
+            after = attempt_of(events, resume["time"])
+            entries.append(resume | ({"after": after, "text": f"{resume['text']}, after {after}"} if after else {}))
         drift = code_drift(step.name, events, info_of.get(step.relative), code_now(experiment, step.relative))
         timeline += [{**entry, "step_name": step.name, "path": step.relative} for entry in [*entries, drift] if entry]
     timeline.sort(key=lambda entry: entry["time"] or "")

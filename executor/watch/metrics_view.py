@@ -28,6 +28,7 @@ ALERT_KEYS = {
     "grad_spike": "grad/norm/total",
     "throughput_drop": "throughput/tokens_per_second",
     "stall": "train/loss",
+    "nonfinite_grad": "grad/norm/total",
 }
 """The key each alert rule reads (the band rule reads the predicted metric; expert imbalance two router keys)."""
 
@@ -42,10 +43,12 @@ def ordered_keys(keys: set[str], rows: Mapping[int, Mapping[str, Any]]) -> list[
 
 
 def alert_key(rule: str, rows: Mapping[int, Mapping[str, Any]]) -> list[str]:
-    if rule == "prediction_band":
+    if rule in ("prediction_band", "nonfinite_eval"):
         return [predicted_metric(rows)]
-    if rule == "expert_imbalance":
+    if rule in ("expert_imbalance", "nonfinite_router"):
         return ["router/dropped_fraction", "router/load/max_over_mean"]
+    if rule == "nonfinite_metric":
+        return []  # its points are marked on their own series
     return [ALERT_KEYS.get(rule, "train/loss")]
 
 

@@ -7,7 +7,8 @@ highest point (in step order); the first and last points and every step in `keep
 are kept too. A spike is the highest point of its bucket, so it is drawn whatever the zoom.
 
 Points that are not finite cannot be drawn as a y value: `nonfinite` lists them (step, "nan" / "inf" / "-inf"),
-so a chart marks them and the run view's header names them.
+so a chart marks them and the run view's header names them. They are read as the trainer records them, the
+strings "NaN", "Infinity", "-Infinity" (executor/store/metrics_log.py), and as published, "nan", "inf", "-inf".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from executor.store.metrics_log import NONFINITE_READ
 from executor.watch import files
 
 RUN_BUCKETS = 1000
@@ -24,18 +26,18 @@ METRIC_BUCKETS = 500
 """Buckets of each series in the metrics grid (many charts on one page: fewer points each)."""
 
 
-NONFINITE_TEXT = ("nan", "inf", "-inf")
-
-
 def by_key(rows: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """Every numeric value by key, then by step, NaN and infinities included (the published "nan" strings too),
-    in one pass over the rows (a 400k-step run is read once, not once a chart)."""
+    """Every numeric value by key, then by step, NaN and infinities included (as recorded, "NaN", and as
+    published, "nan": metrics_log.metric_number), in one pass over the rows (a 400k-step run is read once, not
+    once a chart)."""
     columns: dict[str, dict[int, float]] = {}
     for step, row in rows.items():
         for key, value in row.items():
             kind = type(value)
-            if kind is float or kind is int or (kind is str and value in NONFINITE_TEXT):
+            if kind is float or kind is int:
                 columns.setdefault(key, {})[step] = float(value)
+            elif kind is str and value in NONFINITE_READ:
+                columns.setdefault(key, {})[step] = NONFINITE_READ[value]
     columns.pop("step", None)
     return columns
 

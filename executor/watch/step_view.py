@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from functools import partial
 from typing import Any
 
 from executor.dag.explain import explain, flatten_version
@@ -24,8 +25,9 @@ from executor.store import storage
 from executor.store.events import parse_events
 from executor.store.experiments import Experiment
 from executor.store.layout import GANG_FILE, INFO_FILE, MANIFEST_FILE, PROGRESS_FILE, STATS_FILE, STATUS_FILE
-from executor.store.lease import holder_lost_note
+from executor.store.lease import holder_lost_note, last_heartbeat
 from executor.store.step_rows import StepState, code_drifted
+from executor.watch.incidents import attempt_history
 from executor.watch.step_cache import json_or_none
 
 _DEPENDENCY = re.compile(r"^DEP\[(\d+)\](.*)$")
@@ -129,6 +131,7 @@ def live_state(output_path: str) -> dict[str, Any]:
         "recorded_fingerprint": state.recorded_fingerprint,
         "digest": state.digest,
         "events": [json.loads(event.to_json()) for event in events],
+        "attempt_history": attempt_history(events, partial(last_heartbeat, output_path)),
         "progress": json_or_none(progress_blob),
         "gang": json_or_none(gang_blob),
     }

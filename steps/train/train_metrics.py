@@ -7,15 +7,15 @@ losses per component as they come (`eval/<name>/loss`). A tracker that appends t
 the step's output is therefore all the dashboard needs, and it sits next to wandb (offline) without either
 knowing of the other.
 
-Each line is `{"step": s, "time": unix seconds, <metric>: value, ...}`. To every line carrying
-`throughput/tokens_per_second` the tracker adds `model_flops_per_second` from steps/model/model_size.py (the one
-FLOPs calculator the ladder and hero plan use, not Levanter's own count) and, when the accelerator's peak
-is known, `mfu` = achieved / (per-device peak x devices) (steps/train/hardware.py): the tokens per second
-Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device count. To every
-line carrying `train/loss` it adds the tokens of each component trained on so far, `data/tokens/<component>`
-(steps/train/data_order.py), which the composition view sums per mixture phase.
-A resumed run appends: a step logged twice (before and after a kill) has two lines, the later one is the
-run that continued.
+Each line is `{"step": s, "time": unix seconds, <metric>: value, ...}`; a value that is not finite is the string
+"NaN", "Infinity" or "-Infinity" (executor/store/metrics_log.py), which every view reads back as what it was. To
+every line carrying `throughput/tokens_per_second` the tracker adds `model_flops_per_second` from
+steps/model/model_size.py (the one FLOPs calculator the ladder and hero plan use, not Levanter's own count) and,
+when the accelerator's peak is known, `mfu` = achieved / (per-device peak x devices) (steps/train/hardware.py): the
+tokens per second Levanter logs are the whole run's, so one device's peak alone would overstate MFU by the device
+count. To every line carrying `train/loss` it adds the tokens of each component trained on so far,
+`data/tokens/<component>` (steps/train/data_order.py), which the composition view sums per mixture phase. A resumed
+run appends: a step logged twice (before and after a kill) has two lines, the later one is the run that continued.
 
 On a local disk lines are flushed as they are written, so a killed run leaves every line up to the kill.
 Under a gs:// or s3:// prefix, where objects cannot be appended to, they go to segments beside the file
@@ -48,7 +48,6 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -59,7 +58,16 @@ import wandb
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 from levanter.tracker.wandb import WandbConfig
 
-from executor import METRICS_FLUSH_SECONDS, MetricsLog, layout, progress, read_events, read_metrics_bytes, storage
+from executor import (
+    METRICS_FLUSH_SECONDS,
+    MetricsLog,
+    layout,
+    metric_json,
+    progress,
+    read_events,
+    read_metrics_bytes,
+    storage,
+)
 from steps.train.data_order import TokensSeen
 from steps.train.hardware import mfu_denominator
 
@@ -115,12 +123,13 @@ def seal_prediction(output_path: str, prediction_path: str | None) -> None:
 
 
 def _plain(value: Any) -> Any:
-    """A JSON value for a logged metric: arrays of one element become floats; non-finite floats become None."""
+    """A JSON value for a logged metric: arrays of one element become floats; a float that is not finite is
+    written as "NaN", "Infinity" or "-Infinity" (executor.metric_json), so the views mark it and the alerts fire."""
     if isinstance(value, jax.Array | np.ndarray | np.generic):
         array = np.asarray(value)
         value = array.item() if array.size == 1 else array.tolist()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    if isinstance(value, float):
+        return metric_json(value)
     if isinstance(value, int | float | str | bool) or value is None:
         return value
     if isinstance(value, list):

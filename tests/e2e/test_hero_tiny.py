@@ -22,8 +22,12 @@ from browser_fixtures import DEADLINE_MS, expect, screenshot
 from hero_run import HeroRun, checkpoint_steps, files_under
 from paths import DATA
 from test_publish_browser import check_hero_site
+from test_redaction_corpus import EMAIL, FREE_TEXT, PLANTED, searched
 
 from executor import read_status
+from executor.store.events import StatusEvent, StepStatus, append_event
+from executor.store.layout import ALERTS_FILE, INFO_FILE, METRICS_FILE, STATS_FILE
+from executor.watch.site.publish import SitePublisher
 from executor.watch.training.served_mixture import served_by_phase
 from experiments.hero_535b import TINY_EVAL_BATCHES, TINY_HERO, TINY_RUNGS, TINY_VOCAB
 from steps.tokenize.levanter_cache import load_cache
@@ -307,3 +311,22 @@ def test_the_tiny_heros_prefix_published(page, hero_run: HeroRun, tmp_path: Path
     published = json.loads((tmp_path / "site" / "data" / "step" / relative / "run.json").read_text())["optimizer"]
     groups = json.loads((hero_run.outputs["train/d6144"] / "optimizer_groups.json").read_text())["groups"]
     assert published["groups"] == [[path, group] for path, group in groups.items()]  # redaction keeps the mask whole
+
+    # The same prefix with test_redaction_corpus.py's secrets planted where a step records text (the last test
+    # of this file: nothing reads the run after it): none reaches any published byte.
+    hero = hero_run.outputs["train/d6144"]
+    append_event(str(hero), StatusEvent(StepStatus.SUCCESS, attempt=9, message=FREE_TEXT,
+                                        details={"launcher": EMAIL, "command": FREE_TEXT}))  # fmt: skip
+    with (hero / ALERTS_FILE).open("a") as handle:
+        handle.write(json.dumps({"rule": "loss_spike", "step": 1, "value": 9.0, "threshold": 4.0, "time": 1.0,
+                                 "message": FREE_TEXT}) + "\n")  # fmt: skip
+    with (hero / METRICS_FILE).open("a") as handle:
+        handle.write(json.dumps({"step": 10**6, "time": 1.0, "note": FREE_TEXT, "launcher": EMAIL}) + "\n")
+    info = json.loads((hero / INFO_FILE).read_text())
+    (hero / INFO_FILE).write_text(json.dumps({**info, "config": {**info["config"], "notes": FREE_TEXT}}))
+    for experiment in (hero_run.prefix / "experiments").glob("*.json"):
+        experiment.write_text(json.dumps({**json.loads(experiment.read_text()), "description": FREE_TEXT}))
+    stats = hero_run.outputs["mix/cells"] / STATS_FILE
+    stats.write_text(json.dumps({**json.loads(stats.read_text() if stats.exists() else "{}"), "note": FREE_TEXT}))
+    SitePublisher(str(hero_run.prefix), str(tmp_path / "site-planted")).cycle()
+    assert not searched(tmp_path / "site-planted", PLANTED)

@@ -102,9 +102,10 @@ def rounded(value: Any) -> Any:
 
 def check_page_builds_the_servers_views(page: Any, prefix: Path, relative: str) -> None:
     """The run and metrics views the site's page draws are the live dashboard's answers (run_view.py,
-    metrics_view.py), in their published form."""
+    metrics_view.py), in their published form (the run's seal held against the site's own witness of it)."""
     output_path = str(prefix / relative)
-    expected = redact(run_view(str(prefix), output_path), str(prefix))
+    witness = page.evaluate("(path) => siteJson(`step/${path}/seal.json`).catch(() => null)", relative)
+    expected = redact(run_view(str(prefix), output_path, witness=witness), str(prefix))
     assert rounded(page.evaluate("(path) => api('/api/step/run', { path })", relative)) == rounded(expected)
     records = files.metrics_records(f"{output_path}/{METRICS_FILE}")
     expected = redact(metrics_grid(records, read_alerts(output_path)), str(prefix))

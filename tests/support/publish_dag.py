@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,10 +91,16 @@ class StalledRunConfig:
     output_path: str
     gate: str = versioned("stall")
     steps: int = 20
+    quiet_s: float = 0.0
+    """How long ago its last line was written (one second a step before that)."""
+    times: str = "fixed"
+    """"fixed": metrics_line's own, from START_TIME (long ago); "now": its lines' times end `quiet_s` ago."""
 
 
 def stalled_run(config: StalledRunConfig) -> None:
-    lines = "".join(json.dumps(metrics_line(step)) + "\n" for step in range(config.steps))
+    end = time.time() - config.quiet_s
+    stamp = {step: end - (config.steps - 1 - step) if config.times == "now" else None for step in range(config.steps)}
+    lines = "".join(json.dumps(metrics_line(step, time_s=stamp[step])) + "\n" for step in range(config.steps))
     Path(config.output_path, METRICS_FILE).write_text(lines)
     STALL_GATES[config.gate].wait(timeout=300)
 

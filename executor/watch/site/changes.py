@@ -101,4 +101,8 @@ class ChangeTracker:
 
     def has_metrics(self, relative: str) -> bool:
         """Whether the step's last listing showed a metrics.jsonl (or its segments' folder)."""
-        return any(entry[0] in (METRICS_FILE, METRICS_SEGMENTS) for entry in self._marks.get(relative, ()))
+        return self.has(relative, METRICS_FILE, METRICS_SEGMENTS)
+
+    def has(self, relative: str, *names: str) -> bool:
+        """Whether the step's last listing showed a file (or folder) of one of these names."""
+        return any(entry[0] in names for entry in self._marks.get(relative, ()))

@@ -17,7 +17,8 @@ fill a segment by themselves, as a first cycle's do), and a page's first load fe
 Everything a watcher needs to go on is in the published index (byte offsets into the step's metrics stream),
 so a restarted watcher continues where the last one stopped. A metrics stream shorter than what was published
 (the step rerun with --force_run) begins a new epoch E: its lines are published again from the start, under
-new names, and the page drops what it had.
+new names, the old epoch's files are deleted, and the page drops what it had. So does a stream whose published
+lines hold a name the redactor learned after they went out (`recheck`).
 """
 
 from __future__ import annotations
@@ -105,17 +106,38 @@ class MetricsPublisher:
         self.segment_bytes = segment_bytes
         self.max_chunks = max_chunks
         self._indexes: dict[str, MetricsIndex] = {}
+        self._sources: dict[str, str] = {}
+        """Each published folder's metrics stream."""
+        self._anew: set[str] = set()
+        """Folders whose published lines hold a name learned since (`recheck`): published anew on their next turn."""
+
+    def recheck(self, names: set[str]) -> set[str]:
+        """Names were learned after some lines were published: a step whose published lines hold one of them is
+        published anew (a new epoch, every line redacted again) the next time it is published; returns those."""
+        needles = [name.encode() for name in names if name]
+        found = set()
+        for folder, index in self._indexes.items():
+            published = read_metrics_bytes(self._sources[folder], limit=index.source_bytes) or b""
+            if any(needle in published for needle in needles):
+                found.add(folder)
+        self._anew |= found
+        return found
 
     def publish(self, output_path: str, folder: str) -> None:
         """Publish the step's new complete lines under `<folder>/metrics/` (nothing while it has no metrics)."""
         index = self._indexes.get(folder) or MetricsIndex.from_json(self.site.read_json(f"{folder}/metrics/{INDEX}"))
         index = index or MetricsIndex()
-        source = storage.join(output_path, METRICS_FILE)
+        source = self._sources[folder] = storage.join(output_path, METRICS_FILE)
         data = self._read(source, index)
         if data is None:
             return
-        if data is REWRITTEN:
-            logger.info("%s is not the stream that was published (a rerun): publishing it anew", source)
+        stale: list[str] = []
+        if data is REWRITTEN or folder in self._anew:
+            self._anew.discard(folder)
+            logger.info("%s is not the stream that was published (a rerun, or a name to hide): publishing it anew",
+                        source)  # fmt: skip
+            stale = [index.segment_name(number) for number in range(index.segments)]
+            stale += [index.chunk_name(number) for number in range(index.first_chunk, index.next_chunk)]
             index = MetricsIndex(epoch=index.epoch + 1)
             data = read_metrics_bytes(source) or b""
         fresh = data[index.source_bytes - index.sealed_source_bytes :]
@@ -134,6 +156,8 @@ class MetricsPublisher:
                 index.open_bytes += len(public)
         self._write_index(index, folder)
         self._indexes[folder] = index
+        for name in stale:  # after the new index, so a page never reads a name that is gone
+            self.site.remove(f"{folder}/metrics/{name}")
 
     def _write_index(self, index: MetricsIndex, folder: str) -> None:
         self.site.write_json(f"{folder}/metrics/{INDEX}", asdict(index))

@@ -14,11 +14,15 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
                                                   /api/step/run answer, what both pages draw: training/run_view.py)
     data/step/<R>/metrics.json                    /api/step/metrics: every key's series (metrics_view.py)
     data/step/<R>/alerts.json                     the run's alerts (executor/watch/training/alerts.py), evaluated here
+    data/step/<R>/seal.json                       the publisher's witness of the run's sealed prediction, written
+                                                  once, when first seen (seal_witness.py)
     data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, whole, appended (site_metrics.py)
 
 Not published: logs, file previews, the step's outputs themselves; every JSON value written passes through
 redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: docs/watching.md,
-"What is published, exactly").
+"What is published, exactly"). A cycle makes all its files before it writes one and learns the host and user
+names in every one of them first, so a name learned from one file is hidden in all; a name first learned in a
+later cycle makes the publisher look at every step again, and republish the metrics lines that hold it.
 
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
@@ -43,7 +47,7 @@ from typing import Any
 from executor.errors import StorageError
 from executor.store import storage
 from executor.store.experiments import Experiment, ExperimentStep
-from executor.store.layout import METRICS_FILE
+from executor.store.layout import METRICS_FILE, PREDICTION_SEAL_FILE
 from executor.store.lease import holder_lost_note
 from executor.watch import files
 from executor.watch.app import DashboardApp, load_static
@@ -54,7 +58,9 @@ from executor.watch.site.changes import ChangeTracker
 from executor.watch.site.files import PublishError, SiteWriter
 from executor.watch.site.metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.watch.site.redaction import Redactor
+from executor.watch.site.seal_witness import SealWitness
 from executor.watch.training import alerts
+from executor.watch.training.ladder_view import broken_seals
 from executor.watch.training.panels import PanelError
 from executor.watch.training.run_view import run_view
 
@@ -100,6 +106,7 @@ class SitePublisher:
         self.redactor = Redactor(self.prefix)
         self.metrics = MetricsPublisher(self.site, self.redactor, segment_bytes, max_chunks)
         self.alerts = RunAlerts(self.prefix, webhook_url, clock)
+        self.seals = SealWitness(self.site, webhook_url, clock)
         self.changes = ChangeTracker()
         self.clock = clock
         self.interval_s = interval_s
@@ -109,6 +116,11 @@ class SitePublisher:
         """Alerts fired so far on each run, as of its last full look."""
         self._lost_shown: set[str] = set()
         """RUNNING steps last published with their holder lost (see `_holders_lost`)."""
+        self._pending: list[tuple[str, Any]] = []
+        """This cycle's JSON files, written once every name in them is learned (`_write_pending`)."""
+        self._pending_metrics: list[tuple[str, str]] = []
+        """This cycle's steps whose metrics lines go out, (output path, site folder)."""
+        self._cycles = 0
 
     def _holders_lost(self, steps: dict[str, tuple[ExperimentStep, str]], dirty_steps: set[str]) -> set[str]:
         """RUNNING steps whose lease holder died since they were published: nothing in their folder changes, so
@@ -133,11 +145,36 @@ class SitePublisher:
         return body
 
     def _put(self, relative: str, value: Any) -> None:
-        self.site.write_json(relative, self.redactor.value(value))
+        self._pending.append((relative, value))
+
+    def _write_pending(self) -> None:
+        """Write this cycle's files (module docstring): learn the names in all of them, publish the metrics lines
+        (which may teach more), then redact and write the JSON files. A name learned only now may sit in files
+        an earlier cycle wrote: every step is looked at again next cycle, and metrics lines holding it go anew."""
+        known = set(self.redactor.whole_values)
+        for _, value in self._pending:
+            self.redactor.learn(value)
+        learned_from_files = set(self.redactor.whole_values)
+        for output_path, folder in self._pending_metrics:
+            self.metrics.publish(output_path, folder)
+        if late := self.redactor.whole_values - learned_from_files:  # first seen in a metrics line: the lines this
+            anew = self.metrics.recheck(late)  # cycle published before it go out again at once, without it
+            for output_path, folder in self._pending_metrics:
+                if folder in anew:
+                    self.metrics.publish(output_path, folder)
+        for relative, value in self._pending:
+            self.site.write_json(relative, self.redactor.value(value))
+        self._pending, self._pending_metrics = [], []
+        learned = self.redactor.whole_values - known
+        if learned and self._cycles:
+            logger.info("learned %d name(s) to hide: looking at every step again", len(learned))
+            self.changes = ChangeTracker()
+            self.metrics.recheck(learned)
 
     def cycle(self) -> CycleReport:
         """Publish what changed since the last cycle; returns what it wrote."""
         written_before, bytes_before = self.site.files_written, self.site.bytes_written
+        self._pending, self._pending_metrics = [], []  # what a cycle that failed part way left
         self._put_shell()
         self.app.experiments.expire()
         experiments = self.app.experiments.all()
@@ -152,9 +189,12 @@ class SitePublisher:
             fired = 0
             if relative in dirty_steps:
                 fired = self._publish_step(step)
-            elif relative in self.alerts.running and (fired := self.alerts.check_stall(step)):
-                self._publish_step(step)  # its alerts and run view, in this cycle
-                dirty_experiments.add(file)
+            elif relative in self.alerts.running:
+                was_stalled = relative in self.alerts.stalled
+                fired = self.alerts.check_stall(step)
+                if fired or was_stalled != (relative in self.alerts.stalled):
+                    self._publish_step(step)  # its alerts, run view and stalled state, in this cycle
+                    dirty_experiments.add(file)
             if fired:
                 self.changes.remark(relative, step.output_path)
                 new_alerts += fired
@@ -164,9 +204,13 @@ class SitePublisher:
         if dirty_experiments:
             listing = self._answer("/api/experiments")
             counts = {experiment.file: self._alert_count(experiment) for experiment in experiments}
+            stalled = {experiment.file: self._stalled_count(experiment) for experiment in experiments}
             for summary in listing.get("experiments", []):
                 summary["alerts"] = counts.get(summary["file"], 0)
+                summary["stalled"] = stalled.get(summary["file"], 0)
             self._put("data/experiments.json", listing)
+        self._write_pending()
+        self._cycles += 1
         self._put_freshness(self.site.files_written > written_before)
         self.site.save_manifest()
         return CycleReport(
@@ -220,15 +264,20 @@ class SitePublisher:
     def _alert_count(self, experiment: Experiment) -> int:
         return sum(self._alert_counts.get(step.relative, 0) for step in experiment.steps)
 
+    def _stalled_count(self, experiment: Experiment) -> int:
+        return sum(step.relative in self.alerts.stalled for step in experiment.steps)
+
     def _publish_experiment(self, experiment: Experiment, alert_count: int) -> None:
         folder = f"data/experiment/{experiment.file}"
         summary = self._answer("/api/experiment", file=experiment.file)
         summary["alerts"] = alert_count
+        summary["stalled"] = self._stalled_count(experiment)
         self._put(f"{folder}/summary.json", summary)
         self._put(f"{folder}/graph.json", self._answer("/api/experiment/graph", file=experiment.file))
         self._put(f"{folder}/incidents.json", self._answer("/api/experiment/incidents", file=experiment.file))
         table = self._answer("/api/experiment/steps", file=experiment.file, limit=str(ALL_ROWS))
         for row in table.get("rows", []):
+            row["stalled"] = self.alerts.stalled.get(str(row.get("path")))
             if row.get("finished") is None:  # the page counts an unfinished step's time from `started`, so the
                 row["duration_s"] = None  # table does not change every cycle while a step runs
         self._put(f"{folder}/steps.json", table)
@@ -241,6 +290,9 @@ class SitePublisher:
             return 0
         views = self._answer("/api/step/views", path=step.relative).get("views", [])
         fired = 0
+        witness = None
+        if self.changes.has(step.relative, PREDICTION_SEAL_FILE):  # witnessed at once, the first time it is seen
+            witness = self.seals.witness(step, folder)
         if self.changes.has_metrics(step.relative):  # known from this cycle's listing: no read for the others
             records = files.metrics_records(storage.join(step.output_path, METRICS_FILE)) or []
             if "run" in views:  # alerts first, so this cycle's run view already lists and marks them
@@ -248,20 +300,40 @@ class SitePublisher:
                 fired_so_far = alerts.read_alerts(step.output_path)
                 self._alert_counts[step.relative] = len(fired_so_far)
                 self._put(f"{folder}/alerts.json", {"alerts": fired_so_far})
-                self._put(f"{folder}/run.json", self._run_view(step, records))
+                self._put(f"{folder}/run.json", self._run_view(step, records, witness))
             self._put(f"{folder}/metrics.json", metrics_grid(records, alerts.read_alerts(step.output_path)))
-            self.metrics.publish(step.output_path, folder)
+            self._pending_metrics.append((step.output_path, folder))
+        live["stalled"] = self.alerts.stalled.get(step.relative)  # the run's stall, as every page shows it
+        live["has_metrics"] = self.changes.has_metrics(step.relative)
         for name, route in STEP_ROUTES.items():
-            self._put(f"{folder}/{name}.json", live if name == "live" else self._answer(route, path=step.relative))
+            answer = live if name == "live" else self._answer(route, path=step.relative)
+            if name == "step" and isinstance(answer.get("live"), dict):
+                answer["live"] = live
+            self._put(f"{folder}/{name}.json", answer)
         for view in views:
             if view in VIEW_ROUTES:
-                self._put(f"{folder}/{view}.json", self._answer(VIEW_ROUTES[view], path=step.relative))
+                answer = self._answer(VIEW_ROUTES[view], path=step.relative)
+                if view == "ladder" and "sealed_by" in answer:  # held to the seals the site witnessed, too
+                    self._hold_to_witnesses(answer)
+                self._put(f"{folder}/{view}.json", answer)
         return fired
 
-    def _run_view(self, step: ExperimentStep, records: list[dict[str, Any]]) -> dict[str, Any]:
+    def _hold_to_witnesses(self, ladder: dict[str, Any]) -> None:
+        """The ladder's prediction against the digest the site witnessed each downstream run seal (its
+        seal.json), beside the runs' own seals: a seal rewritten with the prediction is caught here."""
+        witnessed = dict(ladder["sealed_by"])
+        for run in ladder["sealed_by"]:
+            held = self.site.read_json(f"data/step/{run}/seal.json")
+            if isinstance(held, dict) and isinstance(held.get("sha256"), str) and held["sha256"] != witnessed[run]:
+                witnessed[f"{run} (witnessed)"] = held["sha256"]
+        ladder["seal_warning"] = broken_seals(ladder["prediction_sha256"], witnessed)
+
+    def _run_view(
+        self, step: ExperimentStep, records: list[dict[str, Any]], witness: dict[str, Any] | None
+    ) -> dict[str, Any]:
         try:
             now = code_now(self.app.experiments.containing(step.relative), step.relative)
-            return run_view(self.prefix, step.output_path, records, now)
+            return run_view(self.prefix, step.output_path, records, now, witness)
         except PanelError as error:  # as the dashboard answers it: the page shows the message
             return {"error": str(error), "status": 422}
 

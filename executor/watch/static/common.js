@@ -37,11 +37,18 @@ async function api(path, params) {
   return body;
 }
 
-function badge(status) {
+// A step's status; a RUNNING one is "stale" when the site's publisher stopped (nobody knows it still runs) and
+// "stalled" when its run has written no metrics line for its allowance (`stalled`: the publisher's
+// {since, step, after_s}, executor/watch/site/alerts.py). Every page draws a status through here, so they agree.
+function badge(status, stalled) {
   const shown = status || "NEVER_RAN";
-  if (shown === "RUNNING" && siteStale()) {  // the site's publisher stopped: nobody knows it still runs
+  if (shown === "RUNNING" && siteStale()) {
     return h("span", { class: "badge RUNNING stale", "data-status": shown, "data-stale": "true",
       title: "the publisher has not been seen for 3 of its intervals: this step may have stopped" }, "RUNNING · stale");
+  }
+  if (shown === "RUNNING" && stalled) {
+    return h("span", { class: "badge RUNNING stalled", "data-status": shown, "data-stalled": "true",
+      title: `no metrics line since step ${stalled.step} (${stalled.since})` }, "RUNNING · stalled");
   }
   return h("span", { class: `badge ${shown}`, "data-status": shown }, shown === "NEVER_RAN" ? "never ran" : shown);
 }
@@ -50,16 +57,34 @@ function dot(status) {
   return h("span", { class: `dot ${status}` });
 }
 
+// One chip a status; RUNNING says "stale" as badge() does, and `stalled` (how many runs are) gets a chip of its own.
 function countChips(counts, options) {
-  const { active, onToggle } = options || {};
+  const { active, onToggle, stalled } = options || {};
+  const stale = siteStale();
   const chips = STATUSES.filter((status) => counts[status]).map((status) => {
-    const label = [dot(status), `${status === "NEVER_RAN" ? "never ran" : status} `, h("b", {}, fmtNum(counts[status]))];
-    if (!onToggle) return h("span", { class: "chip", "data-count": status }, label);
+    const name = status === "NEVER_RAN" ? "never ran" : status === "RUNNING" && stale ? "RUNNING · stale" : status;
+    const label = [dot(status === "RUNNING" && stale ? "stale" : status), `${name} `, h("b", {}, fmtNum(counts[status]))];
+    const mark = status === "RUNNING" && stale ? "true" : null;
+    if (!onToggle) return h("span", { class: "chip", "data-count": status, "data-stale": mark }, label);
     const classes = `chip${active && active.has(status) ? " active" : ""}`;
-    return h("button", { class: classes, "data-count": status, onclick: () => onToggle(status) }, label);
+    return h("button", { class: classes, "data-count": status, "data-stale": mark, onclick: () => onToggle(status) }, label);
   });
+  if (stalled && !stale) chips.push(h("span", { class: "chip stalled", "data-count": "stalled" }, dot("stalled"), "stalled ", h("b", {}, fmtNum(stalled))));
   return h("div", { class: "counts" }, chips);
 }
+
+// Text that counts up from `since` (an ISO time) every second: `render(seconds)` gives it.
+const COUNTING = new Set();
+function countingUp(since, render) {
+  const element = h("span", { "data-counting": since });
+  const update = () => { element.textContent = render(Math.max(0, (Date.now() - Date.parse(since)) / 1000)); };
+  update();
+  COUNTING.add({ element, update });
+  return element;
+}
+setInterval(() => {
+  for (const entry of COUNTING) entry.element.isConnected ? entry.update() : COUNTING.delete(entry);
+}, 1000);
 
 function fmtNum(value) {
   if (value === null || value === undefined) return "";
@@ -146,10 +171,14 @@ function setCrumbs(items) {
   });
 }
 
-function setLive(on, text) {
+// The header's live dot: "live" while steps run, unless the site's publisher went quiet ("stale", as every badge
+// then says) or a run did (`stalled`: how many runs have).
+function setLive(on, text, stalled) {
   const live = document.getElementById("live");
-  live.className = on ? "live on" : "live";
-  live.textContent = text || (on ? "live" : "");
+  const stale = on && siteStale();
+  live.className = stale ? "live stale" : on && stalled ? "live on stalled" : on ? "live on" : "live";
+  live.dataset.state = stale ? "stale" : on && stalled ? "stalled" : on ? "live" : "idle";
+  live.textContent = stale ? "stale: the publisher went quiet" : on && stalled ? `live · ${stalled} stalled` : text || (on ? "live" : "");
 }
 
 // Poll `task` every POLL_MS while the tab is visible; never two calls in flight.

@@ -137,7 +137,7 @@ class CompositionPanel {
 }
 
 // Per mixture phase and component: the planned share, the share served and its tokens (executor/watch/training/served_mixture.py);
-// a component served more than 20% off its plan over a long enough phase is flagged. The run view shows it too.
+// a component served more than 20% off its plan over a long enough phase is flagged. The run view points here (one table, not two).
 function servedTable(eaten) {
   const drifted = new Set((eaten.drifted || []).map((found) => `${found.phase}/${found.component}`));
   const head = h("tr", {}, h("th", {}, "component"), eaten.phases.map((phase, index) =>

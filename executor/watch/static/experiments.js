@@ -15,9 +15,10 @@ async function experimentsPage(main) {
       h("td", {}, experiment.user || ""),
       h("td", {}, timeCell(experiment.created)),
       h("td", { class: "num" }, fmtNum(experiment.steps)),
-      h("td", {}, countChips(experiment.counts), alertBadge(experiment.alerts))));
+      h("td", {}, countChips(experiment.counts, { stalled: experiment.stalled }), alertBadge(experiment.alerts))));
     const running = data.experiments.some((experiment) => experiment.counts.RUNNING || experiment.counts.WAITING);
-    setLive(running, running ? "live" : "idle");
+    const stalled = data.experiments.reduce((total, experiment) => total + (experiment.stalled || 0), 0);
+    setLive(running, running ? "live" : "idle", stalled);
     main.replaceChildren(
       h("h1", {}, "Experiments"), h("div", { class: "meta" }, h("span", {}, "prefix ", h("b", { class: "mono" }, data.prefix))),
       h("div", { class: "panel" }, data.experiments.length ? h("table", { "data-testid": "experiments" },
@@ -76,7 +77,8 @@ class StepTable {
       this.element.replaceChildren(h("div", { class: "toolbar" }, this.search, this.chips), this.body);
     }
     const focused = s.prefix ? h("button", { class: "chip active", onclick: () => this.set({ prefix: "", offset: 0 }) }, `group ${s.prefix}* ✕`) : "";
-    this.chips.replaceChildren(countChips(page.counts, { active: s.statuses, onToggle: (status) => this.toggleStatus(status) }), focused);
+    this.chips.replaceChildren(countChips(page.counts, { active: s.statuses, onToggle: (status) => this.toggleStatus(status),
+      stalled: page.rows.filter((row) => row.stalled).length }), focused);
     const header = (label, key, numeric) => h("th", {
       class: [key ? "sortable" : "", s.sort === key ? "sorted" : "", s.sort === key && s.desc ? "desc" : "", numeric ? "num" : ""].join(" ").trim(),
       onclick: key ? () => this.set({ sort: key, desc: s.sort === key ? !s.desc : false }) : null }, label);
@@ -85,7 +87,7 @@ class StepTable {
       h("td", {}, h("a", { href: stepHref(row.path, this.file) }, row.name),
         row.drift ? h("span", { class: "tag versioned", title: "the code changed since this output was written" }, "code drift") : "",
         row.message && row.status !== "SUCCESS" ? h("div", { class: "muted" }, row.message.slice(0, 160)) : ""),
-      h("td", {}, badge(row.status)), h("td", { class: "mono" }, row.hash), h("td", {}, timeCell(row.started)),
+      h("td", {}, badge(row.status, row.stalled)), h("td", { class: "mono" }, row.hash), h("td", {}, timeCell(row.started)),
       h("td", { class: "num" }, fmtDuration(rowDuration(row))), h("td", { class: "num" }, row.attempts || ""),
       h("td", {}, progressBar(row.progress)), h("td", {}, figuresText(row.figures))));
     const last = Math.min(page.offset + page.rows.length, page.matched);
@@ -132,9 +134,9 @@ async function experimentPage(main, file) {
         h("span", {}, "user ", h("b", {}, summary.user || "?")), h("span", {}, "started ", h("b", {}, fmtTime(summary.created))),
         h("span", {}, "steps ", h("b", { "data-testid": "total-steps" }, fmtNum(summary.steps))),
         shards.steps ? h("span", {}, `running: ${fmtNum(shards.shards_done)} / ${fmtNum(shards.shards_total)} shards in ${shards.steps} step(s)`) : ""),
-      h("div", { "data-testid": "counts" }, countChips(summary.counts), alertBadge(summary.alerts)));
+      h("div", { "data-testid": "counts" }, countChips(summary.counts, { stalled: summary.stalled }), alertBadge(summary.alerts)));
     const busy = summary.counts.RUNNING || summary.counts.WAITING;
-    setLive(Boolean(busy), busy ? "live" : "idle");
+    setLive(Boolean(busy), busy ? "live" : "idle", summary.stalled);
     dag.update(graph);
     await refreshTable();
   };

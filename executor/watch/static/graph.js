@@ -3,6 +3,7 @@
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
+const MIN_DAG_SCALE = 0.8;  // a 12 px label is drawn at 9.6 px at least
 const STATUS_COLOURS = {
   SUCCESS: ["#e7f6ed", "#1f9d55"], RUNNING: ["#e6efff", "#2f6fdf"], WAITING: ["#fff5dc", "#c98a0c"],
   FAILED: ["#fdecec", "#d64545"], DEP_FAILED: ["#fdf0e6", "#e07b39"], NEVER_RAN: ["#f1f3f6", "#9aa3af"],
@@ -46,11 +47,16 @@ class DagView {
     }
     for (const edge of data.edges) graph.setEdge(String(edge.source), String(edge.target), { blocking: edge.blocking });
     dagre.layout(graph);
-    // Never magnify a small DAG: the view is at least as large as the box, with the graph centred in it.
+    // Never magnify a small DAG (it is centred in the box), and never shrink a large one past MIN_DAG_SCALE, where
+    // its labels would be unreadable: it opens at its start (its first steps, left), the rest a drag or a wheel away.
     const box = this.container.getBoundingClientRect();
-    const width = Math.max(graph.graph().width, box.width || 800), height = Math.max(graph.graph().height, box.height || 400);
-    const offsetX = (graph.graph().width - width) / 2, offsetY = (graph.graph().height - height) / 2;
-    const root = svg("svg", { viewBox: `${offsetX} ${offsetY} ${width} ${height}`, "data-testid": "dag" });
+    const boxWidth = box.width || 800, boxHeight = box.height || 400;
+    const graphWidth = graph.graph().width, graphHeight = graph.graph().height;
+    const scale = Math.max(MIN_DAG_SCALE, Math.min(1, boxWidth / graphWidth, boxHeight / graphHeight));
+    const width = boxWidth / scale, height = boxHeight / scale;
+    const offsetX = graphWidth <= width ? (graphWidth - width) / 2 : 0;
+    const offsetY = graphHeight <= height ? (graphHeight - height) / 2 : 0;
+    const root = svg("svg", { viewBox: `${offsetX} ${offsetY} ${width} ${height}`, "data-testid": "dag", "data-scale": scale.toFixed(3) });
     root.append(svg("defs", {}, svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7,
       markerHeight: 7, orient: "auto-start-reverse" }, svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#8a94a6" }))));
     const scene = svg("g", {});

@@ -107,9 +107,10 @@ class RunPanel extends ChartPanel {
     const [plots, draw] = this.chartBoxes(data.charts);
     const source = data.prediction && data.prediction.source;
     this.element.replaceChildren(
+      data.seal_warning ? h("div", { class: "error headline", "data-testid": "seal-warning" }, "⚠ ", data.seal_warning) : "",
       h("div", { class: "meta" }, h("span", {}, "step ", h("b", {}, fmtNum(data.last_step))),
         h("span", {}, "train loss ", h("b", { "data-testid": "last-train-loss" }, fmtNum(data.last_train_loss))),
-        data.last_eval ? evalHeader(data.last_eval) : "",
+        data.last_eval ? evalHeader(data.last_eval, Boolean(data.seal_warning)) : "",
         data.components.length ? h("span", {}, "domains ", h("b", {}, data.components.join(", "))) : "",
         source ? h("span", {}, "predicted by ", h("a", { href: stepHref(source), "data-testid": "prediction-link" }, source)) : "",
         data.lineage ? h("span", { "data-testid": "lineage" }, "fork of ", data.lineage.parent ? h("a", { href: stepHref(data.lineage.parent) }, data.lineage.parent) : "a run outside this prefix", ` at step ${data.lineage.step}`) : ""),
@@ -121,10 +122,18 @@ class RunPanel extends ChartPanel {
       alertList(data.alerts || []),
       plots,
       data.incidents ? incidentTimeline(data.incidents) : "",
-      data.mixture ? h("div", { "data-testid": "run-mixture" }, h("h3", {}, "mixture: planned against served"), servedTable(data.mixture)) : "",
+      data.mixture ? mixtureLine(data.mixture) : "",
       data.optimizer ? optimizerMask(data.optimizer) : "");
     draw();
   }
+}
+
+// The mixture planned against served is one table, the step's Data composition view: here, a line pointing there.
+function mixtureLine(mixture) {
+  const drifted = mixture.drifted || [];
+  return h("div", { class: drifted.length ? "warn" : "muted", "data-testid": "run-mixture" },
+    `mixture: ${mixture.phases.length} phase(s) planned against served in the Data composition view below`,
+    drifted.length ? `; ${drifted.length} component(s) served more than 20% off plan` : "");
 }
 
 // The run's optimizer and its mask (optimizer_groups.json): each group's parameters, then every parameter's group.
@@ -137,20 +146,23 @@ function optimizerMask(mask) {
 
 // "predicted at T, before the first step at T2, digest D": the prediction the run sealed when it started.
 function sealLine(seal) {
-  const trusted = seal.before_first_step === true && seal.matches !== false;
+  const trusted = seal.before_first_step === true && seal.matches !== false && seal.witnessed !== false;
   const order = seal.before_first_step === null ? "" : seal.before_first_step ? ", before the first step at " : ", NOT before the first step at ";
   return h("div", { class: trusted ? "muted" : "warn", "data-testid": "sealed-prediction", "data-before": String(seal.before_first_step),
     "data-matches": String(seal.matches), "data-sha256": seal.sha256 },
     `predicted at ${seal.predicted_at || "?"}${order}${seal.first_step_at || ""}, digest `, h("span", { class: "mono" }, seal.sha256.slice(0, 16)),
-    seal.matches === false ? " (prediction.json no longer has this digest: it changed after the run started)" : "");
+    seal.matches === false ? " (prediction.json no longer has this digest: it changed after the run started)" : "",
+    seal.witness ? h("span", { "data-testid": "seal-witness", "data-witnessed": String(seal.witnessed) },
+      seal.witnessed ? `; witnessed by the publisher at ${seal.witness.witnessed_at} (seal.json)` : `; NOT the seal the publisher witnessed at ${seal.witness.witnessed_at} (digest ${String(seal.witness.sha256).slice(0, 16)})`) : "");
 }
 
 // The last eval point of the metric the ladder predicts, and where it sits against the band at its step.
-function evalHeader(last) {
+function evalHeader(last, warned) {
   const band = last.band;
   return h("span", { "data-testid": "last-eval", "data-key": last.key, "data-value": last.value, "data-verdict": last.verdict || "" },
     `${last.key} `, h("b", {}, fmtNum(last.value)), ` at step ${fmtNum(last.step)}`,
-    band ? h("span", { class: last.verdict === "inside" ? "muted" : "warn-inline" }, ` (${last.verdict} the band [${band.low.toFixed(4)}, ${band.high.toFixed(4)}])`) : "");
+    band && last.verdict ? h("span", { class: last.verdict === "inside" ? "muted" : "warn-inline" }, ` (${last.verdict} the band [${band.low.toFixed(4)}, ${band.high.toFixed(4)}])`) : "",
+    band && warned ? h("span", { class: "warn-inline" }, " (not judged against the band: see the warning above)") : "");
 }
 
 // What happened to the run (executor/watch/incidents.py): goodput, then every incident, oldest first.
@@ -223,10 +235,12 @@ class LadderPanel extends ChartPanel {
       h("td", { class: "num", "data-col": "final_loss", "data-value": rung.final_loss }, cellValue(rung.final_loss, 4)),
       h("td", { class: "num", "data-col": "fitted", "data-value": rung.fitted }, cellValue(rung.fitted, 4)),
       h("td", { class: "num", "data-col": "residual", "data-value": rung.residual }, (rung.residual >= 0 ? "+" : "") + cellValue(rung.residual, 4))));
-    const verdict = achieved ? (achieved.loss >= prediction.low && achieved.loss <= prediction.high ? "inside the band" : "outside the band") : "";
+    const verdict = !achieved ? "" : data.seal_warning ? "(not judged against the band: see the warning above)"
+      : achieved.loss >= prediction.low && achieved.loss <= prediction.high ? "inside the band" : "outside the band";
     // The scaling step's flags (asymptote at its bound, a band of zero width) go above the figures they qualify.
     const warnings = (data.warnings || []).map((warning) => h("p", { class: "warn", "data-testid": "fit-warning" }, `warning: ${warning}`));
-    this.element.replaceChildren(...warnings,
+    this.element.replaceChildren(data.seal_warning ? h("div", { class: "error headline", "data-testid": "seal-warning" }, "⚠ ", data.seal_warning) : "",
+      ...warnings,
       h("p", { class: "mono", "data-testid": "law" }, `L(C) = ${fit.asymptote.toPrecision(4)} + ${fit.A.toPrecision(4)} · C^-${fit.alpha.toPrecision(4)}`,
         fit.rms_log_residual !== null && fit.rms_log_residual !== undefined ? h("span", { class: "muted" }, `   rms log residual ${Number(fit.rms_log_residual).toPrecision(3)}`) : ""),
       h("div", { class: "grid2" }, plots, h("div", {},

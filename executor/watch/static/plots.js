@@ -8,20 +8,20 @@ const PLOT_COLOURS = ["#2f6fdf", "#d64545", "#1f9d55", "#c98a0c", "#8b5cf6", "#0
 const MAX_GRID_CHARTS = 24;
 const MARKER_COLOURS = { alert: "#e07b39", nonfinite: "#d64545" };
 
-// Tick labels that stay legible and distinct at any scale: 1.5e-4 rather than "0.0001" four times.
+// Tick labels that stay legible, distinct and exact at any scale: 1.5e-4 rather than "0.0001" four times, and
+// 5.0, 7.5, 10.0 rather than 5, 8, 10: every tick of an axis gets the fewest digits that write each of them
+// exactly (to a millionth of the step between them), the same count for all (at most 4 after an exponent's
+// point, 8 after a decimal one: what the axis has room for).
 function tickLabels(_, ticks) {
   const finite = ticks.filter((tick) => tick !== null && Number.isFinite(tick));
   const span = Math.max(0, ...finite.map(Math.abs));
   const increment = finite.length > 1 ? Math.abs(finite[1] - finite[0]) : span;
-  return ticks.map((tick) => {
-    if (tick === null || !Number.isFinite(tick)) return "";
-    if (tick === 0) return "0";
-    if (span >= 1e5 || span < 1e-3) {
-      const digits = increment > 0 ? Math.ceil(Math.log10(span / increment)) : 1;
-      return tick.toExponential(Math.max(1, Math.min(4, digits)));
-    }
-    return tick.toFixed(Math.max(0, Math.min(8, -Math.floor(Math.log10(increment || 1)))));
-  });
+  const exact = (write) => finite.every((tick) => Math.abs(Number(write(tick)) - tick) <= (increment || span || 1) * 1e-6);
+  const scientific = span >= 1e5 || span < 1e-3;
+  let digits = scientific ? 1 : 0;
+  const write = (tick) => (scientific ? tick.toExponential(digits) : tick.toFixed(digits));
+  while (digits < (scientific ? 4 : 8) && !exact(write)) digits += 1;  // longer labels would not fit the axis
+  return ticks.map((tick) => (tick === null || !Number.isFinite(tick) ? "" : tick === 0 ? "0" : write(tick)));
 }
 
 // A draw hook marking steps on a chart: an alert as a dashed orange line, a NaN / inf point as a red line with

@@ -18,6 +18,18 @@ function historyTable(events) {
       h("td", { class: "num" }, event.attempt), h("td", { class: "mono" }, event.worker || ""), h("td", {}, event.message || ""))))));
 }
 
+// Every attempt: its start, its end and how it ended (executor/watch/incidents.py attempt_history); a killed
+// attempt ends at its lease's last heartbeat.
+function attemptsTable(attempts) {
+  if (!attempts || !attempts.length) return h("div", { class: "empty" }, "No attempt yet.");
+  return h("table", { "data-testid": "attempts" }, h("thead", {}, h("tr", {},
+    ["attempt", "started", "ended", "took", "outcome", "cause"].map((name) => h("th", {}, name)))),
+    h("tbody", {}, attempts.map((attempt) => h("tr", { "data-attempt": attempt.attempt, "data-outcome": attempt.outcome },
+      h("td", { class: "num" }, attempt.attempt), h("td", {}, fmtTime(attempt.started)), h("td", {}, attempt.ended ? fmtTime(attempt.ended) : ""),
+      h("td", { class: "num" }, attempt.ended ? fmtDuration((Date.parse(attempt.ended) - Date.parse(attempt.started)) / 1000) : ""),
+      h("td", {}, attempt.outcome), h("td", {}, attempt.cause || "")))));
+}
+
 function configTable(rows) {
   if (!rows.length) return h("div", { class: "empty" }, "No config recorded.");
   return h("table", { class: "kv", "data-testid": "config" }, h("tbody", {}, rows.map((row) => h("tr", { "data-key": row.key, "data-kind": row.kind },
@@ -104,6 +116,11 @@ function gangTable(gang) {
         h("td", {}, member.last_heartbeat ? fmtTime(new Date(member.last_heartbeat * 1000).toISOString()) : "")))));
 }
 
+// Whether to ask for the step's metrics: the site says which steps have them (the dashboard answers either way).
+function hasMetrics(live) {
+  return live.has_metrics !== false;
+}
+
 async function stepPage(main, path) {
   const experiment = new URLSearchParams(route().search).get("experiment");
   const logBox = h("pre", { class: "log", "data-testid": "log" }, "");
@@ -111,7 +128,8 @@ async function stepPage(main, path) {
   const metricsView = new MetricsView(metricsBox);
   const panels = new StepPanels(path, experiment);
   const statusBox = h("span", { "data-testid": "step-status" }), historyBox = h("div", {}), progressBox = h("div", {});
-  const gangBox = h("div", { "data-testid": "gang" });
+  const attemptsBox = h("div", {});
+  const gangBox = h("div", { "data-testid": "gang" }), stallBox = h("div", {});
   let lastStatus = null, lastEvents = -1;
 
   const refreshLog = async () => {
@@ -127,15 +145,26 @@ async function stepPage(main, path) {
     metricsView.update(metrics);
   };
   const showLive = (live) => {
-    statusBox.replaceChildren(badge(live.status), live.holder_lost ? h("span", { class: "warn", "data-testid": "holder-lost" }, ` ${live.holder_lost}`) : "");
-    if (live.events.length !== lastEvents) { historyBox.replaceChildren(historyTable(live.events)); lastEvents = live.events.length; }
+    const stalled = live.status === "RUNNING" && live.stalled && !siteStale() ? live.stalled : null;
+    statusBox.replaceChildren(badge(live.status, stalled), live.holder_lost ? h("span", { class: "warn", "data-testid": "holder-lost" }, ` ${live.holder_lost}`) : "");
+    if (JSON.stringify(stalled) !== stallBox.dataset.shown) {
+      stallBox.dataset.shown = JSON.stringify(stalled);
+      stallBox.replaceChildren(stalled ? h("div", { class: "error", "data-testid": "stalled" }, "Stalled: ",
+        countingUp(stalled.since, (seconds) => `no metrics line for ${fmtDuration(seconds)}`),
+        ` since step ${fmtNum(stalled.step)} (a stall after ${fmtDuration(stalled.after_s)} without one, from this run's step time)`) : "");
+    }
+    if (live.events.length !== lastEvents) {
+      historyBox.replaceChildren(historyTable(live.events));
+      attemptsBox.replaceChildren(attemptsTable(live.attempt_history));
+      lastEvents = live.events.length;
+    }
     progressBox.replaceChildren(live.progress ? h("div", { class: "toolbar" }, progressBar(live.progress),
       h("span", { class: "muted" }, `${fmtNum(live.progress.shards_done || 0)} / ${fmtNum(live.progress.shards_total)} shards · `
         + `${fmtNum(live.progress.rows || 0)} rows · ${fmtBytes(live.progress.bytes || 0)}`
         + (live.progress.updated ? ` · updated ${fmtTime(live.progress.updated)}` : ""))) : "");
     gangBox.replaceChildren(live.gang ? gangTable(live.gang) : "");
     const busy = live.status === "RUNNING" || live.status === "WAITING";
-    setLive(busy, busy ? "live" : "idle");
+    setLive(busy, busy ? "live" : "idle", stalled ? 1 : 0);
   };
 
   const render = async () => {
@@ -149,7 +178,8 @@ async function stepPage(main, path) {
       h("div", { class: "meta" }, h("span", {}, "hash ", h("b", { class: "mono" }, info.hash || "?")),
         h("span", {}, "fn ", h("b", { class: "mono" }, info.fn || "?")),
         h("span", {}, "attempts ", h("b", {}, step.live.attempts)),
-        step.live.started ? h("span", {}, "started ", h("b", {}, fmtTime(step.live.started))) : "",
+        step.live.started ? h("span", {}, (step.live.attempts > 1 ? `attempt ${step.live.attempts} started ` : "started "), h("b", {}, fmtTime(step.live.started))) : "",
+        (step.live.attempt_history || []).length > 1 ? h("span", { "data-testid": "first-started" }, "first attempt started ", h("b", {}, fmtTime(step.live.attempt_history[0].started))) : "",
         step.output_bytes !== null ? h("span", {}, "outputs ", h("b", {}, fmtBytes(step.output_bytes))) : "",
         step.output_digest ? h("span", { title: "sha256 of the canonical manifest: the same bytes give the same digest" },
           "digest ", h("b", { class: "mono", "data-testid": "output-digest" }, step.output_digest)) : ""),
@@ -158,11 +188,12 @@ async function stepPage(main, path) {
       step.drift ? h("div", { class: "warn", "data-testid": "drift" }, "Code drift: ", step.drift) : "",
       failed && step.live.status !== "SUCCESS" ? h("div", { class: "error", "data-testid": "failure" }, failed.message || "failed",
         failed.details?.traceback ? h("details", {}, h("summary", {}, "traceback"), h("pre", {}, failed.details.traceback)) : "") : "",
+      stallBox,
       progressBox,
       gangBox,
       panels.element,
       h("div", { class: "grid2" },
-        h("div", {}, section("Status history", historyBox), section("Rerun just this step", copyBox(step.rerun),
+        h("div", {}, section("Attempts", attemptsBox), section("Status history", historyBox), section("Rerun just this step", copyBox(step.rerun),
           h("p", { class: "muted" }, "Its dependencies are skipped when they already succeeded.")),
           section("Dependencies", step.dependencies.length ? h("ul", {}, step.dependencies.map((dep) => h("li", {},
             dep.path ? h("a", { href: stepHref(dep.path, step.experiment) }, dep.name) : dep.name,
@@ -177,7 +208,9 @@ async function stepPage(main, path) {
       section("Outputs", files.element));
     showLive(step.live);
     lastStatus = step.live.status;
-    await Promise.all([refreshLog(), refreshMetrics(), files.open(""), panels.refresh()]);
+    stallBox.dataset.shown = "";
+    metricsBox.closest("[data-section]").hidden = !hasMetrics(step.live);
+    await Promise.all([refreshLog(), hasMetrics(step.live) ? refreshMetrics() : null, files.open(""), panels.refresh()]);
   };
 
   const files = new FileBrowser(path);
@@ -186,6 +219,6 @@ async function stepPage(main, path) {
     const live = await api("/api/step/live", { path });
     if (live.status !== lastStatus) { lastStatus = live.status; lastEvents = -1; await render(); return; }
     showLive(live);
-    if (live.status === "RUNNING") await Promise.all([refreshLog(), refreshMetrics(), panels.refresh()]);
+    if (live.status === "RUNNING") await Promise.all([refreshLog(), hasMetrics(live) ? refreshMetrics() : null, panels.refresh()]);
   });
 }

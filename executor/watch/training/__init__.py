@@ -6,6 +6,8 @@
     composition_view.py  topic x quality cells, weights per phase, planned against served
     served_mixture.py    the mixture a train step served against the one it planned
     alerts.py            the alert rules a watched run is held to (loss spikes, the band, mixture drift)
+    nonfinite_rule.py    the nonfinite_* rules: a NaN or infinite value of any metric, by what it measures
+    stall_rule.py        when a running run has gone quiet too long, from its own pace
     metric_names.py      the metric names these read (train/loss, the eval macro loss)
 
 The executor runs any DAG; these read what `steps/train`, `steps/evaluate` and `steps/scaling` write, by the

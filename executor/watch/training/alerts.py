@@ -8,14 +8,16 @@ A rule looks at the whole series each time (the publisher re-evaluates every cyc
 run of consecutive offending steps: it fires once, at its first step, and an alert is identified by
 (rule, step), so evaluating the same metrics twice appends nothing. Rules:
 
-    nonfinite_loss     train/loss is NaN or infinite
+    nonfinite_*        any metric is NaN or infinite: nonfinite_loss (train/loss), nonfinite_eval, nonfinite_grad,
+                       nonfinite_router, nonfinite_metric (nonfinite_rule.py)
     loss_spike         train/loss above the window's median by more than `loss_spike_z` robust z-scores
                        (median absolute deviation x 1.4826) and by more than `loss_spike_min_ratio`
     grad_spike         the same on grad/norm/total with `grad_spike_z` / `grad_spike_min_ratio`
     throughput_drop    tokens/s below `throughput_drop_ratio` x the window's median
     expert_imbalance   router/dropped_fraction over `max_dropped_fraction`, or router/load/max_over_mean over
                        `max_load_over_mean`
-    stalled            the step is RUNNING with a live lease but its newest line is older than `stall_after_s`
+    stalled            the step is RUNNING with a live lease but its newest line is older than its allowance:
+                       `stall_after_s` when set, else derived from the run's own step time (stall_rule.py)
     prediction_band    eval/macro_loss above the predicted curve's high edge (the scaling step's band) by more
                        than `band_margin`
     mixture_drift      a component served more than `mixture_drift` (relative) off its planned share over a
@@ -44,9 +46,11 @@ from typing import Any
 
 from executor.store import storage
 from executor.store.layout import ALERTS_FILE
-from executor.store.metrics_log import rows_by_step
+from executor.store.metrics_log import metric_number, rows_by_step
 from executor.watch.training.metric_names import predicted_metric
+from executor.watch.training.nonfinite_rule import nonfinite_episodes
 from executor.watch.training.served_mixture import drifted, served_by_phase
+from executor.watch.training.stall_rule import newest_line, stall_threshold
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +89,13 @@ class AlertRules:
     """Share of token assignments dropped past expert capacity above which experts are imbalanced."""
     max_load_over_mean: float = 8.0
     """The busiest expert's load over the mean above which experts are imbalanced."""
-    stall_after_s: float = 1800.0
-    """A RUNNING step with a live lease and no metrics line for this long is stalled."""
+    stall_after_s: float | None = None
+    """A RUNNING step with a live lease and no metrics line for this long is stalled (None: derived from the run's
+    step time, stall_rule.py)."""
+    stall_min_s: float = 120.0
+    """The derived allowance's floor."""
+    stall_step_multiple: float = 20.0
+    """The derived allowance in the run's median seconds a step."""
     band_margin: float = 0.05
     """How far eval/macro_loss may rise above the prediction band's high edge before it fires."""
     mixture_drift: float = 0.2
@@ -109,7 +118,7 @@ class AlertRules:
             raise AlertConfigError(f"{where}: unknown alert thresholds {unknown}; known: {sorted(known)}")
         for key, value in values.items():
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
-            if key != "webhook_url" and not numeric:
+            if key != "webhook_url" and not numeric and not (key == "stall_after_s" and value is None):
                 raise AlertConfigError(f"{where}: alerts.{key} must be a number, got {value!r}")
         return cls(**dict(values))
 
@@ -138,14 +147,12 @@ def _json_number(number: float | None) -> float | str | None:
 
 
 def _raw_series(rows: Mapping[int, Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
-    """(step, value) in step order for rows that hold `key` as a number (NaN and inf kept)."""
+    """(step, value) in step order for rows that hold `key` as a number (NaN and inf kept, as recorded)."""
     series = []
     for step in sorted(rows):
-        value = rows[step].get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            series.append((step, float(value)))
-        elif value in ("NaN", "nan", "Infinity", "-Infinity", "inf"):
-            series.append((step, float(value)))
+        value = metric_number(rows[step].get(key))
+        if value is not None:
+            series.append((step, value))
     return series
 
 
@@ -229,7 +236,7 @@ def below_band(
 
 
 def evaluate(
-    records: Iterable[Mapping[str, Any]],
+    records: Sequence[Mapping[str, Any]],
     rules: AlertRules,
     *,
     now: float,
@@ -240,10 +247,10 @@ def evaluate(
     """Every episode of every rule in a run's metrics lines so far (`running`: its lease is live now; `mixture`:
     the run's mixture.json, for mixture_drift)."""
     rows = rows_by_step(records)
+    alerts = [
+        Alert(rule, step, value, math.inf, now, message) for rule, step, value, message in nonfinite_episodes(rows)
+    ]
     loss = _raw_series(rows, "train/loss")
-    alerts = _episodes(
-        ((s, not math.isfinite(v), v, math.inf) for s, v in loss), "nonfinite_loss", now, "train/loss is not finite"
-    )
     alerts += _episodes(
         _window_check(loss, rules, _spike(rules.loss_spike_z, rules.loss_spike_min_ratio)),
         "loss_spike",
@@ -294,33 +301,20 @@ def mixture_drift(
     return alerts
 
 
-def newest_line(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The `time` and `step` of the newest line that has both (None when none has)."""
-    newest: tuple[float, int] | None = None
-    for record in records:
-        stamp, step = record.get("time"), record.get("step")
-        if isinstance(stamp, int | float) and isinstance(step, int) and (newest is None or stamp >= newest[0]):
-            newest = (float(stamp), step)
-    return None if newest is None else {"time": newest[0], "step": newest[1]}
-
-
-def stalled(records: Iterable[Mapping[str, Any]], rules: AlertRules, now: float) -> list[Alert]:
-    """A stall is keyed by the step of the newest line, so one stall fires once however long it lasts."""
+def stalled(
+    records: Sequence[Mapping[str, Any]], rules: AlertRules, now: float, after_s: float | None = None
+) -> list[Alert]:
+    """A stall is keyed by the step of the newest line, so one stall fires once however long it lasts; `after_s`:
+    the allowance when already derived (else from `records`: stall_rule.stall_threshold)."""
     line = newest_line(records)
-    newest = None if line is None else (line["time"], line["step"])
-    if newest is None or now - newest[0] <= rules.stall_after_s:
+    if after_s is None:
+        after_s = stall_threshold(records, rules.stall_after_s, rules.stall_min_s, rules.stall_step_multiple)
+    if line is None or now - line["time"] <= after_s:
         return []
-    quiet = now - newest[0]
-    return [
-        Alert(
-            "stalled",
-            newest[1],
-            quiet,
-            rules.stall_after_s,
-            now,
-            f"no metrics line for {quiet:.0f} s since step {newest[1]} while the step's lease is live",
-        )
-    ]
+    quiet = now - line["time"]
+    message = (f"no metrics line since step {line['step']} for {quiet:.0f} s when noticed (allowed: {after_s:.0f} s) "
+               "while the step's lease is live")  # fmt: skip
+    return [Alert("stalled", line["step"], quiet, after_s, now, message)]
 
 
 def read_alerts(output_path: str) -> list[dict[str, Any]]:
@@ -359,6 +353,11 @@ def webhook_text(run: str, alerts: Sequence[Alert]) -> str:
 def post_webhook(url: str, run: str, alerts: Sequence[Alert], timeout_s: float = 10.0) -> bool:
     """POST `{"text": ..., "run": ..., "alerts": [...]}` to `url`; False (logged) when the hook cannot be reached."""
     payload = {"text": webhook_text(run, alerts), "run": run, "alerts": [alert.as_json() for alert in alerts]}
+    return post_json(url, run, payload, timeout_s)
+
+
+def post_json(url: str, run: str, payload: Mapping[str, Any], timeout_s: float = 10.0) -> bool:
+    """POST a JSON message about `run` to a webhook; False (logged) when the hook cannot be reached."""
     body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
@@ -366,5 +365,5 @@ def post_webhook(url: str, run: str, alerts: Sequence[Alert], timeout_s: float =
             return 200 <= response.status < 300
     except (urllib.error.URLError, OSError) as error:
         # The hook's path and any credentials in it are a secret: the log names its host only.
-        logger.warning("alert webhook on %s failed for %s: %s", urllib.parse.urlsplit(url).hostname, run, error)
+        logger.warning("webhook on %s failed for %s: %s", urllib.parse.urlsplit(url).hostname, run, error)
         return False

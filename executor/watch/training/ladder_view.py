@@ -15,6 +15,11 @@ been evaluated. The achieved loss is the `macro_loss` of a `results.json` downst
 the experiment's graph (the target's train step depends on the scaling step, its evaluate step on the train
 step), found within `ACHIEVED_DEPTH` edges, never by step names.
 
+The runs downstream that sealed this prediction when they started (`prediction_seal.json`) hold it to its digest:
+when prediction.json no longer has the digest a run sealed (or, on the public site, the one the publisher
+witnessed: site/seal_witness.py), the band is not the one registered, and `seal_warning` says so: the page then
+draws no "inside the band" verdict for the achieved loss.
+
 Beside it, the overlay of the runs: the rungs' eval curves, the predicted curve and the target run's eval points
 against tokens (`compare`) and against training FLOPs (`compare_flops`: tokens times the run's FLOPs per token,
 its recorded `compute` over its `tokens`); the page toggles between the two.
@@ -22,13 +27,15 @@ its recorded `compute` over its `tokens`); the page toggles between the two.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from executor.store import storage
 from executor.store.experiments import Experiment
-from executor.store.layout import METRICS_FILE, PREDICTION_FILE, RESULTS_FILE, relative_to
+from executor.store.layout import METRICS_FILE, PREDICTION_FILE, PREDICTION_SEAL_FILE, RESULTS_FILE, relative_to
 from executor.store.metrics_log import rows_by_step
 from executor.watch import files
 from executor.watch.training.metric_names import predicted_metric
@@ -162,6 +169,31 @@ def compare_flops_chart(document: dict[str, Any], experiment: Experiment | None,
     return flops | {"missing": missing}
 
 
+def broken_seals(digest: str, sealed: Mapping[str, Any]) -> str | None:
+    """Why the band is not the registered one: a run (by relative path) sealed, or was witnessed sealing, another
+    digest than prediction.json's `digest` now (None: every seal holds)."""
+    broken = sorted(run for run, sealed_digest in sealed.items() if sealed_digest != digest)
+    if not broken:
+        return None
+    return (f"prediction.json changed after {', '.join(broken)} sealed it (digest now {digest[:16]}): the band is not "
+            "the one registered; no verdict against it")  # fmt: skip
+
+
+def run_seals(prefix: str, experiment: Experiment | None, relative: str) -> dict[str, str]:
+    """The digest each run downstream sealed (those that sealed one), by relative path."""
+    runs = downstream_runs(experiment, relative)
+    blobs = storage.read_many(storage.join(run.output_path, PREDICTION_SEAL_FILE) for run in runs)
+    seals = {}
+    for run, blob in zip(runs, blobs, strict=True):
+        try:
+            seal = json.loads(blob) if blob else None
+        except ValueError:
+            continue
+        if isinstance(seal, dict) and isinstance(seal.get("sha256"), str):
+            seals[relative_to(prefix, run.output_path) or run.relative] = seal["sha256"]
+    return seals
+
+
 def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experiment | None) -> dict[str, Any]:
     path = storage.join(output_path, PREDICTION_FILE)
     document = read_json(path, "ladder view")
@@ -172,6 +204,8 @@ def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experi
     rungs = [rung | {"fitted": law(fit, rung["compute"]), "residual": rung["final_loss"] - law(fit, rung["compute"])}
              for rung in figures["rungs"]]  # fmt: skip
     achieved = achieved_loss(prefix, experiment, relative)
+    digest = hashlib.sha256(storage.read_bytes(path) or b"").hexdigest()
+    seals = run_seals(prefix, experiment, relative)
     low = math.log(min(rung["compute"] for rung in rungs)) - 0.3
     high = math.log(max(prediction["compute"], *(rung["compute"] for rung in rungs))) + 0.3
     grid = [math.exp(low + (high - low) * n / (LAW_POINTS - 1)) for n in range(LAW_POINTS)]
@@ -191,6 +225,9 @@ def ladder_view(prefix: str, output_path: str, relative: str, experiment: Experi
         "target": figures["target"],
         "rungs": rungs,
         "achieved": achieved,
+        "prediction_sha256": digest,
+        "sealed_by": seals,
+        "seal_warning": broken_seals(digest, seals),
         "curve_points": figures["curve_points"],
         "warnings": [str(warning) for warning in document.get("warnings") or []],
         "chart": chart("ladder", "loss vs compute", series, x_label="training FLOPs", log_x=True),

@@ -35,7 +35,7 @@ from executor.store.layout import (
     WEIGHTS_FILE,
     relative_to,
 )
-from executor.store.metrics_log import read_metrics_bytes, rows_by_step
+from executor.store.metrics_log import metric_number, read_metrics_bytes, rows_by_step
 from executor.watch import files
 from executor.watch.safety import resolve_under
 from executor.watch.training.metric_names import SUITE_MACRO_LOSS, TRAIN_LOSS
@@ -171,15 +171,15 @@ def eval_components(rows: Mapping[int, Mapping[str, Any]], under: str = "eval/")
 def macro_eval(row: Mapping[str, Any], components: list[str]) -> float | None:
     """What the ladder predicts: the eval suite's macro loss (eval/suite/macro_loss), else Levanter's
     eval/macro_loss (the mean over components), else the mean of the eval/<component>/loss of the row, else
-    eval/loss when the run has no components."""
-    if (suite := files.number(row.get(SUITE_MACRO_LOSS))) is not None:
+    eval/loss when the run has no components. A loss that is not finite is kept (NaN in, NaN out: it is marked)."""
+    if (suite := metric_number(row.get(SUITE_MACRO_LOSS))) is not None:
         return suite
-    if (macro := files.number(row.get("eval/macro_loss"))) is not None:
+    if (macro := metric_number(row.get("eval/macro_loss"))) is not None:
         return macro
-    losses = [files.number(row.get(f"eval/{component}/loss")) for component in components]
+    losses = [metric_number(row.get(f"eval/{component}/loss")) for component in components]
     if components and all(loss is not None for loss in losses):
-        return math.fsum(losses) / len(losses)  # type: ignore[arg-type]
-    return files.number(row.get("eval/loss")) if not components else None
+        return sum(losses) / len(losses)  # type: ignore[arg-type]
+    return metric_number(row.get("eval/loss")) if not components else None
 
 
 def predicted_curve(prefix: str, output_path: str) -> tuple[list[dict[str, float]], str | None, str | None]:

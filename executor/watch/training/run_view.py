@@ -15,7 +15,10 @@ the loss chart, the band beside it and the points drawn cannot differ between th
 - Its incidents (incidents.py): a timeline of attempts, failures, retries, takeovers, resumes, alerts, a
   fork's start and code drift (against the code the newest experiment holding the run planned), and its goodput.
 - The prediction the run sealed when it started (`sealed`): its digest, when it was made, whether that was
-  before the run's first step, and whether prediction.json still has that digest.
+  before the run's first step, whether prediction.json still has that digest, and, on the public site, whether
+  the seal is still the one the publisher witnessed (site/seal_witness.py). When either no longer holds, the
+  band it would be judged against is not the one registered: the header draws no verdict and says why
+  (`seal_warning`, `last_eval.verdict` None).
 - The optimizer and its mask (`optimizer`, the train step's optimizer_groups.json): each group's parameter count
   and which group every parameter is in.
 """
@@ -69,8 +72,10 @@ RUN_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 """The run view's charts after the loss, each (id, title, metric keys); a key with no data draws no line, a chart with
 none is left out."""
-ALERT_CHARTS = {"grad_spike": "grad_norm", "throughput_drop": "throughput", "expert_imbalance": "expert_load"}
-"""The chart an alert rule's marker goes on; every other rule reads the loss."""
+ALERT_CHARTS = {"grad_spike": "grad_norm", "throughput_drop": "throughput", "expert_imbalance": "expert_load",
+                "nonfinite_grad": "grad_norm", "nonfinite_router": "expert_load", "nonfinite_metric": None}  # fmt: skip
+"""The chart an alert rule's marker goes on (None: none, the non-finite points are marked where they are drawn);
+every other rule reads the loss."""
 
 Rows = Mapping[int, Mapping[str, Any]]
 Columns = dict[str, dict[int, float]]
@@ -100,13 +105,17 @@ def band_at(curve: list[dict[str, float]], step: int) -> dict[str, float] | None
     return None
 
 
-def last_eval(label: str, values: dict[int, float], curve: list[dict[str, float]]) -> dict[str, Any] | None:
+def last_eval(
+    label: str, values: dict[int, float], curve: list[dict[str, float]], warning: str | None = None
+) -> dict[str, Any] | None:
+    """The header's last eval point and its verdict against the band (none while `warning` says the band is not
+    the one the run sealed)."""
     if not values:
         return None
     step = max(values)
     value, band = values[step], band_at(curve, step)
     verdict = None
-    if band is not None and math.isfinite(value):
+    if band is not None and math.isfinite(value) and warning is None:
         verdict = "below" if value < band["low"] else "above" if value > band["high"] else "inside"
     return {"key": label, "step": step, "value": json_number(value), "band": band, "verdict": verdict}
 
@@ -171,23 +180,30 @@ def metric_charts(columns: Columns, alerts: list[Any], parent: Columns) -> list[
         per_part = [{"label": name, "kind": "points", "points": drawn(columns[f"{under}{name}/loss"], keep)}
                     for name in eval_components({0: columns}, under)]  # fmt: skip
         if per_part:
-            charts.append(chart(chart_id, title, per_part, x_label="step"))
+            lines = [
+                (f"{under}{name}/loss", columns[f"{under}{name}/loss"]) for name in eval_components({0: columns}, under)
+            ]
+            charts.append(marked(chart(chart_id, title, per_part, x_label="step"), chart_id, lines, []))
     return charts
 
 
 def header_nonfinite(columns: Columns, keys: list[str]) -> list[dict[str, Any]]:
-    """Per key with non-finite points: how many, the first and the last (what the header names)."""
+    """Per key with non-finite points, `keys` first, then every other key in order: how many, the first and the
+    last (what the header names)."""
     named = []
-    for key in dict.fromkeys(keys):
+    for key in dict.fromkeys([*keys, *sorted(columns)]):
         bad = nonfinite(columns.get(key, {}))
         if bad:
             named.append({"key": key, "count": len(bad), "first": bad[0][0], "last": bad[-1][0], "value": bad[-1][1]})
     return named
 
 
-def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, Any] | None:
+def sealed_prediction(
+    prefix: str, output_path: str, rows: Rows, witness: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The prediction the run sealed when it started (steps/train/train_metrics.py): its digest and times, the
-    time of the run's first step, and whether prediction.json still has that digest."""
+    time of the run's first step, whether prediction.json still has that digest, and the publisher's witness of
+    the seal (site/seal_witness.py) with whether the seal still matches it (None: no witness)."""
     seal = read_json(storage.join(output_path, PREDICTION_SEAL_FILE), PREDICTION_SEAL_FILE)
     if not isinstance(seal, dict) or not isinstance(seal.get("sha256"), str):
         return None
@@ -205,7 +221,28 @@ def sealed_prediction(prefix: str, output_path: str, rows: Rows) -> dict[str, An
         before = dt.datetime.fromisoformat(predicted_at) < dt.datetime.fromisoformat(first_at)
     return {"sha256": seal["sha256"], "predicted_at": predicted_at, "sealed_at": seal.get("sealed_at"),
             "first_step_at": first_at, "before_first_step": before,
-            "matches": None if current is None else hashlib.sha256(current).hexdigest() == seal["sha256"]}  # fmt: skip
+            "matches": None if current is None else hashlib.sha256(current).hexdigest() == seal["sha256"],
+            "witness": dict(witness) if witness else None,
+            "witnessed": None if not witness else (witness.get("sha256"), witness.get("sealed_at")) ==
+                         (seal["sha256"], seal.get("sealed_at"))}  # fmt: skip
+
+
+def seal_warning(sealed: Mapping[str, Any] | None) -> str | None:
+    """Why the band may not be the one the run registered (None: nothing says so)."""
+    if sealed is None:
+        return None
+    if sealed.get("witnessed") is False:
+        witness = sealed["witness"]
+        return (
+            f"the run's seal is not the one the publisher witnessed at {witness.get('witnessed_at')} (digest "
+            f"{str(witness.get('sha256'))[:16]}): the seal was rewritten; no verdict against the band"
+        )
+    if sealed.get("matches") is False:
+        return (
+            f"prediction.json changed after the run sealed it (digest {sealed['sha256'][:16]}): the band is not "
+            "the one registered; no verdict against it"
+        )
+    return None
 
 
 def served_mixture(output_path: str, records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -239,10 +276,15 @@ def run_drift(output_path: str, events: list[StatusEvent], now: CodeNow | None) 
 
 
 def run_view(
-    prefix: str, output_path: str, records: list[dict[str, Any]] | None = None, now: CodeNow | None = None
+    prefix: str,
+    output_path: str,
+    records: list[dict[str, Any]] | None = None,
+    now: CodeNow | None = None,
+    witness: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the run view draws (module docstring); `records`: the run's metrics lines when already read; `now`:
-    the run's code as the newest experiment holding it planned it (for code drift)."""
+    the run's code as the newest experiment holding it planned it (for code drift); `witness`: the publisher's
+    witness of the run's seal (site/seal_witness.py)."""
     if records is None:
         records = files.metrics_records(storage.join(output_path, METRICS_FILE)) or []
     rows = rows_by_step(records)
@@ -262,11 +304,14 @@ def run_view(
     events = read_events(output_path)
     last_step = max(train)
     chart_keys = [key for _, _, keys in RUN_CHARTS for key in keys]
+    sealed = sealed_prediction(prefix, output_path, rows, witness)
+    warning = seal_warning(sealed)
     return {
         "steps": len(rows),
         "last_step": last_step,
         "last_train_loss": json_number(train[last_step]),
-        "last_eval": last_eval(label, evals, curve),
+        "last_eval": last_eval(label, evals, curve, warning),
+        "seal_warning": warning,
         "nonfinite": header_nonfinite(columns, [TRAIN_LOSS, label, *chart_keys]),
         "components": eval_components({0: columns}),
         "prediction": {"source": prediction_source, "points": len(curve)} if curve else None,
@@ -275,7 +320,7 @@ def run_view(
         "buckets": RUN_BUCKETS,
         "alerts": alerts,
         "lineage": lineage,
-        "sealed": sealed_prediction(prefix, output_path, rows),
+        "sealed": sealed,
         "mixture": served_mixture(output_path, records),
         "optimizer": optimizer_mask(output_path),
         "incidents": run_incidents(events, records, alerts, lineage, run_drift(output_path, events, now)),

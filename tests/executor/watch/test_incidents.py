@@ -88,8 +88,17 @@ def test_the_timeline_holds_the_failure_the_retry_the_resume_and_the_alert(flaky
     assert good["lost_s"]["redone after a resume"] > 0 and good["lost_s"]["between attempts (failures, restarts)"] > 0
     assert good["advancing_s"] + sum(good["lost_s"].values()) == pytest.approx(good["wall_s"])
     [experiment] = (flaky["root"] / "site/data/experiment").iterdir()
-    [entry] = json.loads((experiment / "incidents.json").read_text())["timeline"]
-    assert (entry["kind"], entry["step_name"], entry["path"]) == ("retry", "train/flaky", flaky["relative"])
+    entries = json.loads((experiment / "incidents.json").read_text())["timeline"]
+    assert [(entry["kind"], entry["step_name"], entry["path"]) for entry in entries] == [
+        ("retry", "train/flaky", flaky["relative"]),
+        ("resume", "train/flaky", flaky["relative"]),
+    ]  # the resume too
+    assert entries[1]["text"].startswith("resumed at step 20 from a checkpoint: steps 20-29 redone, after a failure")
+    live = json.loads((flaky["root"] / "site/data/step" / flaky["relative"] / "live.json").read_text())
+    first, second = live["attempt_history"]
+    assert (first["attempt"], first["outcome"], second["attempt"], second["outcome"]) == (1, "retried", 2, "succeeded")
+    assert first["started"] < first["ended"] <= second["started"] < second["ended"]
+    assert "ConnectionError: lost the connection" in first["cause"] and second["cause"] is None
 
 
 @pytest.mark.browser
@@ -100,6 +109,9 @@ def test_the_published_run_view_shows_the_timeline(page, flaky) -> None:  # type
         expect(incidents.locator("tr[data-kind=retry]")).to_contain_text("ConnectionError", timeout=DEADLINE_MS)
         expect(incidents.locator("tr[data-kind=resume]")).to_contain_text("steps 20-29 redone")
         expect(incidents.locator("[data-testid=goodput]")).to_contain_text("goodput ")
+        attempts = page.locator("[data-testid=attempts]")
+        expect(attempts.locator("tr[data-outcome=retried]")).to_contain_text("ConnectionError: lost the connection")
+        expect(attempts.locator("tr[data-outcome=succeeded]")).to_have_attribute("data-attempt", "2")
         incidents.scroll_into_view_if_needed()
         screenshot(page, "publish-incidents")
         page.goto(f"{base}/index.html")
@@ -107,6 +119,7 @@ def test_the_published_run_view_shows_the_timeline(page, flaky) -> None:  # type
         expect(page.locator("[data-testid=experiment-incidents] tr[data-kind=retry]")).to_contain_text(
             "train/flaky", timeout=DEADLINE_MS
         )
+        expect(page.locator("[data-testid=experiment-incidents] tr[data-kind=resume]")).to_contain_text("steps 20-29")
         screenshot(page, "publish-experiment-incidents")
 
 
@@ -114,7 +127,7 @@ def test_a_lost_gang_member_and_a_takeover_are_named() -> None:
     """The history a gang's lost member leaves (executor/run/gang.py's message, retried as a new gang) and a lease
     taken over from a holder that died without a word."""
     from executor.store.events import StatusEvent, StepStatus
-    from executor.watch.incidents import status_incidents
+    from executor.watch.incidents import attempt_history, status_incidents
 
     lost = (
         "attempt 1 failed (transient): GangMemberLostError: train/hero: gang member 1 of 2 (pid 4242 on 10.0.0.7) "
@@ -129,9 +142,20 @@ def test_a_lost_gang_member_and_a_takeover_are_named() -> None:
     ]
     kinds = [entry["kind"] for entry in status_incidents(events)]
     assert kinds == ["start", "gang", "start", "takeover", "start", "success"]
+    heartbeats = {0: "2026-01-01T00:58:30+00:00"}  # lease 0's last renewal before its holder died
+    history = attempt_history(events, heartbeats.get)
+    assert [(entry["attempt"], entry["outcome"]) for entry in history] == [
+        (1, "retried"),
+        (2, "lost"),
+        (3, "succeeded"),
+    ]
+    assert history[0]["ended"] == "2026-01-01T00:10:00+00:00" and "gang member 1 of 2" in history[0]["cause"]
+    assert history[1]["ended"] == heartbeats[0]  # the death of attempt 2 has an entry: last seen, and who took over
+    assert history[1]["cause"].endswith("attempt 3 took over at 2026-01-01T01:00:00+00:00")
+    assert history[2]["ended"] == "2026-01-01T02:00:00+00:00" and history[2]["cause"] is None
 
 
-DRIFTING_MODULE = '''
+DRIFTING_MODULE = """
 import json
 import time
 from dataclasses import dataclass
@@ -148,7 +172,7 @@ def drifting_run(config: DriftingRunConfig) -> None:
     with Path(config.output_path, "metrics.jsonl").open("w") as handle:
         for step in range(5):
             handle.write(json.dumps({"step": step, "time": time.time(), "train/loss": LOSS}) + "\\n")
-'''
+"""
 
 
 def load_drifting_module(source: Path, loss: str) -> Any:
@@ -285,19 +309,24 @@ def test_a_real_gang_member_killed_shows_the_teardown_the_restart_and_the_resume
 
 def test_goodput_counts_an_eval_line_at_the_step_just_logged_as_evaluating_not_redone() -> None:
     """Levanter logs its evals on lines of their own at the train step's number: the time to such a line is
-    the eval's, not steps redone after a resume (the tiny hero's killed rung showed 53 s "redone" without one)."""
+    the eval's, not steps redone after a resume (the tiny hero's killed rung showed 53 s "redone" without one).
+    A line of the same step that is no eval (its throughput) is the step's own time, and the time from the last
+    line to SUCCESS is the final checkpoint and export, not a restart."""
     from executor.store.events import StatusEvent, StepStatus
     from executor.watch.incidents import goodput, resumes
 
     events = [StatusEvent(StepStatus.RUNNING, time="2026-01-01T00:00:00+00:00", attempt=1, lease=0),
               StatusEvent(StepStatus.SUCCESS, time="2026-01-01T00:00:10+00:00", attempt=1, lease=0)]  # fmt: skip
     start = 1767225600.0  # 2026-01-01T00:00:00+00:00
-    lines = [{"step": 0, "time": start + 1}, {"step": 1, "time": start + 2}, {"step": 1, "time": start + 5},
-             {"step": 2, "time": start + 6}]  # fmt: skip
+    lines = [{"step": 0, "time": start + 1}, {"step": 1, "time": start + 2},
+             {"step": 1, "time": start + 2.5, "throughput/tokens_per_second": 9.0},
+             {"step": 1, "time": start + 5, "eval/macro_loss": 3.0}, {"step": 2, "time": start + 6}]  # fmt: skip
     assert resumes(lines) == []
     good = goodput(events, lines)
-    assert good is not None and good["advancing_s"] == pytest.approx(2.0)
+    assert good is not None and good["advancing_s"] == pytest.approx(2.5)
     assert good["lost_s"]["redone after a resume"] == 0.0
-    assert good["lost_s"]["evaluating (lines at the step just logged)"] == pytest.approx(3.0)
+    assert good["lost_s"]["evaluating"] == pytest.approx(2.5)
     assert good["lost_s"]["starting (compile, restore)"] == pytest.approx(1.0)
+    assert good["lost_s"]["finishing (final checkpoint, export)"] == pytest.approx(4.0)
+    assert good["lost_s"]["between attempts (failures, restarts)"] == pytest.approx(0.0)
     assert good["wall_s"] == pytest.approx(10.0)

@@ -33,6 +33,7 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.store.events import read_status
 from executor.store.layout import METRICS_FILE
 from executor.watch.site.publish import SitePublisher
+from executor.watch.training.alerts import read_alerts
 from executor.watch.training.run_view import run_view
 
 
@@ -101,9 +102,8 @@ def test_publish_prints_a_command_that_serves_the_site(tmp_path: Path) -> None:
 def test_a_running_step_shows_stale_once_the_publisher_stops(page, tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
     gate = "freshness"
     STALL_GATES[gate] = threading.Event()
-    step = ExecutorStep(
-        name="train/running", fn=stalled_run, config=StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate))
-    )
+    config = StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate), times="now")  # lines just written: no stall
+    step = ExecutorStep(name="train/running", fn=stalled_run, config=config)
     executor = Executor(str(tmp_path / "prefix"))
     runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/running.py"})
     runner.start()
@@ -118,6 +118,12 @@ def test_a_running_step_shows_stale_once_the_publisher_stops(page, tmp_path: Pat
         )
         publisher.cycle()
         with static_server(tmp_path / "site") as base:
+            page.goto(f"{base}/index.html")  # the list, its chip and the header's dot say what every page says
+            chip = page.locator("[data-testid=experiments] [data-count=RUNNING]")
+            expect(chip).to_have_attribute("data-stale", "true", timeout=DEADLINE_MS)
+            expect(chip).to_contain_text("RUNNING · stale")
+            expect(page.locator("#live")).to_have_attribute("data-state", "stale")
+            screenshot(page, "publish-stale-list")
             page.goto(f"{base}/index.html#/step/{relative}")
             expect(page.locator("[data-testid=step-status] [data-stale=true]")).to_have_text(
                 "RUNNING · stale", timeout=DEADLINE_MS
@@ -130,8 +136,60 @@ def test_a_running_step_shows_stale_once_the_publisher_stops(page, tmp_path: Pat
             page.reload()
             expect(page.locator("#published")).to_have_attribute("data-stale", "false", timeout=DEADLINE_MS)
             expect(page.locator("[data-testid=step-status] [data-status=RUNNING]")).to_have_text("RUNNING")
+            expect(page.locator("#live")).to_have_attribute("data-state", "live")
+            page.goto(f"{base}/index.html")
+            chip = page.locator("[data-testid=experiments] [data-count=RUNNING]")
+            expect(chip).to_have_text("RUNNING 1", timeout=DEADLINE_MS)
+            expect(chip).not_to_have_attribute("data-stale", "true")
         page.goto((tmp_path / "site" / "index.html").as_uri())
         expect(page.locator(".error").first).to_contain_text("python -m http.server", timeout=DEADLINE_MS)
+    finally:
+        STALL_GATES[gate].set()
+        runner.join(timeout=120)
+
+
+@pytest.mark.browser
+def test_a_run_that_goes_quiet_is_shown_stalled_on_every_page(page, tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
+    """The publisher is alive, the run is not: its last line is 10 minutes old, past its allowance (2 minutes: it
+    stepped every second, training/stall_rule.py). The stall fires, and the list's chip, the header's dot, the
+    experiment's table and the step page all say "stalled", the step page counting the silence up."""
+    gate = "quiet-run"
+    STALL_GATES[gate] = threading.Event()
+    config = StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate), quiet_s=600.0, times="now")
+    step = ExecutorStep(name="train/quiet", fn=stalled_run, config=config)
+    executor = Executor(str(tmp_path / "prefix"))
+    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/quiet.py"})
+    runner.start()
+    try:
+        wait_until(lambda: step in executor.output_paths, "the step to be planned")
+        output_path = executor.output_paths[step]
+        wait_until(lambda: Path(output_path, METRICS_FILE).exists() and read_status(output_path) == "RUNNING", "a run")
+        relative = Path(output_path).relative_to(tmp_path / "prefix").as_posix()
+        publisher = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site"), interval_s=60)
+        assert publisher.cycle().new_alerts == 1
+        [alert] = read_alerts(output_path)
+        assert (alert["rule"], alert["step"], alert["threshold"]) == ("stalled", 19, 120)
+        live = json.loads((tmp_path / "site" / "data/step" / relative / "live.json").read_text())
+        assert live["stalled"]["step"] == 19 and live["stalled"]["after_s"] == 120
+        with static_server(tmp_path / "site") as base:
+            page.goto(f"{base}/index.html")
+            chip = page.locator("[data-testid=experiments] [data-count=stalled]")
+            expect(chip).to_have_text("stalled 1", timeout=DEADLINE_MS)
+            expect(page.locator("#live")).to_have_attribute("data-state", "stalled")
+            page.locator("[data-testid=experiments] tbody tr").first.click()
+            row = page.locator('[data-testid=steps] tr[data-step="train/quiet"]')
+            expect(row.locator("[data-stalled=true]")).to_have_text("RUNNING · stalled", timeout=DEADLINE_MS)
+            expect(page.locator("[data-testid=counts] [data-count=stalled]")).to_have_text("stalled 1")
+            page.goto(f"{base}/index.html#/step/{relative}")
+            status = page.locator("[data-testid=step-status] [data-stalled=true]")
+            expect(status).to_have_text("RUNNING · stalled", timeout=DEADLINE_MS)
+            stalled = page.locator("[data-testid=stalled]")
+            expect(stalled).to_contain_text("no metrics line for 10 min")
+            expect(stalled).to_contain_text("since step 19 (a stall after 2 min 0 s without one")
+            expect(page.locator("#live")).to_have_attribute("data-state", "stalled")
+            counted = stalled.locator("[data-counting]").text_content()
+            expect(stalled.locator("[data-counting]")).not_to_have_text(counted or "")  # it counts up
+            screenshot(page, "publish-stalled-run")
     finally:
         STALL_GATES[gate].set()
         runner.join(timeout=120)
