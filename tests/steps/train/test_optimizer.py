@@ -171,6 +171,7 @@ def trained_part(model: eqx.Module) -> eqx.Module:
     return eqx.filter(hq.partition_for_grad_overwrite(model)[1], eqx.is_inexact_array)
 
 
+@pytest.mark.slow
 def test_the_mask_puts_every_trained_parameter_in_exactly_one_group(hero_model) -> None:
     trained = trained_part(hero_model)
     labels = jax.tree.leaves(parameter_groups(trained))
