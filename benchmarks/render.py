@@ -47,6 +47,9 @@ HEADLINES: dict[str, tuple[str, ...]] = {
 }
 """The figures a benchmark's summary row shows (those its results file holds); its own section shows them all."""
 
+WIDEST = 12
+"""The most columns a table of records gets; records with more figures are turned a column each."""
+
 VARIANTS = {
     "bench_train_comm": (
         "bench_train",
@@ -122,6 +125,18 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
+def records_table(records: list[dict[str, Any]]) -> list[str]:
+    """A list of records (a probe or a scale each) as a table: a row per record, or, when the records hold more
+    figures than a row can show, a column per record headed by its first figure and a row per figure."""
+    flat = [dict(flatten(record)) for record in records]
+    columns = list(dict.fromkeys(column for record in flat for column in record))
+    if len(columns) <= WIDEST:
+        return table([f"`{column}`" for column in columns], [[number(r.get(c, "")) for c in columns] for r in flat])
+    first, rest = columns[0], columns[1:]
+    header = ["figure", *(f"`{first}` {number(record.get(first, ''))}" for record in flat)]
+    return table(header, [[f"`{column}`", *(number(record.get(column, "")) for record in flat)] for column in rest])
+
+
 def benchmark_section(name: str, result: dict[str, Any] | None) -> str:
     """A benchmark's own section: when, where and how it ran, then every figure it wrote."""
     if result is None:
@@ -135,9 +150,7 @@ def benchmark_section(name: str, result: dict[str, Any] | None) -> str:
         *table(["figure", "value"], [[f"`{key}`", number(value)] for key, value in flatten(result["figures"])]),
     ]
     for key, records in record_lists(result["figures"]):
-        columns = list(dict.fromkeys(column for record in records for column, _ in flatten(record)))
-        rows = [[number(dict(flatten(record)).get(column, "")) for column in columns] for record in records]
-        lines += ["", f"`{key}`:", "", *table([f"`{column}`" for column in columns], rows)]
+        lines += ["", f"`{key}`:", "", *records_table(records)]
     return "\n".join(lines) + "\n"
 
 
