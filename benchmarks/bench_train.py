@@ -69,7 +69,7 @@ DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "pred": 1}
 
 def comm_bytes_ratio(capacity_factor: float | None) -> dict:
     """The `--comm` leg (module docstring)."""
-    runner = Path(__file__).resolve().parent.parent / "tests" / "expert_parallel_run.py"
+    runner = Path(__file__).resolve().parent.parent / "tests" / "support" / "expert_parallel_run.py"
     command = [sys.executable, str(runner), "4", *([] if capacity_factor is None else [str(capacity_factor)])]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.splitlines()[-1].removeprefix("RESULT "))
