@@ -88,6 +88,8 @@ def number(value: Any) -> str:
     """A figure as the page prints it: thousands separated, floats to four significant digits, text as code."""
     if isinstance(value, bool) or value is None:
         return str(value)
+    if value == "":
+        return ""  # a record without this figure
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
