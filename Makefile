@@ -7,7 +7,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell infra/find_python312.sh)
 
-.PHONY: install tools lock lock-tools lint-imports demo data-demo test test-demo lint bench status dashboard docs docs-serve screenshots clean
+.PHONY: install tools lock lock-tools lint-imports demo data-demo test test-quick test-demo durations-docs lint bench \
+	bench-docs status dashboard docs docs-serve screenshots clean
 
 # Installs exactly the versions in requirements.lock (what CI tested), then the project itself without
 # dependencies. `make lock` re-resolves pyproject.toml's dependencies and extras into the lock file.
@@ -62,13 +63,26 @@ data-demo: install
 	$(PY) experiments/data_demo.py --backend ray $(ARGS)
 
 # Three pytest-xdist workers on a 2-core machine: a test often waits (on Ray starting, a subprocess, a lease, a
-# hang timeout), and a third worker uses that time: the CPUs were 95-97% busy and the suite took 16 min 12-14 s,
-# against 17 min 45 s with two workers in the same hour on this machine. Each test file is one unit of work, the
-# tiny hero's first (tests/conftest.py). TEST_WORKERS=0 runs the suite in this one process.
+# hang timeout), and a third worker uses that time (two left the CPUs idler, side by side in the same hour). Each
+# test file is one unit of work, the tiny hero's first (tests/conftest.py). TEST_WORKERS=0 runs the suite in this
+# one process. Where the time went, per test file, goes to build/test-durations.md and .json
+# (tests/support/durations_table.py); `make durations-docs` commits that table to docs/benchmarks.md.
 TEST_WORKERS ?= 3
 
 test: install lint-imports
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations-table build/test-durations $(ARGS)
+
+# The quick tier for the edit loop (tests/support/tiers.py): the unit tests of executor/ and steps/, without Ray,
+# training or compile subprocesses, browsers, services or anything marked slow; CI's `make test` runs them all.
+QUICK_WORKERS ?= 2
+
+test-quick: install
+	$(PY) -m pytest -q -n $(QUICK_WORKERS) --dist loadfile --quick --durations-table build/test-quick-durations \
+		tests/executor tests/steps $(ARGS)
+
+durations-docs: install
+	$(PY) benchmarks/render.py --durations build/test-durations.json
 
 # Only `make demo`'s whole DAG, SIGKILLed mid-training, resumed and rerun (tests/e2e/test_hero_tiny.py; part of `make test`).
 test-demo: install
@@ -79,8 +93,14 @@ lint: install
 	$(VENV)/bin/ruff format --check executor
 	$(VENV)/bin/mypy executor steps experiments
 
+# Each benchmark writes its figures to benchmarks/results/<bench>.json (benchmarks/results.py); `make bench-docs`
+# renders docs/benchmarks.md's tables from those files (tests/project/test_benchmarks_page.py holds them together).
 bench: install
 	@for bench in benchmarks/bench_*.py; do echo "== $$bench"; $(PY) $$bench || exit 1; done
+	$(PY) benchmarks/bench_train.py --comm
+
+bench-docs: install
+	$(PY) benchmarks/render.py
 
 status: install
 	$(PY) -m executor status $${EXECUTOR_PREFIX:-outputs}

@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from results import record
+
 from executor.watch.server import make_server, serve_in_thread
 
 PAGE_LIMIT_S = 1.0
@@ -253,7 +255,7 @@ def main() -> None:
         f"p95 {figures['steps_api_p95_ms']} ms, max {figures['steps_api_max_ms']} ms "
         f"  (goal p95 < {API_P95_LIMIT_MS} ms)"
     )
-    print(json.dumps(figures))
+    record("bench_dashboard", figures, parser, args)
 
 
 if __name__ == "__main__":

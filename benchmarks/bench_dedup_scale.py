@@ -29,6 +29,7 @@ from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
+from results import record
 
 from executor import storage
 from executor.shards.writer import read_shard_markers
@@ -140,10 +141,11 @@ def main() -> None:
         print(json.dumps(figures))
         results.append(figures)
     growth = results[1]["peak_rss_above_baseline_mb"] / max(results[0]["peak_rss_above_baseline_mb"], 1.0)
-    print(json.dumps({
+    figures = {
         "benchmark": "dedup_scale", "shard_memory_mb": args.shard_memory_mb, "docs_per_file": args.docs_per_file,
         "scales": results, "rss_above_baseline_growth_10x_docs": round(growth, 2),
-    }))  # fmt: skip
+    }  # fmt: skip
+    record("bench_dedup_scale", figures, parser, args)
 
 
 if __name__ == "__main__":

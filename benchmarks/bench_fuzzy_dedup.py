@@ -39,6 +39,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 from bench_dedup_scale import stage_seconds, write_corpus
+from results import record
 
 from steps.data.documents import ReadReport, list_input_files, read_documents
 from steps.dedup.dedup_fuzzy import FuzzyDedupConfig, fuzzy_dedup
@@ -138,14 +139,14 @@ def main() -> None:
     theirs, theirs_kept, theirs_stages = run_datatrove(f"{folder}/input", f"{folder}/datatrove", args.files, workers)
     print(f"datatrove: {theirs:6.1f} s  {args.docs / theirs:8.1f} docs/s  kept {theirs_kept}  {theirs_stages}")
     quality = planted_quality(folder, f"{folder}/ours")
-    print(json.dumps({
+    record("bench_fuzzy_dedup", {
         "benchmark": "fuzzy_dedup_end_to_end", "docs": args.docs, "files": args.files, "workers": workers,
         "n_grams": N_GRAMS, "bands": BANDS, "rows": ROWS,
         "ours_s": round(ours, 2), "ours_docs_per_s": round(args.docs / ours, 1), "ours_kept": ours_kept,
         "ours_stage_s": ours_stages, "datatrove_s": round(theirs, 2),
         "datatrove_docs_per_s": round(args.docs / theirs, 1), "datatrove_kept": theirs_kept,
         "datatrove_stage_s": theirs_stages, "ratio": round(theirs / ours, 2), **quality,
-    }))  # fmt: skip
+    }, parser, args)  # fmt: skip
 
 
 if __name__ == "__main__":

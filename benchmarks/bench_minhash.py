@@ -18,9 +18,10 @@ Prints a JSON line last: docs, MB, docs/s and MB/s for each, and `ratio_vs_datat
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
+
+from results import record
 
 from steps.corpora.real_corpus import RealCorpusConfig, build_real_corpus
 from steps.data.documents import ReadReport, list_input_files, read_documents
@@ -92,7 +93,7 @@ def main() -> None:
         figures[f"{name}_mb_per_s"] = round(megabytes / seconds, 2)
     figures["ratio_vs_datatrove"] = round(datatrove / ours, 2)
     figures["ratio_vs_rensa"] = round(rensa / ours, 2)
-    print(json.dumps(figures))
+    record("bench_minhash", figures, parser, args)
 
 
 if __name__ == "__main__":

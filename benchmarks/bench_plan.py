@@ -27,7 +27,6 @@ import contextlib
 import functools
 import gc
 import io
-import json
 import math
 import statistics
 import tempfile
@@ -35,6 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from results import record
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, InputName, output_path_of, this_output_path, versioned
 from executor.dag.identity import walk_config
@@ -436,7 +437,7 @@ def main() -> None:
             f"({dry['dry_run_ms_per_step']:.3f} ms/step, planning and status reads)"
         )
         figures[f"dry_run_ms_per_step_{size_label(args.dry_run_size)}"] = round(dry["dry_run_ms_per_step"], 4)
-    print(json.dumps(figures))
+    record("bench_plan", figures, parser, args)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from results import record  # noqa: E402
+
 from executor.run.cpu_devices import with_stand_in_flags  # noqa: E402
 from steps.model.model_size import MoeShape  # noqa: E402
 from steps.train.memory_model import memory_per_device  # noqa: E402
@@ -267,7 +269,7 @@ def main() -> None:
     for row in result["probes"]:
         print(f"{row['probe']:40} {row['compiled_bytes'] / 1e6:12.2f} {row['planned_bytes'] / 1e6:11.2f} "
               f"{row['ratio']:6.3f}")  # fmt: skip
-    print(json.dumps(result))
+    record("bench_plan_memory", result, parser, args)
 
 
 if __name__ == "__main__":

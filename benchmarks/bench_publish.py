@@ -34,6 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from results import record
+
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
 from executor.store.layout import METRICS_FILE
 from executor.watch.site.publish import SitePublisher
@@ -202,7 +204,7 @@ def main() -> None:
     print(f"a run 10x as long, 10 new lines: {figures['grown_10x_vs_short_k10']}x the short run's cost")
     ratio, sealed = figures["many_cycles_bytes_per_line_ratio"], figures["many_cycles_segments_sealed"]
     print(f"{args.cycles} cycles of 10 lines: {ratio}x the lines' bytes in all ({sealed} segments sealed)")
-    print(json.dumps(figures))
+    record("bench_publish", figures, parser, args)
 
 
 if __name__ == "__main__":

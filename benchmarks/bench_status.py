@@ -17,7 +17,6 @@ The last line printed is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,7 +25,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
+from results import record
 from services import FaultProxy, running_gcs_emulator, use_gcs_endpoint
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, read_status, storage
@@ -128,7 +128,7 @@ def main() -> None:
         first, rerun = resume_seconds(local, hundred_step_dag(args.dag_steps))
         figures |= {"local_dag_first_run_s": round(first, 2), "local_dag_rerun_s": round(rerun, 2)}
         print(f"{args.dag_steps}-step DAG on local disk: first run {first:.1f}s, rerun when finished {rerun:.2f}s")
-    print(json.dumps(figures))
+    record("bench_status", figures, parser, args)
 
 
 if __name__ == "__main__":

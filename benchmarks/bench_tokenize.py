@@ -41,6 +41,8 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from results import record
+
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.data.documents import ReadReport, read_documents
 from steps.data.jsonl_shards import list_shards
@@ -230,7 +232,7 @@ def main() -> None:
                 if name != "ours"
             },
         }
-        print(json.dumps(figures))
+        record("bench_tokenize", figures, parser, args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

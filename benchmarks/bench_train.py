@@ -54,6 +54,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from results import record
 
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.model.model_size import MoeShape, active_params, flops_per_token, total_params
@@ -68,7 +69,7 @@ DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "pred": 1}
 
 def comm_bytes_ratio(capacity_factor: float | None) -> dict:
     """The `--comm` leg (module docstring)."""
-    runner = Path(__file__).resolve().parent.parent / "tests" / "expert_parallel_run.py"
+    runner = Path(__file__).resolve().parent.parent / "tests" / "support" / "expert_parallel_run.py"
     command = [sys.executable, str(runner), "4", *([] if capacity_factor is None else [str(capacity_factor)])]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.splitlines()[-1].removeprefix("RESULT "))
@@ -138,7 +139,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.comm:
-        print(json.dumps(comm_bytes_ratio(args.capacity_factor)))
+        record("bench_train_comm", comm_bytes_ratio(args.capacity_factor), parser, args, variant=("comm",))
         return
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
@@ -163,7 +164,7 @@ def main() -> None:
         ]
     peak = matmul_peak_flops(args.matmul_size, repeats=10)
     train_flops = statistics.median(achieved)
-    print(json.dumps({
+    record("bench_train", {
         "backend": jax.default_backend(), "devices": jax.device_count(),
         "shape": {"d_model": args.d_model, "layers": args.layers, "experts": args.experts, "top_k": args.top_k,
                   "seq_len": args.seq_len, "batch": args.batch},
@@ -171,7 +172,7 @@ def main() -> None:
         "flops_per_token": flops_per_token(shape), "steps_measured": len(achieved),
         "train_flops_per_second": train_flops, "matmul_peak_flops_per_second": peak,
         "capacity_factor": args.capacity_factor, "ratio_vs_peak": train_flops / peak,
-    }))  # fmt: skip
+    }, parser, args)  # fmt: skip
 
 
 if __name__ == "__main__":

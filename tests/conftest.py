@@ -21,8 +21,9 @@ import pytest
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
 from executor.run.cpu_devices import with_stand_in_flags
 
-# The gcs_emulator and s3_server fixtures; the tiny hero run; the browser tests' Chromium and page.
-pytest_plugins = ["services", "hero_run", "browser_fixtures"]
+# The gcs_emulator and s3_server fixtures; the tiny hero run; the browser tests' Chromium and page; the markers a
+# test gets from what it uses and the quick tier (--quick); the per-file durations table (--durations-table).
+pytest_plugins = ["services", "hero_run", "browser_fixtures", "tiers", "durations_table"]
 
 
 class CallLog:

@@ -31,6 +31,7 @@ def test_a_missing_local_target_is_one_line_on_stderr_and_exit_code_2(tmp_path, 
     )
 
 
+@pytest.mark.slow
 def test_an_unreachable_store_is_one_line_naming_the_path_and_the_cause():
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: what an offline machine gets from the store
     result = cli("status", "gs://no-such-bucket/runs", env={"STORAGE_EMULATOR_HOST": closed, "FSSPEC_GS_TOKEN": "anon"})

@@ -169,6 +169,7 @@ for name, count in (("two", 2), ("three", 3)):
 """
 
 
+@pytest.mark.slow
 def test_multi_host_reference_one_host_step_gets_its_fake_devices_on_the_local_backend(tmp_path):
     """The local backend runs steps in its own process, whose JAX takes the first step's devices; a later step
     asking for another count is refused, naming itself and the way out, never run on the wrong devices."""

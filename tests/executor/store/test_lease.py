@@ -107,6 +107,7 @@ def test_a_stale_lease_is_taken_over(tmp_path, calls, fast_leases, caplog):
     assert storage.list_names(f"{output}/.executor_lease") == ["0000000001.json"]
 
 
+@pytest.mark.slow
 def test_a_fresh_lease_is_never_taken_over(tmp_path, calls, fast_leases):
     step = make_step("held")
     probe = Executor(str(tmp_path))

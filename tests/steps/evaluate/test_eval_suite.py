@@ -102,6 +102,7 @@ def test_code_keeps_its_lines_and_prose_is_joined_into_paragraphs() -> None:
     assert list(passages("one two\nthree\n\nfour", 150)) == ["one two three\nfour"]
 
 
+@pytest.mark.slow
 def test_the_suite_step_gives_the_same_digest_with_the_operating_systems_usr_share_hidden(tmp_path: Path) -> None:
     """The step run by the executor as usual, then again under another prefix in a mount namespace where /usr/share
     is an empty tmpfs (no man pages, no Debian docs, no fonts or locales): the same output digest, byte for byte."""

@@ -41,6 +41,7 @@ def stats_of(output: str) -> dict:
     return json.loads(open(f"{output}/stats.json").read())
 
 
+@pytest.mark.slow
 def test_heuristics_count_drops_by_filter_and_pass_code_through(corpus, tmp_path):
     output = str(tmp_path / "heuristics")
     quality_heuristics(QualityHeuristicsConfig(input_paths=[corpus], output_path=output, skip_sources=["code_*"],
@@ -61,6 +62,7 @@ def classifier_config(corpus: str, output_path: str, **overrides) -> TrainClassi
                                  **settings)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_fasttext_trains_and_filters_by_threshold_and_by_quantile(corpus, tmp_path):
     model = str(tmp_path / "model")
     train_quality_classifier(classifier_config(corpus, model))

@@ -58,6 +58,7 @@ def cell_ids(output: str) -> dict[str, list[str]]:
     return cells
 
 
+@pytest.mark.slow
 def test_every_document_lands_in_exactly_one_cell_and_tokens_add_up(inputs, tokenizer, quality_model, tmp_path):
     output = str(tmp_path / "cells")
     config = CellsConfig(input_paths=inputs, tokenizer_path=tokenizer, output_path=output,

@@ -171,6 +171,7 @@ def trained_part(model: eqx.Module) -> eqx.Module:
     return eqx.filter(hq.partition_for_grad_overwrite(model)[1], eqx.is_inexact_array)
 
 
+@pytest.mark.slow
 def test_the_mask_puts_every_trained_parameter_in_exactly_one_group(hero_model) -> None:
     trained = trained_part(hero_model)
     labels = jax.tree.leaves(parameter_groups(trained))
@@ -197,6 +198,7 @@ def test_the_mask_puts_every_trained_parameter_in_exactly_one_group(hero_model) 
     assert sizes == planned_groups(tiny_shape(32, 2, VOCAB))
 
 
+@pytest.mark.training
 def test_the_hero_optimizer_trains_the_tiny_hero_model_and_leaves_the_router_bias_to_its_rule(hero_model) -> None:
     rates = MoeHeuristic().hyperparameters(tokens=30 * 8 * 64, tokens_per_batch=8 * 64, hidden_dim=32)
     optimizer = HeroOptimizerConfig(hyperparameters=rates, warmup=0.1, min_lr_ratio=0.05, lr_schedule="linear")

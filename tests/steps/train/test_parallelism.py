@@ -91,6 +91,7 @@ def test_the_hero_on_one_h100_node_is_refused_naming_the_step(tmp_path: Path) ->
         refuse_unless_fits("train/d6144", hero)
 
 
+@pytest.mark.slow
 def test_the_refusal_reads_as_one_line_on_the_command_line(tmp_path: Path) -> None:
     command = [sys.executable, str(ROOT / "experiments" / "hero_535b.py"), "--scale", "full", "--hardware", "h100",
                "--check_sources", "false", "--dry_run", "true", "--prefix", str(tmp_path)]  # fmt: skip

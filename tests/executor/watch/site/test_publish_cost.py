@@ -229,6 +229,7 @@ def test_a_run_on_gcs_growing_by_segments_costs_its_new_lines(built, gcs_emulato
     assert [line["step"] for line in published_lines(site, built["paths"]["healthy"])] == list(range(90))
 
 
+@pytest.mark.slow
 def test_a_runs_views_stay_bounded_however_long_it_runs(built, tmp_path: Path) -> None:
     """run.json and metrics.json keep each bucket's extremes: a run 10x as long (past the buckets) draws
     no more, so the views a cycle rewrites cost the same on the hero's 390k steps as on 5k."""
