@@ -200,13 +200,18 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         return self._forward(x, mesh, key)
 
     def _tokens_split(self, mesh: Any) -> bool:
-        """Whether each device routes and serves its own tokens: under expert parallelism, and with a capacity on
-        any mesh that splits tokens (`splits_tokens`), where a slot grid built for the whole batch on every device
-        would cost the global batch's copies per device (every expert is local then: no all-to-all). A dropless
-        layer without expert parallelism keeps Levanter's per-shard sort and grouped matmul."""
+        """Whether each device routes and serves its own tokens: under expert parallelism, and in an evaluation with
+        a capacity on any mesh that splits tokens (`splits_tokens`), where a slot grid built for the whole batch on
+        every device would cost the global batch's copies per device (every expert is local then: no all-to-all).
+
+        A train step on such a mesh keeps the whole batch's grid, which the memory plan prices (0.86 of the
+        compiled bytes at data 4, benchmarks/bench_plan_memory.py): serving it per device sums in another order,
+        and a train step's numbers must not move under its hash (the tiny hero's two-device rungs moved its
+        landing from +0.43% to +1.28% of its prediction, past its band's edge). A dropless layer without expert
+        parallelism keeps Levanter's per-shard sort and grouped matmul."""
         if expert_parallel_size(mesh) > 1:
             return True
-        return self.config.capacity_factor is not None and splits_tokens(mesh)
+        return self.inference and self.config.capacity_factor is not None and splits_tokens(mesh)
 
     def _router_replicated(self, mesh: Any) -> MoeBlock:
         """This block with its router weight (stored split on d_model over every device) and its router state
