@@ -40,7 +40,6 @@ import datetime
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,10 +49,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: the executor is this checkout's
+# Run as a script from anywhere or imported by a test: this checkout's executor, the benchmarks' `results` and the
+# tests' `run_processes`.
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests" / "support")]
+
+from results import record  # noqa: E402
+from run_processes import kill_all  # noqa: E402
 
 from executor import storage  # noqa: E402
-from results import record  # noqa: E402
 from executor.store.experiments import experiments_by_age, parse_experiment  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "optimizers.json"
@@ -68,27 +71,9 @@ DOC_WIDTH = 115
 """docs/hero.md's line width, for the notes under the table."""
 
 
-def _processes_of(temp: str) -> list[int]:
-    """The processes whose environment holds TMPDIR=`temp`: one run's driver, its local Ray's daemons and workers."""
-    tag = f"TMPDIR={temp}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if tag in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue  # gone, or not ours to read
-    return found
-
-
 def _end_run(temp: str) -> None:
     """Stop what is left of a run whose driver has exited (a local Ray's daemons outlive its process group)."""
-    for pid in _processes_of(temp):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_all(temp)
 
 
 def run_ladder(prefix: str, optimizer: str, log: Path) -> float:

@@ -14,7 +14,6 @@ else (Ray's workers rename themselves `ray::...`, and its daemons leave the driv
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from paths import REPO
+from run_processes import kill_all
 
 ROOT = REPO
 KILL_IN = "train/d768"
@@ -63,31 +63,10 @@ def _start(prefix: Path, log: Path, temp: str, *args: str) -> subprocess.Popen:
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": temp})  # fmt: skip
 
 
-def _processes_of(temp: str) -> list[int]:
-    """Processes whose environment holds TMPDIR=`temp`: one run's driver, Ray daemons and workers."""
-    tag = f"TMPDIR={temp}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if tag in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue  # gone, or not ours to read
-    return found
-
-
 def _kill_run(temp: str) -> None:
     """SIGKILL every process of the run, as a power cut would, until none is left."""
-    deadline = time.monotonic() + 60
-    while (pids := _processes_of(temp)) and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
-    assert not _processes_of(temp), f"processes of the killed run survived: {_processes_of(temp)}"
+    survivors = kill_all(temp)
+    assert not survivors, f"processes of the killed run survived: {survivors}"
 
 
 def _run_to_end(prefix: Path, log: Path, *args: str) -> str:
