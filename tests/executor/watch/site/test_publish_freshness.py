@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -19,7 +20,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from band_dag import build_band_prefix
@@ -35,6 +38,28 @@ from executor.store.layout import METRICS_FILE
 from executor.watch.site.publish import SitePublisher
 from executor.watch.training.alerts import read_alerts
 from executor.watch.training.run_view import run_view
+
+
+@contextlib.contextmanager
+def running_step(prefix: Path, gate: str, name: str, **settings: Any) -> Iterator[tuple[str, str]]:
+    """A `stalled_run` step RUNNING under `prefix` in a thread, held at `gate` until the block ends: its output path
+    and that path relative to the prefix, once it has written metrics."""
+    STALL_GATES[gate] = threading.Event()
+    step = ExecutorStep(
+        name=name, fn=stalled_run, config=StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate), **settings)
+    )
+    executor = Executor(str(prefix))
+    caller = f"experiments/{name.rsplit('/', 1)[-1]}.py"
+    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": caller})
+    runner.start()
+    try:
+        wait_until(lambda: step in executor.output_paths, "the step to be planned")
+        output_path = executor.output_paths[step]
+        wait_until(lambda: Path(output_path, METRICS_FILE).exists() and read_status(output_path) == "RUNNING", "a run")
+        yield output_path, Path(output_path).relative_to(prefix).as_posix()
+    finally:
+        STALL_GATES[gate].set()
+        runner.join(timeout=120)
 
 
 def test_a_watching_publisher_beats_and_a_one_off_publish_writes_nothing_idle(tmp_path: Path) -> None:
@@ -100,18 +125,8 @@ def test_publish_prints_a_command_that_serves_the_site(tmp_path: Path) -> None:
 
 @pytest.mark.browser
 def test_a_running_step_shows_stale_once_the_publisher_stops(page, tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
-    gate = "freshness"
-    STALL_GATES[gate] = threading.Event()
-    config = StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate), times="now")  # lines just written: no stall
-    step = ExecutorStep(name="train/running", fn=stalled_run, config=config)
-    executor = Executor(str(tmp_path / "prefix"))
-    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/running.py"})
-    runner.start()
-    try:
-        wait_until(lambda: step in executor.output_paths, "the step to be planned")
-        output_path = executor.output_paths[step]
-        wait_until(lambda: Path(output_path, METRICS_FILE).exists() and read_status(output_path) == "RUNNING", "a run")
-        relative = Path(output_path).relative_to(tmp_path / "prefix").as_posix()
+    # Lines just written: no stall.
+    with running_step(tmp_path / "prefix", "freshness", "train/running", times="now") as (_, relative):
         beat = [time.time() - 3600]  # the watcher's last cycle an hour ago, every minute before that
         publisher = SitePublisher(
             str(tmp_path / "prefix"), str(tmp_path / "site"), clock=lambda: beat[0], interval_s=60
@@ -143,9 +158,6 @@ def test_a_running_step_shows_stale_once_the_publisher_stops(page, tmp_path: Pat
             expect(chip).not_to_have_attribute("data-stale", "true")
         page.goto((tmp_path / "site" / "index.html").as_uri())
         expect(page.locator(".error").first).to_contain_text("python -m http.server", timeout=DEADLINE_MS)
-    finally:
-        STALL_GATES[gate].set()
-        runner.join(timeout=120)
 
 
 @pytest.mark.browser
@@ -153,18 +165,10 @@ def test_a_run_that_goes_quiet_is_shown_stalled_on_every_page(page, tmp_path: Pa
     """The publisher is alive, the run is not: its last line is 10 minutes old, past its allowance (2 minutes: it
     stepped every second, training/stall_rule.py). The stall fires, and the list's chip, the header's dot, the
     experiment's table and the step page all say "stalled", the step page counting the silence up."""
-    gate = "quiet-run"
-    STALL_GATES[gate] = threading.Event()
-    config = StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate), quiet_s=600.0, times="now")
-    step = ExecutorStep(name="train/quiet", fn=stalled_run, config=config)
-    executor = Executor(str(tmp_path / "prefix"))
-    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": "experiments/quiet.py"})
-    runner.start()
-    try:
-        wait_until(lambda: step in executor.output_paths, "the step to be planned")
-        output_path = executor.output_paths[step]
-        wait_until(lambda: Path(output_path, METRICS_FILE).exists() and read_status(output_path) == "RUNNING", "a run")
-        relative = Path(output_path).relative_to(tmp_path / "prefix").as_posix()
+    with running_step(tmp_path / "prefix", "quiet-run", "train/quiet", quiet_s=600.0, times="now") as (
+        output_path,
+        relative,
+    ):
         publisher = SitePublisher(str(tmp_path / "prefix"), str(tmp_path / "site"), interval_s=60)
         assert publisher.cycle().new_alerts == 1
         [alert] = read_alerts(output_path)
@@ -190,6 +194,3 @@ def test_a_run_that_goes_quiet_is_shown_stalled_on_every_page(page, tmp_path: Pa
             counted = stalled.locator("[data-counting]").text_content()
             expect(stalled.locator("[data-counting]")).not_to_have_text(counted or "")  # it counts up
             screenshot(page, "publish-stalled-run")
-    finally:
-        STALL_GATES[gate].set()
-        runner.join(timeout=120)
