@@ -236,7 +236,7 @@ def _set_aside(
         else:
             left.append(path)
     for root, members in sorted(databases.items()):
-        verdict = equivalence.compare_databases(root, *(storage.join(path, root) for path in paths))
+        verdict = equivalence.compare_databases(*(storage.join(path, root) for path in paths))
         if verdict.equivalent:
             comparison.files.append(FileDifference(root + "/", None, None, verdict.note, equivalent=True))
         else:

@@ -91,7 +91,7 @@ def _kvstore_spec(folder: str) -> dict[str, str] | None:
     return None
 
 
-def compare_databases(root: str, folder_a: str, folder_b: str) -> Verdict:
+def compare_databases(folder_a: str, folder_b: str) -> Verdict:
     found_a, found_b = database_digest(folder_a), database_digest(folder_b)
     if found_a is None or found_b is None:
         return Verdict(False, "an OCDBT database on storage tensorstore cannot open: compared byte for byte")
