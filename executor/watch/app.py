@@ -25,6 +25,10 @@ drawn by the package's JavaScript from the API, which they poll while steps run:
 
 Experiment files are looked up by name in the index, never opened by a path from the request;
 step and file paths go through `safety.resolve_under`, so nothing outside the prefix is readable.
+
+A RUNNING run that has gone quiet is *stalled* on every answer that shows it (the step's live answer, its row,
+its experiment's count and the list's), by the rule the publisher's alerts apply (training/live_stalls.py), so
+the dashboard says so with no publisher running; the publisher turns this off and puts its own in.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import json
 import logging
 import math
 import mimetypes
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +46,7 @@ from executor.store import storage
 from executor.store.events import read_many_events
 from executor.store.experiments import Experiment
 from executor.store.layout import INFO_FILE, LOG_FILE, METRICS_FILE
+from executor.store.step_rows import StepState
 from executor.watch import files
 from executor.watch.experiment_index import ExperimentIndex
 from executor.watch.experiment_view import SORT_KEYS, StepQuery, experiment_summary, graph, shard_totals, steps_page
@@ -53,6 +58,7 @@ from executor.watch.step_view import StepNotFoundError, live_state, step_detail
 from executor.watch.training.alerts import read_alerts
 from executor.watch.training.composition_view import composition_view
 from executor.watch.training.ladder_view import ladder_view
+from executor.watch.training.live_stalls import LiveStalls
 from executor.watch.training.panels import PanelError, available
 from executor.watch.training.run_view import run_view
 
@@ -130,8 +136,12 @@ def _int_param(query: Mapping[str, str], name: str, default: int) -> int:
 
 
 class DashboardApp:
-    def __init__(self, prefix: str, *, live_ttl_s: float = 1.0, finished_ttl_s: float = 300.0):
+    def __init__(
+        self, prefix: str, *, live_ttl_s: float = 1.0, finished_ttl_s: float = 300.0, stalls: LiveStalls | None = None
+    ):
         self.prefix = storage.make_absolute(prefix)
+        self.stalls = stalls
+        """Which RUNNING runs are stalled (module docstring); None: none is said to be (the publisher's own)."""
         self.cache = StatusCache(live_ttl_s=live_ttl_s, finished_ttl_s=finished_ttl_s)
         self.experiments = ExperimentIndex(self.prefix, list_ttl_s=min(2.0, max(live_ttl_s, 0.1)))
         self.assets = load_static()
@@ -193,10 +203,22 @@ class DashboardApp:
             raise HTTPError(404, f"no experiment file {file!r} under {self.prefix}/experiments")
         return experiment
 
+    def stall_of(self, output_path: str, status: str | None, started: str | None) -> dict[str, Any] | None:
+        """The step's stall now, if it is RUNNING (since `started`) and stalled (training/live_stalls.py)."""
+        if self.stalls is None or status != "RUNNING":
+            return None
+        return self.stalls.stalled(output_path, started)
+
+    def _summary(self, experiment: Experiment, states: Sequence[StepState]) -> dict[str, Any]:
+        """The experiment's summary, with how many of its runs are stalled."""
+        pairs = zip(experiment.output_paths, states, strict=True)
+        stalled = sum(self.stall_of(path, state.status, state.started) is not None for path, state in pairs)
+        return {**experiment_summary(experiment, states), "stalled": stalled}
+
     def api_experiments(self, _query: Mapping[str, str]) -> Response:
         summaries = []
         for experiment in self.experiments.all():
-            summaries.append(experiment_summary(experiment, self.cache.states(experiment.output_paths)))
+            summaries.append(self._summary(experiment, self.cache.states(experiment.output_paths)))
         return json_response({"prefix": self.prefix, "experiments": summaries})
 
     def api_experiment(self, query: Mapping[str, str]) -> Response:
@@ -207,7 +229,7 @@ class DashboardApp:
         ][:MAX_RUNNING_FOR_TOTALS]
         extras = self.cache.extras([step.output_path for step, _ in running], [state for _, state in running])
         return json_response(
-            {"prefix": self.prefix, **experiment_summary(experiment, states), "running_shards": shard_totals(extras)}
+            {"prefix": self.prefix, **self._summary(experiment, states), "running_shards": shard_totals(extras)}
         )
 
     def api_experiment_incidents(self, query: Mapping[str, str]) -> Response:
@@ -249,7 +271,11 @@ class DashboardApp:
             offset=_int_param(query, "offset", 0),
             limit=_int_param(query, "limit", 50),
         )
-        return json_response(steps_page(experiment, self.cache, step_query))
+        page = steps_page(experiment, self.cache, step_query)
+        for row in page["rows"]:
+            output_path = experiment.by_relative[row["path"]].output_path
+            row["stalled"] = None if row["holder_lost"] else self.stall_of(output_path, row["status"], row["started"])
+        return json_response(page)
 
     # --- one step ----------------------------------------------------------------------------
 
@@ -265,9 +291,18 @@ class DashboardApp:
         experiment = self.experiments.get(query["experiment"]) if query.get("experiment") else None
         return relative, experiment or self.experiments.containing(relative)
 
+    def _with_stall(self, output_path: str, live: dict[str, Any]) -> dict[str, Any]:
+        """A step's live answer with its stall (None unless RUNNING with a live holder, and stalled)."""
+        lost = live.get("holder_lost")
+        live["stalled"] = None if lost else self.stall_of(output_path, live["status"], live.get("started"))
+        return live
+
     def api_step(self, query: Mapping[str, str]) -> Response:
         relative, experiment = self._step_experiment(query)
-        return json_response(step_detail(self.prefix, relative, self._step_path(query), experiment))
+        output_path = self._step_path(query)
+        detail = step_detail(self.prefix, relative, output_path, experiment)
+        self._with_stall(output_path, detail["live"])
+        return json_response(detail)
 
     def api_step_live(self, query: Mapping[str, str]) -> Response:
         """404, as `/api/step` answers, for a path that holds no step (no status and no `.executor_info`)."""
@@ -281,7 +316,7 @@ class DashboardApp:
             raise StepNotFoundError(
                 f"{_param(query, 'path')!r} is not a step output under {self.prefix} (no {INFO_FILE})"
             )
-        return json_response(live)
+        return json_response(self._with_stall(output_path, live))
 
     def api_step_files(self, query: Mapping[str, str]) -> Response:
         folder = query.get("dir", "")

@@ -18,6 +18,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from executor.watch.app import DashboardApp, Response, json_response
+from executor.watch.training.live_stalls import LiveStalls
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def make_server(
             host,
             prefix,
         )
-    app = DashboardApp(prefix, live_ttl_s=live_ttl_s, finished_ttl_s=finished_ttl_s)
+    app = DashboardApp(prefix, live_ttl_s=live_ttl_s, finished_ttl_s=finished_ttl_s, stalls=LiveStalls())
     handler = type("BoundDashboardHandler", (DashboardHandler,), {"app": app, "loopback_only": is_loopback(host)})
     server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
     server = server_class((host.strip("[]"), port), handler)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from browser_fixtures import DEADLINE_MS, expect, screenshot, served
+from publish_dag import running_step
 from test_dashboard_api import write_synthetic_prefix
 from test_dashboard_dag import GATES, build_prefix, gated_step
 
@@ -146,3 +147,33 @@ def test_big_experiment_draws_groups(page, tmp_path: Path) -> None:  # type: ign
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_run_gone_quiet_is_stalled_on_every_page_with_no_publisher(page, tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
+    """The live dashboard, no publisher running: a RUNNING step's last line is 10 minutes old, past its 2 minutes
+    (training/live_stalls.py). The list's chip, the header's dot, the experiment's table and the step page say
+    "stalled", the step page counting the silence up."""
+    with running_step(tmp_path / "prefix", "dashboard-quiet-browser", "train/quiet", quiet_s=600.0, times="now") as (
+        _,
+        relative,
+    ):
+        with served(tmp_path / "prefix") as base_url:
+            page.goto(base_url + "/")
+            expect(page.locator("[data-testid=experiments] [data-count=stalled]")).to_have_text(
+                "stalled 1", timeout=DEADLINE_MS
+            )
+            expect(page.locator("#live")).to_have_attribute("data-state", "stalled")
+            page.locator("[data-testid=experiments] tbody tr").first.click()
+            row = page.locator('[data-testid=steps] tr[data-step="train/quiet"]')
+            expect(row.locator("[data-stalled=true]")).to_have_text("RUNNING · stalled", timeout=DEADLINE_MS)
+            page.goto(f"{base_url}/step/{relative}")
+            expect(page.locator("[data-testid=step-status] [data-stalled=true]")).to_have_text(
+                "RUNNING · stalled", timeout=DEADLINE_MS
+            )
+            stalled = page.locator("[data-testid=stalled]")
+            expect(stalled).to_contain_text("no metrics line for 10 min")
+            expect(stalled).to_contain_text("since step 19 (a stall after 2 min 0 s without one")
+            expect(page.locator("#live")).to_have_attribute("data-state", "stalled")
+            counted = stalled.locator("[data-counting]").text_content()
+            expect(stalled.locator("[data-counting]")).not_to_have_text(counted or "")  # it counts up
+            screenshot(page, "dashboard-stalled-run")

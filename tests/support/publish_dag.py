@@ -10,15 +10,21 @@ path outside the prefix, so the tests can check that the published site shows th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from conftest import wait_until
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of, versioned
+from executor.store.events import read_status
 from executor.store.layout import METRICS_FILE
 
 logger = logging.getLogger(__name__)
@@ -103,6 +109,28 @@ def stalled_run(config: StalledRunConfig) -> None:
     lines = "".join(json.dumps(metrics_line(step, time_s=stamp[step])) + "\n" for step in range(config.steps))
     Path(config.output_path, METRICS_FILE).write_text(lines)
     STALL_GATES[config.gate].wait(timeout=300)
+
+
+@contextlib.contextmanager
+def running_step(prefix: Path, gate: str, name: str, **settings: Any) -> Iterator[tuple[str, str]]:
+    """A `stalled_run` step RUNNING under `prefix` in a thread, held at `gate` until the block ends: its output path
+    and that path relative to the prefix, once it has written metrics."""
+    STALL_GATES[gate] = threading.Event()
+    step = ExecutorStep(
+        name=name, fn=stalled_run, config=StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate), **settings)
+    )
+    executor = Executor(str(prefix))
+    caller = f"experiments/{name.rsplit('/', 1)[-1]}.py"
+    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": caller})
+    runner.start()
+    try:
+        wait_until(lambda: step in executor.output_paths, "the step to be planned")
+        output_path = executor.output_paths[step]
+        wait_until(lambda: Path(output_path, METRICS_FILE).exists() and read_status(output_path) == "RUNNING", "a run")
+        yield output_path, Path(output_path).relative_to(prefix).as_posix()
+    finally:
+        STALL_GATES[gate].set()
+        runner.join(timeout=120)
 
 
 def publish_steps() -> dict[str, ExecutorStep]:

@@ -15,7 +15,6 @@ page says the same.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,8 +25,8 @@ from executor.store.experiments import ExperimentStep
 from executor.store.layout import MIXTURE_FILE
 from executor.store.lease import LeaseSettings, takeover_reason
 from executor.watch.training import alerts
-from executor.watch.training.panels import PanelError, predicted_curve, read_json, step_config
-from executor.watch.training.stall_rule import newest_line, stall_threshold
+from executor.watch.training.panels import predicted_curve, read_json
+from executor.watch.training.stall_rule import newest_line, stall_threshold, stalled_since
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +54,7 @@ class RunAlerts:
 
     def evaluate(self, step: ExperimentStep, running: bool, records: list[dict[str, Any]]) -> int:
         """Every rule on the run's metrics lines so far (`records`); returns how many alerts are new."""
-        where = f"step {step.name} ({step.relative})"
-        try:
-            config = step_config(step.output_path)
-        except PanelError as error:
-            logger.warning("%s: no config for its alerts: %s", where, error)
-            config = {}
-        rules = alerts.AlertRules.from_config(config.get("alerts"), where)
+        rules = alerts.step_rules(step.output_path, f"step {step.name} ({step.relative})")
         curve, _, _ = predicted_curve(self.prefix, step.output_path)
         newest = newest_line(records)
         after_s = stall_threshold(records, rules.stall_after_s, rules.stall_min_s, rules.stall_step_multiple)
@@ -75,14 +68,13 @@ class RunAlerts:
         self._mark_stalled(step.relative, newest, after_s, live_lease)
         return self._record(step, rules, fired)
 
-    def _mark_stalled(self, relative: str, newest: dict[str, Any] | None, after_s: float, live: bool) -> bool:
-        """Whether the run is stalled now (no line for its allowance, its lease live); kept in `stalled`."""
-        if not live or newest is None or self.clock() - newest["time"] <= after_s:
+    def _mark_stalled(self, relative: str, newest: dict[str, Any] | None, after_s: float, live: bool) -> None:
+        """Keep in `stalled` whether the run is stalled now (stall_rule.stalled_since, its lease live)."""
+        stall = stalled_since(newest, after_s, self.clock()) if live else None
+        if stall is None:
             self.stalled.pop(relative, None)
-            return False
-        since = dt.datetime.fromtimestamp(newest["time"], dt.UTC).isoformat(timespec="seconds")
-        self.stalled[relative] = {"since": since, "step": newest["step"], "after_s": round(after_s)}
-        return True
+        else:
+            self.stalled[relative] = stall
 
     def check_stall(self, step: ExperimentStep) -> int:
         """The stall rule alone on a RUNNING run whose files did not change; returns how many alerts are new."""

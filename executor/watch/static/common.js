@@ -38,8 +38,9 @@ async function api(path, params) {
 }
 
 // A step's status; a RUNNING one is "stale" when the site's publisher stopped (nobody knows it still runs) and
-// "stalled" when its run has written no metrics line for its allowance (`stalled`: the publisher's
-// {since, step, after_s}, executor/watch/site/alerts.py). Every page draws a status through here, so they agree.
+// "stalled" when its run has written no metrics line for its allowance (`stalled`: {since, step, after_s}, from the
+// publisher's alerts on the site, executor/watch/site/alerts.py, and from the dashboard itself live,
+// executor/watch/training/live_stalls.py). Every page draws a status through here, so they agree.
 function badge(status, stalled) {
   const shown = status || "NEVER_RAN";
   if (shown === "RUNNING" && siteStale()) {

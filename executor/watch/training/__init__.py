@@ -8,6 +8,7 @@
     alerts.py            the alert rules a watched run is held to (loss spikes, the band, mixture drift)
     nonfinite_rule.py    the nonfinite_* rules: a NaN or infinite value of any metric, by what it measures
     stall_rule.py        when a running run has gone quiet too long, from its own pace
+    live_stalls.py       which running runs are stalled now, for the live dashboard with no publisher
     metric_names.py      the metric names these read (train/loss, the eval macro loss)
 
 The executor runs any DAG; these read what `steps/train`, `steps/evaluate` and `steps/scaling` write, by the

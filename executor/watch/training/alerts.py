@@ -49,8 +49,9 @@ from executor.store.layout import ALERTS_FILE
 from executor.store.metrics_log import metric_number, rows_by_step
 from executor.watch.training.metric_names import predicted_metric
 from executor.watch.training.nonfinite_rule import nonfinite_episodes
+from executor.watch.training.panels import PanelError, step_config
 from executor.watch.training.served_mixture import drifted, served_by_phase
-from executor.watch.training.stall_rule import newest_line, stall_threshold
+from executor.watch.training.stall_rule import newest_line, stall_threshold, stalled_since
 
 logger = logging.getLogger(__name__)
 
@@ -309,12 +310,23 @@ def stalled(
     line = newest_line(records)
     if after_s is None:
         after_s = stall_threshold(records, rules.stall_after_s, rules.stall_min_s, rules.stall_step_multiple)
-    if line is None or now - line["time"] <= after_s:
+    if line is None or stalled_since(line, after_s, now) is None:
         return []
     quiet = now - line["time"]
     message = (f"no metrics line since step {line['step']} for {quiet:.0f} s when noticed (allowed: {after_s:.0f} s) "
                "while the step's lease is live")  # fmt: skip
     return [Alert("stalled", line["step"], quiet, after_s, now, message)]
+
+
+def step_rules(output_path: str, where: str) -> AlertRules:
+    """The rules of the step at `output_path`, from the `alerts` of the config it recorded (the defaults when it
+    recorded none); `where` names the step in a warning or an AlertConfigError."""
+    try:
+        config = step_config(output_path)
+    except PanelError as error:
+        logger.warning("%s: no config for its alerts: %s", where, error)
+        config = {}
+    return AlertRules.from_config(config.get("alerts"), where)
 
 
 def read_alerts(output_path: str) -> list[dict[str, Any]]:

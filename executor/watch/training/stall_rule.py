@@ -12,10 +12,15 @@ where a gap is the time between consecutive lines that carry `train/loss` with a
 back, is not a gap), and gaps over `MAX_STALL_S` (a run restarted after hours) are left out; the result is at
 most `MAX_STALL_S`, what the fixed default was. A tiny run stepping every second is called stalled after 2
 minutes; the hero at 10 s a step after 200 s, or 1.5x its longest checkpoint save.
+
+A run is stalled (`stalled_since`) while its step is RUNNING with a live lease and its newest line is older than
+its allowance: the publisher's alerts (site/alerts.py) and the live dashboard without a publisher
+(live_stalls.py) both ask this, so every page says the same.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -57,3 +62,13 @@ def stall_threshold(records: Iterable[Mapping[str, Any]], fixed: float | None, f
     if not gaps:
         return floor
     return min(MAX_STALL_S, max(floor, multiple * statistics.median(gaps), 1.5 * max(gaps)))
+
+
+def stalled_since(newest: Mapping[str, Any] | None, after_s: float, now: float) -> dict[str, Any] | None:
+    """A running run's stall at `now`, as every page shows it: {"since": its newest line's time (ISO), "step": that
+    line's step, "after_s": its allowance} once that line is older than the allowance, else None. Whether its lease
+    is live is the caller's to know."""
+    if newest is None or now - newest["time"] <= after_s:
+        return None
+    since = dt.datetime.fromtimestamp(newest["time"], dt.UTC).isoformat(timespec="seconds")
+    return {"since": since, "step": newest["step"], "after_s": round(after_s)}

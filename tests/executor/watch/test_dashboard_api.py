@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import http.client
 import json
 import logging
@@ -13,13 +14,16 @@ from typing import Any
 
 import pytest
 from paths import REPO
+from publish_dag import running_step
 from test_dashboard_dag import build_prefix, dag_steps
 
 from executor import Executor
 from executor.cli.commands import build_parser
+from executor.store.layout import METRICS_FILE
 from executor.watch.app import DashboardApp
 from executor.watch.safety import UnsafePathError, resolve_under
 from executor.watch.server import DEFAULT_HOST, make_server, serve_in_thread
+from executor.watch.training.live_stalls import LiveStalls
 
 
 @pytest.fixture(scope="module")
@@ -335,3 +339,39 @@ def test_config_rows_tag_a_dotted_dict_key_as_versioned(tmp_path: Path) -> None:
 
 def _write_nothing(config: Any) -> None:
     pass
+
+
+def test_a_running_step_gone_quiet_is_stalled_on_every_answer_with_no_publisher(tmp_path: Path, fast_leases) -> None:  # type: ignore[no-untyped-def]
+    """No publisher runs. A RUNNING step with a live lease whose last metrics line is 10 minutes old, past its
+    allowance (2 minutes: it stepped every second, training/stall_rule.py), is stalled on the list, its experiment,
+    its row and its step page, since that line; a step that has just written a line is not."""
+    prefix = tmp_path / "prefix"
+    with (
+        running_step(prefix, "dashboard-quiet", "train/quiet", quiet_s=600.0, times="now") as (quiet_path, quiet),
+        running_step(prefix, "dashboard-busy", "train/busy", times="now") as (_, busy),
+    ):
+        server = make_server(str(prefix), port=0, live_ttl_s=0.1)
+        serve_in_thread(server)
+        try:
+            port = server.server_address[1]
+            last = json.loads(Path(quiet_path, METRICS_FILE).read_text().splitlines()[-1])
+            since = dt.datetime.fromtimestamp(last["time"], dt.UTC).isoformat(timespec="seconds")
+            stall = {"since": since, "step": 19, "after_s": 120}
+            listed = {entry["script"]: entry for entry in get_json(port, "/api/experiments")["experiments"]}
+            assert (listed["quiet.py"]["counts"], listed["quiet.py"]["stalled"]) == ({"RUNNING": 1}, 1)
+            assert (listed["busy.py"]["counts"], listed["busy.py"]["stalled"]) == ({"RUNNING": 1}, 0)
+            quiet_file, busy_file = listed["quiet.py"]["file"], listed["busy.py"]["file"]
+            assert get_json(port, f"/api/experiment?file={quiet_file}")["stalled"] == 1
+            assert get_json(port, f"/api/experiment?file={busy_file}")["stalled"] == 0
+            [row] = get_json(port, f"/api/experiment/steps?file={quiet_file}")["rows"]
+            assert (row["status"], row["stalled"]) == ("RUNNING", stall)
+            assert get_json(port, f"/api/experiment/steps?file={busy_file}")["rows"][0]["stalled"] is None
+            assert get_json(port, f"/api/step/live?path={quiet}")["stalled"] == stall
+            assert get_json(port, f"/api/step?path={quiet}")["live"]["stalled"] == stall
+            assert get_json(port, f"/api/step/live?path={busy}")["stalled"] is None
+        finally:
+            server.shutdown()
+            server.server_close()
+    finished = DashboardApp(str(prefix), stalls=LiveStalls())  # the gates opened: both steps ended SUCCESS
+    for relative in (quiet, busy):
+        assert json.loads(finished.handle("/api/step/live", {"path": relative}).body)["stalled"] is None

@@ -10,56 +10,26 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from band_dag import build_band_prefix
 from browser_fixtures import DEADLINE_MS, expect, screenshot
-from conftest import wait_until
-from publish_dag import STALL_GATES, StalledRunConfig, build_publish_prefix, stalled_run
+from publish_dag import build_publish_prefix, running_step
 from services import free_port, wait_for_port
 from test_publish_browser import static_server
 
-from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
-from executor.store.events import read_status
-from executor.store.layout import METRICS_FILE
 from executor.watch.site.publish import SitePublisher
 from executor.watch.training.alerts import read_alerts
 from executor.watch.training.run_view import run_view
-
-
-@contextlib.contextmanager
-def running_step(prefix: Path, gate: str, name: str, **settings: Any) -> Iterator[tuple[str, str]]:
-    """A `stalled_run` step RUNNING under `prefix` in a thread, held at `gate` until the block ends: its output path
-    and that path relative to the prefix, once it has written metrics."""
-    STALL_GATES[gate] = threading.Event()
-    step = ExecutorStep(
-        name=name, fn=stalled_run, config=StalledRunConfig(THIS_OUTPUT_PATH, versioned(gate), **settings)
-    )
-    executor = Executor(str(prefix))
-    caller = f"experiments/{name.rsplit('/', 1)[-1]}.py"
-    runner = threading.Thread(target=executor.run, args=([step],), kwargs={"caller": caller})
-    runner.start()
-    try:
-        wait_until(lambda: step in executor.output_paths, "the step to be planned")
-        output_path = executor.output_paths[step]
-        wait_until(lambda: Path(output_path, METRICS_FILE).exists() and read_status(output_path) == "RUNNING", "a run")
-        yield output_path, Path(output_path).relative_to(prefix).as_posix()
-    finally:
-        STALL_GATES[gate].set()
-        runner.join(timeout=120)
 
 
 def test_a_watching_publisher_beats_and_a_one_off_publish_writes_nothing_idle(tmp_path: Path) -> None:
