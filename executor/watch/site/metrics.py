@@ -123,6 +123,14 @@ class MetricsPublisher:
         self._anew |= found
         return found
 
+    def track(self, output_path: str, folder: str) -> None:
+        """Know what the site holds of the step's lines (its index), so `recheck` looks at them, publishing nothing."""
+        self._sources[folder] = storage.join(output_path, METRICS_FILE)
+        if folder not in self._indexes:
+            index = MetricsIndex.from_json(self.site.read_json(f"{folder}/metrics/{INDEX}"))
+            if index is not None:
+                self._indexes[folder] = index
+
     def publish(self, output_path: str, folder: str) -> None:
         """Publish the step's new complete lines under `<folder>/metrics/` (nothing while it has no metrics)."""
         index = self._indexes.get(folder) or MetricsIndex.from_json(self.site.read_json(f"{folder}/metrics/{INDEX}"))

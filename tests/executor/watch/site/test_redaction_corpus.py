@@ -15,6 +15,7 @@ from publish_dag import metrics_line
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of
 from executor.store.events import StatusEvent, StepStatus, append_event
 from executor.store.layout import ALERTS_FILE, METRICS_FILE, STATS_FILE
+from executor.watch.site.checked_names import NAMES_FILE
 from executor.watch.site.publish import SitePublisher
 
 EMAIL = "jane.planted@example.com"
@@ -84,17 +85,23 @@ def searched(site: Path, planted: dict[str, str]) -> list[tuple[str, str]]:
             for path, data in published.items() if value.encode() in data]  # fmt: skip
 
 
-def test_no_planted_secret_survives_in_any_published_byte(tmp_path: Path) -> None:
+def build_chatty_prefix(prefix: Path) -> tuple[str, str]:
+    """The notes step and the chatty run, every secret planted; their output paths (run, notes)."""
     notes = ExecutorStep(name="data/notes", fn=notes_step, config=NotesConfig(output_path=THIS_OUTPUT_PATH))
     config = ChattyRunConfig(output_path=THIS_OUTPUT_PATH, notes_path=output_path_of(notes))
     run = ExecutorStep(name="train/chatty", fn=chatty_run, config=config)
-    executor = Executor(str(tmp_path / "prefix"))
+    executor = Executor(str(prefix))
     executor.run([notes, run], caller="experiments/chatty.py", description=f"by {EMAIL}: {FREE_TEXT}")
     run_path, notes_path = executor.output_paths[run], executor.output_paths[notes]
     details = {"launcher": EMAIL, "command": FREE_TEXT, "cwd": f"/home/{HOME_USER}/repo"}
     append_event(notes_path, StatusEvent(StepStatus.SUCCESS, message=FREE_TEXT, details=details))
     alert = {"rule": "loss_spike", "step": 5, "value": 9.0, "threshold": 4.0, "time": 1.0, "message": FREE_TEXT}
     Path(run_path, ALERTS_FILE).write_text(json.dumps(alert) + "\n")
+    return run_path, notes_path
+
+
+def test_no_planted_secret_survives_in_any_published_byte(tmp_path: Path) -> None:
+    run_path, notes_path = build_chatty_prefix(tmp_path / "prefix")
     site = tmp_path / "site"
     publisher = SitePublisher(str(tmp_path / "prefix"), str(site))
     publisher.cycle()
@@ -116,3 +123,30 @@ def test_no_planted_secret_survives_in_any_published_byte(tmp_path: Path) -> Non
     assert comment.startswith("on <redacted>: launched by <email> from …/repo (also …/x); ")
     assert "aws_secret_access_key=<redacted> token: <redacted>" in comment
     assert "hooks.slack.com/<redacted>" in comment and "<redacted> private key" in comment
+
+
+def test_a_publisher_started_later_rechecks_what_an_earlier_one_wrote(tmp_path: Path) -> None:
+    """Publisher A writes the run's metrics lines with a host name it has not learned, and stops. Publisher B,
+    started on the same site, learns the name from a status event: the lines A wrote go out again without it, so
+    no published byte holds it. The site keeps the names its files are clean of as salted hashes
+    (publisher-names.json), so a third publisher that learns nothing new publishes nothing anew."""
+    run_path, notes_path = build_chatty_prefix(tmp_path / "prefix")
+    site = tmp_path / "site"
+    SitePublisher(str(tmp_path / "prefix"), str(site)).cycle()
+    relative = Path(run_path).relative_to(tmp_path / "prefix").as_posix()
+    leaked = {path for _, path in searched(site, {"learned host": LEARNED_HOST})}
+    assert f"data/step/{relative}/metrics/c1-00000000.jsonl" in leaked  # not learned yet: A's lines hold it
+
+    append_event(notes_path, StatusEvent(StepStatus.SUCCESS, worker=f"{LEARNED_HOST}:4242", message="rerun"))
+    SitePublisher(str(tmp_path / "prefix"), str(site)).cycle()
+    assert not searched(site, {**PLANTED, "learned host": LEARNED_HOST, "metrics host": METRICS_HOST})
+    index_file = site / "data/step" / relative / "metrics/index.json"
+    index = json.loads(index_file.read_text())
+    # A published them twice (its first look, then without the host a later line taught); B twice more: without
+    # the host the event taught, then without the one that later line teaches, which B too learns only there.
+    assert index["epoch"] == 3 and index["lines"] == 80
+    names = json.loads((site / NAMES_FILE).read_text())
+    assert len(names["salt"]) == 32 and len(names["names"]) >= 3  # this host's and user's names, the two learned
+
+    SitePublisher(str(tmp_path / "prefix"), str(site)).cycle()
+    assert json.loads(index_file.read_text()) == index
