@@ -25,6 +25,11 @@ from test_train import SOURCES, build_data, train_config
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep
 from executor.errors import StepFailedError
 from executor.store.events import read_events
+from executor.store.layout import METRICS_FILE
+from executor.store.metrics_log import metric_number, rows_by_step
+from executor.watch.files import metrics_records
+from executor.watch.site.publish import SitePublisher
+from executor.watch.training.alerts import read_alerts
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
 from steps.train.train import TrainConfig, data_mixture, record_mixture, train
@@ -353,11 +358,24 @@ def fork(trained: Path, prefix: Path, config: TrainConfig) -> tuple[Executor, Ex
     return executor, step, output
 
 
-def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_try(data, trained, tmp_path):
-    # A fork of the trained run, continued at a learning rate that diverges.
-    executor, step, output = fork(trained, tmp_path / "prefix", tiny_run(data, num_train_steps=6, learning_rate=1e30))
+@pytest.fixture(scope="module")
+def diverged(data: dict[str, str], trained: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A fork of the trained run, continued where it cannot stay finite, evaluated and watched every step; its
+    prefix and output. A z-loss weight of 1e30 makes the gradient's entries ~1e27, whose squares overflow float32:
+    the gradient norm the watch logs is +inf while the loss (~4e31) is still finite. The clip to norm 1 then scales
+    that gradient to zero, but weight decay at a learning rate of 1e30 throws the weights out of range, so the eval
+    after that step is NaN, and so is the next step's loss: Levanter stops the run (`crash_on_nan`)."""
+    config = tiny_run(data, num_train_steps=6, learning_rate=1e30, z_loss_weight=1e30, watch_interval=1,
+                      steps_per_eval=1)  # fmt: skip
+    prefix = tmp_path_factory.mktemp("diverged") / "prefix"
+    executor, step, output = fork(trained, prefix, config)
     with pytest.raises(StepFailedError):
         executor.run([step])
+    return prefix, output
+
+
+def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_try(diverged):
+    _, output = diverged
     last = read_events(str(output))[-1]
     message = last.message or ""
     finite = [r["step"] for r in read_metrics(str(output)) if math.isfinite(r.get("train/loss", math.nan))]
@@ -366,6 +384,36 @@ def test_a_diverged_run_names_the_last_finite_step_and_checkpoint_and_what_to_tr
     assert f"the last finite train/loss in {output}/metrics.jsonl is at step {max(finite)}" in message
     assert f"the last complete checkpoint is {output}/checkpoints/step-" in message
     assert "Try a lower learning_rate (now 1e+30)" in message
+
+
+def refuse_bare_constants(token: str) -> None:
+    raise AssertionError(f"a bare {token} in metrics.jsonl: not JSON, a browser's parser refuses the line")
+
+
+def test_a_diverged_runs_nonfinite_figures_are_recorded_as_the_trainer_wrote_them_and_alerted(diverged, tmp_path):
+    """The trainer's own writer, not a hand-written line: the infinite gradient norm and the NaN eval loss of the
+    step before the run stopped are in metrics.jsonl as "Infinity" and "NaN" (strict JSON, never null), the watch
+    reads them back as what they were, and the publisher fires nonfinite_grad and nonfinite_eval on the FAILED step."""
+    prefix, output = diverged
+    assert str(read_events(str(output))[-1].status) == "FAILED"
+    text = (output / METRICS_FILE).read_text()
+    assert '"grad/norm/total": "Infinity"' in text and '"eval/macro_loss": "NaN"' in text
+    for line in text.splitlines():
+        json.loads(line, parse_constant=refuse_bare_constants)
+    rows = rows_by_step(metrics_records(str(output / METRICS_FILE)) or [])
+    last = max(step for step, row in rows.items() if "train/loss" in row)  # the NaN loss after it is never logged
+    assert math.isfinite(rows[last]["train/loss"]) and rows[last]["train/loss"] > 1e30
+    assert metric_number(rows[last]["grad/norm/total"]) == math.inf
+    assert math.isnan(metric_number(rows[last]["eval/macro_loss"]))  # type: ignore[arg-type]
+    assert all(math.isfinite(metric_number(rows[step]["train/loss"])) for step in range(last))  # type: ignore[arg-type]
+
+    SitePublisher(str(prefix), str(tmp_path / "site")).cycle()
+    fired = {(alert["rule"], alert["step"]) for alert in read_alerts(str(output))}
+    assert {("nonfinite_grad", last), ("nonfinite_eval", last)} <= fired
+    relative = output.relative_to(prefix).as_posix()
+    view = json.loads((tmp_path / "site" / "data" / "step" / relative / "run.json").read_text())
+    named = {entry["key"]: (entry["first"], entry["value"]) for entry in view["nonfinite"]}
+    assert named["grad/norm/total"] == (last, "inf") and named["eval/macro_loss"] == (last, "nan")
 
 
 # A restore that fails on a cut file leaves one of tensorstore's read futures behind; its done-callback targets
