@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +50,8 @@ class _Look:
 class LiveStalls:
     """The stall of each RUNNING step a page asks about (module docstring); safe to share between threads."""
 
-    def __init__(self, refresh_s: float = REFRESH_S, clock: Callable[[], float] = time.time):
+    def __init__(self, refresh_s: float = REFRESH_S):
         self.refresh_s = refresh_s
-        self.clock = clock
         self._looks: dict[str, _Look] = {}
         self._lock = threading.Lock()
 
@@ -61,7 +59,7 @@ class LiveStalls:
         """The stall now of the step at `output_path`, recorded RUNNING since `started` (stall_rule.stalled_since),
         or None: not stalled, or its lease is not live (the holder is gone, which its page says instead)."""
         look = self._look(output_path, started)
-        return stalled_since(look.newest, look.after_s, self.clock()) if look.live_lease else None
+        return stalled_since(look.newest, look.after_s, time.time()) if look.live_lease else None
 
     def _look(self, output_path: str, started: str | None) -> _Look:
         now = time.monotonic()
