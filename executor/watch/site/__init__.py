@@ -7,7 +7,6 @@
     seal_witness.py  the site's own witness of each run's sealed prediction (seal.json), written once
     changes.py    what changed since the last publish, so a refresh writes only that
     redaction.py  what the public may not see: secrets, emails, hosts, other buckets
-    checked_names.py  the names the site's files are clean of (salted hashes), for a publisher started later
 
 May import watch/ and watch/training/ and the rooms below watch/.
 """

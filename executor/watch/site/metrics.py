@@ -106,36 +106,38 @@ class MetricsPublisher:
         self.segment_bytes = segment_bytes
         self.max_chunks = max_chunks
         self._indexes: dict[str, MetricsIndex] = {}
-        self._sources: dict[str, str] = {}
-        """Each published folder's metrics stream."""
         self._anew: set[str] = set()
         """Folders whose published lines hold a name learned since (`recheck`): published anew on their next turn."""
 
     def recheck(self, names: set[str]) -> set[str]:
-        """Names were learned after some lines were published: a step whose published lines hold one of them is
-        published anew (a new epoch, every line redacted again) the next time it is published; returns those."""
+        """Names were learned after some lines were published, by this publisher or an earlier one on the same
+        site: a step whose published lines (the site's own bytes) hold one of them is published anew (a new
+        epoch, every line redacted again) the next time it is published; returns those."""
         needles = [name.encode() for name in names if name]
-        found = set()
-        for folder, index in self._indexes.items():
-            published = read_metrics_bytes(self._sources[folder], limit=index.source_bytes) or b""
-            if any(needle in published for needle in needles):
-                found.add(folder)
+        found = {folder for folder, index in self._indexes.items()
+                 if any(needle in self._published(folder, index) for needle in needles)}  # fmt: skip
         self._anew |= found
         return found
 
-    def track(self, output_path: str, folder: str) -> None:
+    def track(self, folder: str) -> None:
         """Know what the site holds of the step's lines (its index), so `recheck` looks at them, publishing nothing."""
-        self._sources[folder] = storage.join(output_path, METRICS_FILE)
         if folder not in self._indexes:
             index = MetricsIndex.from_json(self.site.read_json(f"{folder}/metrics/{INDEX}"))
             if index is not None:
                 self._indexes[folder] = index
 
+    def _published(self, folder: str, index: MetricsIndex) -> bytes:
+        """Every byte of the step's lines the site holds: its sealed segments and open chunks."""
+        names = [index.segment_name(number) for number in range(index.segments)]
+        names += [index.chunk_name(number) for number in range(index.first_chunk, index.next_chunk)]
+        blobs = storage.read_many(storage.join(self.site.destination, f"{folder}/metrics/{name}") for name in names)
+        return b"".join(blob or b"" for blob in blobs)
+
     def publish(self, output_path: str, folder: str) -> None:
         """Publish the step's new complete lines under `<folder>/metrics/` (nothing while it has no metrics)."""
         index = self._indexes.get(folder) or MetricsIndex.from_json(self.site.read_json(f"{folder}/metrics/{INDEX}"))
         index = index or MetricsIndex()
-        source = self._sources[folder] = storage.join(output_path, METRICS_FILE)
+        source = storage.join(output_path, METRICS_FILE)
         data = self._read(source, index)
         if data is None:
             return

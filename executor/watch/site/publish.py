@@ -17,16 +17,15 @@ The site is the dashboard's own pages and scripts reading JSON files instead of 
     data/step/<R>/seal.json                       the publisher's witness of the run's sealed prediction, written
                                                   once, when first seen (seal_witness.py)
     data/step/<R>/metrics/index.json, s*, c*      the step's metrics lines, whole, appended (site_metrics.py)
-    publisher-names.json                          the names every file is clean of, as salted hashes: a publisher
-                                                  started later re-checks what an earlier one wrote (checked_names.py)
 
 Not published: logs, file previews, the step's outputs themselves; every JSON value written passes through
 redaction.py first (secrets, host and user names, pids, URLs and paths outside the prefix: docs/watching.md,
 "What is published, exactly"). A cycle makes all its files before it writes one and learns the host and user
 names in every one of them first, so a name learned from one file is hidden in all; a name first learned in a
-later cycle makes the publisher look at every step again, and republish the metrics lines that hold it. So does
-a name that a publisher started later on the same site learns and that the site's files were never checked
-against (`publisher-names.json`): the lines an earlier publisher wrote without it go out anew.
+later cycle makes the publisher look at every step again, and republish the metrics lines that hold it. A
+publisher's first cycle searches the metrics lines already on the site (an earlier publisher's, which may not
+have known a name this one knows) for every name it knows, and sends anew those holding one; the publisher keeps
+no record of names anywhere, so a restarted one always checks.
 
 With `--watch` the publisher repeats every SECONDS. A cycle looks again only at the steps whose folders changed
 since the last one, and their DAG neighbours (site_changes.py: one listing a step, no file opened when nothing
@@ -59,7 +58,6 @@ from executor.watch.incidents import code_now
 from executor.watch.metrics_view import metrics_grid
 from executor.watch.site.alerts import RunAlerts
 from executor.watch.site.changes import ChangeTracker
-from executor.watch.site.checked_names import CheckedNames
 from executor.watch.site.files import PublishError, SiteWriter
 from executor.watch.site.metrics import MAX_CHUNKS, SEGMENT_BYTES, MetricsPublisher
 from executor.watch.site.redaction import Redactor
@@ -125,7 +123,8 @@ class SitePublisher:
         """This cycle's JSON files, written once every name in them is learned (`_write_pending`)."""
         self._pending_metrics: list[tuple[str, str]] = []
         """This cycle's steps whose metrics lines go out, (output path, site folder)."""
-        self.checked = CheckedNames(self.site)
+        self._checked: set[str] = set()
+        """The names every published metrics line has been searched for (`_write_pending`): none at first."""
         self._look_at_all = True
         """Whether the next cycle looks at every step (the first, and the one after a name was learned)."""
 
@@ -159,13 +158,13 @@ class SitePublisher:
         (which may teach more), then redact and write the JSON files. A name learned only now may sit in files
         an earlier cycle wrote: every step is looked at again next cycle. A cycle that looks at every step (the
         first, or the one after) first sends anew the metrics lines published without a name it knows, by this
-        publisher or an earlier one (checked_names.py), and then records the site clean of every name it knows."""
+        publisher or an earlier one, and then counts the site clean of every name it knows."""
         known = set(self.redactor.whole_values)
         for _, value in self._pending:
             self.redactor.learn(value)
-        if whole_look and (unchecked := self.checked.unchecked(self.redactor.whole_values)):
-            for output_path, folder in self._pending_metrics:
-                self.metrics.track(output_path, folder)
+        if whole_look and (unchecked := self.redactor.whole_values - self._checked):
+            for _, folder in self._pending_metrics:
+                self.metrics.track(folder)
             self.metrics.recheck(unchecked)  # the runs whose published lines hold one go out anew just below
         learned_from_files = set(self.redactor.whole_values)
         for output_path, folder in self._pending_metrics:
@@ -180,7 +179,7 @@ class SitePublisher:
         self._pending, self._pending_metrics = [], []
         learned = self.redactor.whole_values - known
         if whole_look:
-            self.checked.add(self.redactor.whole_values)
+            self._checked |= self.redactor.whole_values
         elif learned:
             logger.info("learned %d name(s) to hide: looking at every step again", len(learned))
             self.changes = ChangeTracker()

@@ -15,7 +15,6 @@ from publish_dag import metrics_line
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, output_path_of
 from executor.store.events import StatusEvent, StepStatus, append_event
 from executor.store.layout import ALERTS_FILE, METRICS_FILE, STATS_FILE
-from executor.watch.site.checked_names import NAMES_FILE
 from executor.watch.site.publish import SitePublisher
 
 EMAIL = "jane.planted@example.com"
@@ -128,8 +127,8 @@ def test_no_planted_secret_survives_in_any_published_byte(tmp_path: Path) -> Non
 def test_a_publisher_started_later_rechecks_what_an_earlier_one_wrote(tmp_path: Path) -> None:
     """Publisher A writes the run's metrics lines with a host name it has not learned, and stops. Publisher B,
     started on the same site, learns the name from a status event: the lines A wrote go out again without it, so
-    no published byte holds it. The site keeps the names its files are clean of as salted hashes
-    (publisher-names.json), so a third publisher that learns nothing new publishes nothing anew."""
+    no published byte holds it. No record of the names is kept (in the site or elsewhere): a third publisher
+    searches the published lines for the names it knows, finds none, and publishes nothing anew."""
     run_path, notes_path = build_chatty_prefix(tmp_path / "prefix")
     site = tmp_path / "site"
     SitePublisher(str(tmp_path / "prefix"), str(site)).cycle()
@@ -145,8 +144,6 @@ def test_a_publisher_started_later_rechecks_what_an_earlier_one_wrote(tmp_path: 
     # A published them twice (its first look, then without the host a later line taught); B twice more: without
     # the host the event taught, then without the one that later line teaches, which B too learns only there.
     assert index["epoch"] == 3 and index["lines"] == 80
-    names = json.loads((site / NAMES_FILE).read_text())
-    assert len(names["salt"]) == 32 and len(names["names"]) >= 3  # this host's and user's names, the two learned
 
     SitePublisher(str(tmp_path / "prefix"), str(site)).cycle()
     assert json.loads(index_file.read_text()) == index
