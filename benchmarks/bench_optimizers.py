@@ -8,7 +8,8 @@ own hero. It then reads each run's finished files through the experiment file th
 `results.json` (`macro_loss`, the eval suite's macro loss in nats per token), `scaling/ladder`'s
 `prediction.json` (the fit and the hero's predicted loss with its 90% band) and `evaluate/<hero>`'s
 `results.json` (the achieved loss). It writes them to benchmarks/results/optimizers.json and renders the table
-into docs/hero.md between the markers `BEGIN` and `END` below; the last line printed is that JSON.
+into docs/hero.md between the markers `BEGIN` and `END` below, and the `hero` column, the DAG `make demo` runs, as
+the tiny ladder's own table between `LADDER_BEGIN` and `END`; the last line printed is that JSON.
 
     python benchmarks/bench_optimizers.py                     # trains both ladders in a temporary prefix
     python benchmarks/bench_optimizers.py --prefix /tmp/opt   # keeps the prefix; run again, it trains nothing
@@ -27,9 +28,10 @@ optimizers.json:
      "optimizers": {"hero" | "adamw": {
          "recipe": the column's label (the rungs' train config, in words),
          "wall_seconds": the run's wall time (the first run's includes the shared data steps),
-         "rungs": [{"name": "d768", "flops": training FLOPs, "loss": evaluate's macro_loss}, ...],
+         "rungs": [{"name": "d768", "flops": training FLOPs, "loss": evaluate's macro_loss,
+                    "d_model": the train step's model width, "steps": its train steps}, ...],
          "fit": {"E", "A", "alpha", "rms_log_residual"}: L(C) = E + A C^-alpha, E fixed by the ladder,
-         "hero": {"name", "flops", "predicted", "low", "high", "achieved",
+         "hero": {"name", "flops", "d_model", "steps", "predicted", "low", "high", "achieved",
                   "relative_error": (achieved - predicted) / predicted, "inside": low <= achieved <= high}}}}
 """
 
@@ -62,7 +64,11 @@ from executor.store.experiments import experiments_by_age, parse_experiment  # n
 RESULTS = REPO / "benchmarks" / "results" / "optimizers.json"
 DOC = REPO / "docs" / "hero.md"
 BEGIN = "<!-- generated: optimizer-comparison (benchmarks/bench_optimizers.py) -->"
+LADDER_BEGIN = "<!-- generated: tiny-ladder (benchmarks/bench_optimizers.py) -->"
+"""docs/hero.md's tiny ladder under `LADDER_OPTIMIZER`, the recipe `make demo` trains: one block between this
+marker and `END`, as the comparison is."""
 END = "<!-- end generated -->"
+LADDER_OPTIMIZER = "hero"
 OPTIMIZERS = ("hero", "adamw")
 """In run order: the first run also runs the data steps both share. Columns are rendered adamw first."""
 COLUMNS = ("adamw", "hero")
@@ -128,8 +134,15 @@ def read_figures(prefix: str, optimizer: str) -> dict[str, Any]:
         return _read_json(storage.join(output_of[f"evaluate/{name}"], "results.json"))["macro_loss"]
 
     prediction = _read_json(storage.join(output_of["scaling/ladder"], "prediction.json"))
+
+    def run_of(name: str) -> dict[str, Any]:
+        """The train step's size: its model width and its steps."""
+        train = config_of[f"train/{name}"]
+        return {"d_model": train["shape"]["d_model"], "steps": train["num_train_steps"]}
+
     rungs = [
-        {"name": rung["name"], "flops": rung["compute"], "loss": loss_of(rung["name"])} for rung in prediction["rungs"]
+        {"name": rung["name"], "flops": rung["compute"], "loss": loss_of(rung["name"]), **run_of(rung["name"])}
+        for rung in prediction["rungs"]
     ]
     target, band, fit = prediction["target"], prediction["prediction"], prediction["fit"]
     achieved = loss_of(target["name"])
@@ -138,7 +151,8 @@ def read_figures(prefix: str, optimizer: str) -> dict[str, Any]:
         "rungs": rungs,
         "fit": {"E": fit["asymptote"], "A": fit["A"], "alpha": fit["alpha"],
                 "rms_log_residual": fit["rms_log_residual"]},
-        "hero": {"name": target["name"], "flops": target["compute"], "predicted": band["loss"], "low": band["low"],
+        "hero": {"name": target["name"], "flops": target["compute"], **run_of(target["name"]),
+                 "predicted": band["loss"], "low": band["low"],
                  "high": band["high"], "achieved": achieved,
                  "relative_error": (achieved - band["loss"]) / band["loss"],
                  "inside": band["low"] <= achieved <= band["high"]},
@@ -206,13 +220,44 @@ def render_block(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_docs(results: dict[str, Any], text: str) -> str:
-    """`text` (docs/hero.md) with the block between `BEGIN` and `END` rendered from `results`."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{DOC} has no `{BEGIN}` ... `{END}` block to render the comparison into")
+def render_ladder(results: dict[str, Any]) -> str:
+    """The markdown of the tiny ladder block: `LADDER_OPTIMIZER`'s rungs, fit and hero, with where they came from."""
+    found = results["optimizers"][LADDER_OPTIMIZER]
+    hero, fit = found["hero"], found["fit"]
+    lines = ["| run | d_model | steps | FLOPs | suite macro loss (nats per token) |", "|---|---|---|---|---|"]
+    for rung in found["rungs"]:
+        lines.append(_row(rung["name"], [str(rung["d_model"]), str(rung["steps"]), _flops(rung["flops"]),
+                                         f"{rung['loss']:.3f}"]))  # fmt: skip
+    lines.append(_row(f"fit, E = {fit['E']:.3g}", ["", "", "", f"alpha {fit['alpha']:.4f} (rms log residual "
+                                                                f"{fit['rms_log_residual']:.4f})"]))  # fmt: skip
+    size = [str(hero["d_model"]), str(hero["steps"]), _flops(hero["flops"])]
+    lines.append(_row(f"{hero['name']} (hero) predicted", [*size, f"{hero['predicted']:.3f}, band {hero['low']:.3f}"
+                                                                  f" .. {hero['high']:.3f}"]))  # fmt: skip
+    verdict = "inside the band" if hero["inside"] else "OUTSIDE the band"
+    achieved = f"{hero['achieved']:.3f}, {100 * hero['relative_error']:+.2f}%, {verdict}"
+    lines.append(_row(f"{hero['name']} (hero) achieved", ["", "", "", achieved]))
+    note = (
+        f"The `{LADDER_OPTIMIZER}` column of `python benchmarks/bench_optimizers.py`'s run on {results['date']}"
+        f" (commit {results['git_commit'][:8]}), the DAG `make demo` runs; figures in"
+        " `benchmarks/results/optimizers.json`."
+    )
+    return "\n".join([*lines, "", textwrap.fill(note, width=DOC_WIDTH, break_long_words=False)])
+
+
+def _render_between(text: str, begin: str, body: str) -> str:
+    """`text` with what lies between `begin` and the next `END` replaced by `body`."""
+    start = text.find(begin)
+    end = text.find(END, start + len(begin)) if start >= 0 else -1
+    if start < 0 or end < 0:
+        raise ValueError(f"{DOC} has no `{begin}` ... `{END}` block to render into")
     # Blank lines around the block: Markdown would read a table glued to an HTML comment as part of it.
-    return text[: start + len(BEGIN)] + "\n\n" + render_block(results) + "\n\n" + text[end:]
+    return text[: start + len(begin)] + "\n\n" + body + "\n\n" + text[end:]
+
+
+def render_docs(results: dict[str, Any], text: str) -> str:
+    """`text` (docs/hero.md) with the comparison block and the tiny ladder block rendered from `results`."""
+    text = _render_between(text, BEGIN, render_block(results))
+    return _render_between(text, LADDER_BEGIN, render_ladder(results))
 
 
 def git_commit() -> str:
