@@ -216,7 +216,8 @@ class TrainConfig:
     compile is a large share of the run. Plain."""
     per_device_parallelism: int = -1
     """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain: the router
-    bias is updated from the whole batch's statistics, so microbatching changes nothing but rounding."""
+    bias is updated from the whole batch's statistics, so microbatching changes nothing but rounding (which, over
+    many steps, can flip a near-tied routing choice: docs/training.md, "Microbatches and the whole batch")."""
     remat: str = "none"
     """What the backward pass recomputes: "none", "layer" or "period" (steps/model/config.py); the memory plan
     chooses it with the microbatch (steps/train/parallelism.py). Plain: it changes memory and time, not results."""
