@@ -75,14 +75,42 @@ class MemoryProbe:
 def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
     """The compiled program's bytes per device (module docstring), by part and in `total`."""
     import haliax as hax
-    import jax
     import jax.numpy as jnp
     from levanter.models.lm_model import LmExample
-    from levanter.tracker import NoopConfig
-    from levanter.trainer import Trainer, TrainerConfig
     from levanter.utils.tree_utils import inference_mode
 
     from steps.evaluate.evaluate import _per_position_loss
+
+    trainer, model_config, model_init = probe_trainer(probe)
+    with trainer:
+        state = state_laid_out(trainer, model_init)
+        batch = hax.Axis("batch", probe.batch_size)
+        example = hax.vmap(LmExample.causal, batch)(hax.zeros((batch, model_config.max_Pos), dtype=jnp.int32))
+        example = hax.shard(example, trainer.compute_axis_mapping)
+        if probe.training:
+            compiled = trainer._jit_train_step_fn_no_hook.lower(state, (example,), {}).compile()
+        else:
+            model = inference_mode(state.model, True)
+            scored = hax.named_jit(_per_position_loss, axis_resources=trainer.compute_axis_mapping)
+            compiled = scored.lower(model, example).compile()
+    analysis = compiled.memory_analysis()
+    parts = {
+        "arguments": int(analysis.argument_size_in_bytes),
+        "outputs": int(analysis.output_size_in_bytes),
+        "temporaries": int(analysis.temp_size_in_bytes),
+        "aliased": int(analysis.alias_size_in_bytes),
+    }
+    return {**parts, "total": parts["arguments"] + parts["outputs"] + parts["temporaries"] - parts["aliased"]}
+
+
+def probe_trainer(probe: MemoryProbe):
+    """The probe's Levanter `Trainer` (not entered), its model config and its model's init (the hero recipe's
+    routing, on the probe's mesh, batch, microbatch and optimizer)."""
+    import haliax as hax
+    import jax
+    from levanter.tracker import NoopConfig
+    from levanter.trainer import Trainer, TrainerConfig
+
     from steps.model.levanter_config import qwen3_moe_config, trainer_mesh
     from steps.train.parallelism import precision_policy
 
@@ -113,26 +141,11 @@ def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
     def loss(model, example, *, key=None):  # train_lm's
         return model.compute_next_token_loss(example, key=key)
 
-    with Trainer(trainer_config, probe_optimizer(probe.optimizer), loss, add_default_hooks=False) as trainer:
-        vocab = hax.Axis("vocab", probe.shape.vocab_size)
-        state = state_laid_out(trainer, lambda: model_config.build(vocab, key=jax.random.PRNGKey(1)))
-        batch = hax.Axis("batch", probe.batch_size)
-        example = hax.vmap(LmExample.causal, batch)(hax.zeros((batch, model_config.max_Pos), dtype=jnp.int32))
-        example = hax.shard(example, trainer.compute_axis_mapping)
-        if probe.training:
-            compiled = trainer._jit_train_step_fn_no_hook.lower(state, (example,), {}).compile()
-        else:
-            model = inference_mode(state.model, True)
-            scored = hax.named_jit(_per_position_loss, axis_resources=trainer.compute_axis_mapping)
-            compiled = scored.lower(model, example).compile()
-    analysis = compiled.memory_analysis()
-    parts = {
-        "arguments": int(analysis.argument_size_in_bytes),
-        "outputs": int(analysis.output_size_in_bytes),
-        "temporaries": int(analysis.temp_size_in_bytes),
-        "aliased": int(analysis.alias_size_in_bytes),
-    }
-    return {**parts, "total": parts["arguments"] + parts["outputs"] + parts["temporaries"] - parts["aliased"]}
+    def model_init():
+        return model_config.build(hax.Axis("vocab", probe.shape.vocab_size), key=jax.random.PRNGKey(1))
+
+    trainer = Trainer(trainer_config, probe_optimizer(probe.optimizer), loss, add_default_hooks=False)
+    return trainer, model_config, model_init
 
 
 def state_laid_out(trainer, model_init):
