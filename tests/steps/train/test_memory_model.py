@@ -1,5 +1,6 @@
 """The memory plan is the program: every planned figure within [0.8, 1.25] of XLA's compiled memory on the
-hero's features scaled down (benchmarks/bench_plan_memory.py), the remat policy the plan chose is the one the
+hero's features scaled down (benchmarks/bench_plan_memory.py, each probe compiled on zeros laid out as the
+trainer's initial state, which the probes' layout test holds it to), the remat policy the plan chose is the one the
 model builds, a plan that does not fit is refused with its numbers and the smallest change that fits, and the
 full plans for every hardware profile are the ones committed under tests/data/ (re-derive them with
 `.venv/bin/python tests/steps/train/test_memory_model.py --write` after a deliberate change; say why
