@@ -10,7 +10,8 @@ is divided by the compiled program's arguments + outputs + temporaries - aliased
 Levanter's own train step (`Trainer._jit_train_step_fn_no_hook`: microbatched loss and gradient, the optimizer's
 update, the state donated) on the probe's batch and microbatch; for eval the evaluate step's per-position loss on one
 eval batch, the model in inference mode. The model is the real one, laid out as the train step lays it out
-(steps/model/levanter_config.py `trainer_mesh`), compiled without running.
+(steps/model/levanter_config.py `trainer_mesh`), compiled without running; its train state is zeros on the layout
+`Trainer.initial_state` gives it (`state_laid_out`: the program reads only shapes, dtypes and shardings).
 A ratio above 1 is a plan that over-reserves; below 1, one that would run out of memory.
 
     .venv/bin/python benchmarks/bench_plan_memory.py            # every probe, a few minutes
@@ -74,14 +75,42 @@ class MemoryProbe:
 def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
     """The compiled program's bytes per device (module docstring), by part and in `total`."""
     import haliax as hax
-    import jax
     import jax.numpy as jnp
     from levanter.models.lm_model import LmExample
-    from levanter.tracker import NoopConfig
-    from levanter.trainer import Trainer, TrainerConfig
     from levanter.utils.tree_utils import inference_mode
 
     from steps.evaluate.evaluate import _per_position_loss
+
+    trainer, model_config, model_init = probe_trainer(probe)
+    with trainer:
+        state = state_laid_out(trainer, model_init)
+        batch = hax.Axis("batch", probe.batch_size)
+        example = hax.vmap(LmExample.causal, batch)(hax.zeros((batch, model_config.max_Pos), dtype=jnp.int32))
+        example = hax.shard(example, trainer.compute_axis_mapping)
+        if probe.training:
+            compiled = trainer._jit_train_step_fn_no_hook.lower(state, (example,), {}).compile()
+        else:
+            model = inference_mode(state.model, True)
+            scored = hax.named_jit(_per_position_loss, axis_resources=trainer.compute_axis_mapping)
+            compiled = scored.lower(model, example).compile()
+    analysis = compiled.memory_analysis()
+    parts = {
+        "arguments": int(analysis.argument_size_in_bytes),
+        "outputs": int(analysis.output_size_in_bytes),
+        "temporaries": int(analysis.temp_size_in_bytes),
+        "aliased": int(analysis.alias_size_in_bytes),
+    }
+    return {**parts, "total": parts["arguments"] + parts["outputs"] + parts["temporaries"] - parts["aliased"]}
+
+
+def probe_trainer(probe: MemoryProbe):
+    """The probe's Levanter `Trainer` (not entered), its model config and its model's init (the hero recipe's
+    routing, on the probe's mesh, batch, microbatch and optimizer)."""
+    import haliax as hax
+    import jax
+    from levanter.tracker import NoopConfig
+    from levanter.trainer import Trainer, TrainerConfig
+
     from steps.model.levanter_config import qwen3_moe_config, trainer_mesh
     from steps.train.parallelism import precision_policy
 
@@ -112,28 +141,44 @@ def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
     def loss(model, example, *, key=None):  # train_lm's
         return model.compute_next_token_loss(example, key=key)
 
-    with Trainer(trainer_config, probe_optimizer(probe.optimizer), loss, add_default_hooks=False) as trainer:
-        vocab = hax.Axis("vocab", probe.shape.vocab_size)
-        state = trainer.initial_state(
-            jax.random.PRNGKey(0), model_init=lambda: model_config.build(vocab, key=jax.random.PRNGKey(1))
-        )
-        batch = hax.Axis("batch", probe.batch_size)
-        example = hax.vmap(LmExample.causal, batch)(hax.zeros((batch, model_config.max_Pos), dtype=jnp.int32))
-        example = hax.shard(example, trainer.compute_axis_mapping)
-        if probe.training:
-            compiled = trainer._jit_train_step_fn_no_hook.lower(state, (example,), {}).compile()
-        else:
-            model = inference_mode(state.model, True)
-            scored = hax.named_jit(_per_position_loss, axis_resources=trainer.compute_axis_mapping)
-            compiled = scored.lower(model, example).compile()
-    analysis = compiled.memory_analysis()
-    parts = {
-        "arguments": int(analysis.argument_size_in_bytes),
-        "outputs": int(analysis.output_size_in_bytes),
-        "temporaries": int(analysis.temp_size_in_bytes),
-        "aliased": int(analysis.alias_size_in_bytes),
-    }
-    return {**parts, "total": parts["arguments"] + parts["outputs"] + parts["temporaries"] - parts["aliased"]}
+    def model_init():
+        return model_config.build(hax.Axis("vocab", probe.shape.vocab_size), key=jax.random.PRNGKey(1))
+
+    trainer = Trainer(trainer_config, probe_optimizer(probe.optimizer), loss, add_default_hooks=False)
+    return trainer, model_config, model_init
+
+
+def state_laid_out(trainer, model_init):
+    """The trainer state `Trainer.initial_state` would build, as zeros on its layout: the compiled program depends on
+    the state's shapes, dtypes and shardings only, and zeros need no compiled init (a third of a probe's CPU time).
+    Each array is sharded as the initial state's compiled init lays it out (`parameter_axis_mapping`); an array no
+    named axis places (step, key, optimizer counts) is replicated."""
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+    from levanter.trainer_state import TrainerState
+
+    def init():
+        return TrainerState.init(trainer.optimizer, model_init(), key=jax.random.PRNGKey(0), mp=trainer.mp,
+                                 quantization=trainer.config.quantization,
+                                 model_averaging=trainer.config.model_averaging)  # fmt: skip
+
+    shapes = eqx.filter_eval_shape(init)
+    shardings = hax.partitioning.infer_resource_partitions(shapes, trainer.parameter_axis_mapping,
+                                                           mesh=trainer.device_mesh)  # fmt: skip
+
+    def placed(shape, sharding: NamedSharding | None):
+        if isinstance(shape, hax.NamedArray):
+            return hax.NamedArray(placed(shape.array, sharding), shape.axes)
+        if not isinstance(shape, jax.ShapeDtypeStruct):
+            return shape
+        if PartitionSpec.UNCONSTRAINED in sharding.spec:
+            sharding = NamedSharding(trainer.device_mesh, PartitionSpec())
+        return jax.device_put(np.zeros(shape.shape, shape.dtype), sharding)
+
+    return hax.tree_util.tree_map(placed, shapes, shardings)
 
 
 def probe_optimizer(name: str):
@@ -220,7 +265,9 @@ def measure(probes: list[MemoryProbe]) -> dict[str, dict[str, int]]:
         # The probes compile and never run: LLVM at -O0 (the stand-in hosts run at -O1, executor/run/cpu_devices.py)
         # compiles each in ~25% less CPU time; XLA assigns the buffers before LLVM runs, so the bytes are the same.
         flags = with_stand_in_flags(f"--xla_force_host_platform_device_count={devices} {COMPILE_ONLY_FLAGS}")
-        environment = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+        # Nothing loads a probe's program again: writing it to a persistent compilation cache is work for nothing.
+        environment = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+                       "JAX_ENABLE_COMPILATION_CACHE": "false"}  # fmt: skip
         done = subprocess.run([sys.executable, __file__, "--compile", json.dumps(names)], env=environment,
                               capture_output=True, text=True, cwd=ROOT)  # fmt: skip
         results = [line for line in done.stdout.splitlines() if line.startswith("COMPILED ")]

@@ -1,12 +1,12 @@
-"""steps/model/expert_parallel.py on four fake CPU devices (a subprocess each: the device count is fixed when
-JAX starts): the routed experts split over an `expert` axis equal a numpy reference and move tokens only by
-all-to-all (dropless, or with a capacity: then the all-to-alls carry the slot grid and drop what one device
-drops), and a tiny hero-shaped MoE (latent, shared and sigmoid-combined experts, local and global layers,
-router-bias balancing) trains through Levanter's `Trainer` on the train step's data=2 x expert=2 layout as on
-one device, each device holding half the experts (and half their width, FSDP over `data`), with no collective
-but the two all-to-alls carrying anything of the batch's size (activations, router logits). On data=1 x expert=4
-and data=2 x expert=2 each device holds a quarter of every weight, of its AdamW moments and of its gradient, the
-dense ones split over every device."""
+"""steps/model/expert_parallel.py on four fake CPU devices (a subprocess per kernel, for every capacity factor its
+tests read: the device count is fixed when JAX starts): the routed experts split over an `expert` axis equal a numpy
+reference and move tokens only by all-to-all (dropless, or with a capacity: then the all-to-alls carry the slot grid
+and drop what one device drops), and a tiny hero-shaped MoE (latent, shared and sigmoid-combined experts, local and
+global layers, router-bias balancing) trains through Levanter's `Trainer` on the train step's data=2 x expert=2 layout
+as on one device, each device holding half the experts (and half their width, FSDP over `data`), with no collective
+but the two all-to-alls carrying anything of the batch's size (activations, router logits). On data=1 x expert=4 and
+data=2 x expert=2 each device holds a quarter of every weight, of its AdamW moments and of its gradient, the dense
+ones split over every device."""
 
 from __future__ import annotations
 
@@ -30,55 +30,71 @@ KERNEL = textwrap.dedent(r"""
     from steps.model.expert_parallel import DROPLESS_ROUND_FACTOR, capacity_groups, routed_experts
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "expert"))
     tokens, feature, width, experts, top_k, seq = 256, 32, 16, 8, 2, 32
-    factor = None if sys.argv[1] == "none" else float(sys.argv[1])
-    grid = capacity_groups(DROPLESS_ROUND_FACTOR if factor is None else factor, seq, top_k, experts)
-    capacity = None if factor is None else grid
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(tokens, feature)).astype(np.float32)
-    # Skewed routing: experts 0 and 1 are chosen far more than a fair share, so a capacity drops copies.
-    chosen = np.stack([rng.choice(experts, top_k, replace=False, p=np.r_[[0.3, 0.3], [0.4 / 6] * 6])
-                       for _ in range(tokens)]).astype(np.int32)
-    weights = rng.random((tokens, top_k)).astype(np.float32)
-    gate, up = (rng.normal(size=(experts, feature, width)).astype(np.float32) * 0.1 for _ in range(2))
-    down = rng.normal(size=(experts, width, feature)).astype(np.float32) * 0.1
-    run = jax.jit(lambda *a: routed_experts(mesh, a[0], a[1], a[2], (a[3], a[4]), a[5], jax.nn.silu, grid,
-                                            dropless=factor is None))
-    args = (x, chosen, weights, gate, up, down)
-    # Reference: an expert serves the first `slots` copies of each sequence (token order), the rest get nothing.
-    kept = np.ones((tokens, top_k), bool)
-    served = np.zeros((tokens // seq, experts), int)
-    for token in range(tokens):
-        for slot in range(top_k):
-            served[token // seq, chosen[token, slot]] += 1
-            kept[token, slot] = capacity is None or served[token // seq, chosen[token, slot]] <= capacity.slots
-    hidden = np.einsum("tf,tkfw->tkw", x, gate[chosen]), np.einsum("tf,tkfw->tkw", x, up[chosen])
-    swiglu = hidden[0] / (1 + np.exp(-hidden[0])) * hidden[1]
-    expected = np.einsum("tkw,tkwf,tk->tf", swiglu, down[chosen], weights * kept)
-    hlo = run.lower(*args).compile().as_text()
-    ops = re.findall(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|reduce-scatter|"
-                     r"collective-permute)(?:-start)?\(", hlo)
-    shapes = [[op, shape] for values, op in ops for shape in re.findall(r"[a-z0-9]+\[[0-9,]*\]", values)]
-    out, dropped = run(*args)
-    print("RESULT " + json.dumps({"error": float(np.abs(np.asarray(out) - expected).max()), "shapes": shapes,
-                                  "ops": [op for _, op in ops], "dropped": int((~kept).sum()),
-                                  "dropped_per_token": np.asarray(dropped).tolist(),
-                                  "expected_per_token": (~kept).sum(1).tolist(),
-                                  "rounds": int(-(-served.max() // grid.slots))}))
+    for argument in sys.argv[1:]:  # one process for every factor: each start imports JAX
+        factor = None if argument == "none" else float(argument)
+        grid = capacity_groups(DROPLESS_ROUND_FACTOR if factor is None else factor, seq, top_k, experts)
+        capacity = None if factor is None else grid
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(tokens, feature)).astype(np.float32)
+        # Skewed routing: experts 0 and 1 are chosen far more than a fair share, so a capacity drops copies.
+        chosen = np.stack([rng.choice(experts, top_k, replace=False, p=np.r_[[0.3, 0.3], [0.4 / 6] * 6])
+                           for _ in range(tokens)]).astype(np.int32)
+        weights = rng.random((tokens, top_k)).astype(np.float32)
+        gate, up = (rng.normal(size=(experts, feature, width)).astype(np.float32) * 0.1 for _ in range(2))
+        down = rng.normal(size=(experts, width, feature)).astype(np.float32) * 0.1
+        run = jax.jit(lambda *a: routed_experts(mesh, a[0], a[1], a[2], (a[3], a[4]), a[5], jax.nn.silu, grid,
+                                                dropless=factor is None))
+        args = (x, chosen, weights, gate, up, down)
+        # Reference: an expert serves the first `slots` copies of each sequence (token order), the rest get nothing.
+        kept = np.ones((tokens, top_k), bool)
+        served = np.zeros((tokens // seq, experts), int)
+        for token in range(tokens):
+            for slot in range(top_k):
+                served[token // seq, chosen[token, slot]] += 1
+                kept[token, slot] = capacity is None or served[token // seq, chosen[token, slot]] <= capacity.slots
+        hidden = np.einsum("tf,tkfw->tkw", x, gate[chosen]), np.einsum("tf,tkfw->tkw", x, up[chosen])
+        swiglu = hidden[0] / (1 + np.exp(-hidden[0])) * hidden[1]
+        expected = np.einsum("tkw,tkwf,tk->tf", swiglu, down[chosen], weights * kept)
+        hlo = run.lower(*args).compile().as_text()
+        ops = re.findall(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) (all-gather|all-to-all|all-reduce|reduce-scatter|"
+                         r"collective-permute)(?:-start)?\(", hlo)
+        shapes = [[op, shape] for values, op in ops for shape in re.findall(r"[a-z0-9]+\[[0-9,]*\]", values)]
+        out, dropped = run(*args)
+        print("RESULT " + json.dumps([argument, {
+            "error": float(np.abs(np.asarray(out) - expected).max()), "shapes": shapes,
+            "ops": [op for _, op in ops], "dropped": int((~kept).sum()),
+            "dropped_per_token": np.asarray(dropped).tolist(), "expected_per_token": (~kept).sum(1).tolist(),
+            "rounds": int(-(-served.max() // grid.slots))}]))
 """)
 
 
-def result(*command: str) -> dict:
+def results(*command: str) -> list:
+    """What the command printed on its `RESULT ` lines, in order."""
     done = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=2400, cwd=REPO)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stdout[-2000:] + done.stderr[-4000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return [json.loads(line.removeprefix("RESULT ")) for line in lines]
+
+
+KERNEL_FIGURES: dict[tuple[str, str], dict] = {}
+
+
+def kernel_figures(kernel: str, factor: str) -> dict:
+    """The figures `kernel` (KERNEL or EVAL_KERNEL) printed for `factor`, from one subprocess per kernel for every
+    factor its tests read (each start imports JAX, and the eval kernel Levanter: ~8 CPU seconds)."""
+    if (kernel, factor) not in KERNEL_FIGURES:
+        factors = KERNEL_FACTORS[kernel]
+        found = dict(results("-c", kernel, *factors))
+        assert sorted(found) == sorted(factors), found.keys()
+        KERNEL_FIGURES.update({(kernel, each): figures for each, figures in found.items()})
+    return KERNEL_FIGURES[(kernel, factor)]
 
 
 def test_dropless_routed_experts_split_over_the_expert_axis_equal_numpy_in_rounds_of_the_slot_grid() -> None:
     """Dropless: every copy served, in rounds of the slot grid (8 experts x 2 sequences x 10 slots of 32
     features: `DROPLESS_ROUND_FACTOR` 1.25 of a fair share), as many as the fullest (expert, sequence) cell of
     the skewed routing needs; the only other collective is the all-reduce (max) of that count, one integer."""
-    kernel = result("-c", KERNEL, "none")
+    kernel = kernel_figures(KERNEL, "none")
     assert kernel["error"] < 1e-5
     assert kernel["rounds"] >= 2 and kernel["dropped"] == 0 and not any(kernel["dropped_per_token"])
     assert set(kernel["ops"]) == {"all-to-all", "all-reduce"}
@@ -92,7 +108,7 @@ def test_with_capacity_the_all_to_alls_carry_the_slot_grid_and_drop_as_one_devic
     factor 0.75 of a fair share), not every copy per destination (2 x 128 rows); the output equals the
     reference that drops, per sequence, each expert's copies past its slots (the one-device layer's rule,
     tests/steps/model/test_moe_model.py), here dropping a good share of them."""
-    kernel = result("-c", KERNEL, "0.75")
+    kernel = kernel_figures(KERNEL, "0.75")
     assert kernel["dropped"] > 50 and kernel["dropped_per_token"] == kernel["expected_per_token"]
     assert kernel["error"] < 1e-5
     assert set(kernel["ops"]) == {"all-to-all"}
@@ -108,21 +124,6 @@ EVAL_KERNEL = textwrap.dedent(r"""
     from levanter.utils.tree_utils import inference_mode
     from steps.model.moe_block import DROPPED_COPIES, MoeBlock
     from steps.model.moe_model import MoeConfig
-    factor = None if sys.argv[1] == "none" else float(sys.argv[1])
-    config = MoeConfig(max_seq_len=64, hidden_dim=32, intermediate_dim=16, moe_intermediate_dim=16, num_layers=1,
-                       num_heads=2, head_dim=16, num_kv_heads=1, num_experts=8, num_experts_per_tok=2,
-                       router_aux_loss_coef=None, capacity_factor=factor, tokenizer="unused",
-                       reference_checkpoint="unused")
-    x = hax.random.normal(jax.random.PRNGKey(1), (hax.Axis("batch", 8), hax.Axis("position", 64), config.Embed))
-    block = MoeBlock.init(config, key=jax.random.PRNGKey(0))
-    # Experts 0 and 1 favoured by every token: a capacity drops copies, dropless needs several rounds.
-    favour = hax.named(jnp.where(jnp.arange(8)[:, None] < 2, 0.5, 0.0) * jnp.ones((8, 32)), block.gate.weight.axes)
-    block = inference_mode(eqx.tree_at(lambda b: b.gate.weight, block, block.gate.weight + favour), True)
-    params, static = eqx.partition(block, eqx.is_array)
-
-    def forward(params, x):
-        out, extras = eqx.combine(params, static)(x)
-        return out.array, extras[DROPPED_COPIES].array if DROPPED_COPIES in extras else jnp.zeros((8, 64), int)
 
     def elements(op):  # of every array a (tuple-valued) collective moves
         return sum(int(np.prod([int(size) for size in dims.split(",")])) for dims in re.findall(r"\[([0-9,]+)\]", op))
@@ -130,27 +131,50 @@ EVAL_KERNEL = textwrap.dedent(r"""
     def relative_error(ours, reference):
         return float(np.abs(ours - reference).max() / (np.abs(reference).max() + 1e-12))
 
-    figures = {}
-    for label, expert, count in (("1", 1, 1), ("data4", 1, 4), ("2", 2, 4), ("4", 4, 4)):
-        devices = jax.devices()[:count]
-        mesh = jax.sharding.Mesh(np.array(devices).reshape(-1, expert), ("data", "expert"))
-        with hax.partitioning.set_mesh(mesh), hax.axis_mapping({"batch": ("data", "expert"), "experts": "expert"}):
-            on_mesh = hax.shard(params), hax.shard(x)
-            compiled = jax.jit(forward).lower(*on_mesh).compile()
-            out, dropped = compiled(*on_mesh)
-            grads = jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.sin(forward(p, x)[0]))))(*on_mesh)
-        ops = re.findall(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) all-to-all\(", compiled.as_text())
-        figures[label] = {"out": np.asarray(out), "dropped": np.asarray(dropped),
-                           "all_to_all": list(map(elements, ops)),
-                           "grads": [np.asarray(leaf) for leaf in jax.tree.leaves(grads)],
-                           "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes)}
-    one = figures["1"]
-    print("RESULT " + json.dumps({expert: {
-        "error": float(np.abs(f["out"] - one["out"]).max()),
-        "grad_error": max(relative_error(ours, theirs) for ours, theirs in zip(f["grads"], one["grads"])),
-        "dropped": int(f["dropped"].sum()), "same_drops": bool((f["dropped"] == one["dropped"]).all()),
-        "all_to_all": f["all_to_all"], "temp_bytes": f["temp_bytes"]} for expert, f in figures.items()}))
+    for argument in sys.argv[1:]:  # one process for every factor: each start imports JAX
+        factor = None if argument == "none" else float(argument)
+        config = MoeConfig(max_seq_len=64, hidden_dim=32, intermediate_dim=16, moe_intermediate_dim=16, num_layers=1,
+                           num_heads=2, head_dim=16, num_kv_heads=1, num_experts=8, num_experts_per_tok=2,
+                           router_aux_loss_coef=None, capacity_factor=factor, tokenizer="unused",
+                           reference_checkpoint="unused")
+        x = hax.random.normal(jax.random.PRNGKey(1), (hax.Axis("batch", 8), hax.Axis("position", 64), config.Embed))
+        block = MoeBlock.init(config, key=jax.random.PRNGKey(0))
+        # Experts 0 and 1 favoured by every token: a capacity drops copies, dropless needs several rounds.
+        favour = hax.named(jnp.where(jnp.arange(8)[:, None] < 2, 0.5, 0.0) * jnp.ones((8, 32)),
+                           block.gate.weight.axes)
+        block = inference_mode(eqx.tree_at(lambda b: b.gate.weight, block, block.gate.weight + favour), True)
+        params, static = eqx.partition(block, eqx.is_array)
+
+        def forward(params, x):
+            out, extras = eqx.combine(params, static)(x)
+            return out.array, extras[DROPPED_COPIES].array if DROPPED_COPIES in extras else jnp.zeros((8, 64), int)
+
+        figures = {}
+        for label, expert, count in (("1", 1, 1), ("data4", 1, 4), ("2", 2, 4), ("4", 4, 4)):
+            devices = jax.devices()[:count]
+            mesh = jax.sharding.Mesh(np.array(devices).reshape(-1, expert), ("data", "expert"))
+            mapping = {"batch": ("data", "expert"), "experts": "expert"}
+            with hax.partitioning.set_mesh(mesh), hax.axis_mapping(mapping):
+                on_mesh = hax.shard(params), hax.shard(x)
+                compiled = jax.jit(forward).lower(*on_mesh).compile()
+                out, dropped = compiled(*on_mesh)
+                grads = jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.sin(forward(p, x)[0]))))(*on_mesh)
+            ops = re.findall(r"= (\([^()]*\)|[a-z0-9]+\[[0-9,]*\]\S*) all-to-all\(", compiled.as_text())
+            figures[label] = {"out": np.asarray(out), "dropped": np.asarray(dropped),
+                               "all_to_all": list(map(elements, ops)),
+                               "grads": [np.asarray(leaf) for leaf in jax.tree.leaves(grads)],
+                               "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes)}
+        one = figures["1"]
+        print("RESULT " + json.dumps([argument, {expert: {
+            "error": float(np.abs(f["out"] - one["out"]).max()),
+            "grad_error": max(relative_error(ours, theirs) for ours, theirs in zip(f["grads"], one["grads"])),
+            "dropped": int(f["dropped"].sum()), "same_drops": bool((f["dropped"] == one["dropped"]).all()),
+            "all_to_all": f["all_to_all"], "temp_bytes": f["temp_bytes"]} for expert, f in figures.items()}]))
 """)
+
+
+KERNEL_FACTORS = {KERNEL: ("none", "0.75"), EVAL_KERNEL: ("none", "1.15")}
+"""The capacity factors each kernel's tests read ("none": dropless)."""
 
 
 @pytest.mark.parametrize(("factor", "slots"), [("none", 20), ("1.15", 19)])
@@ -163,7 +187,7 @@ def test_eval_on_ep2_and_ep4_equals_one_device_and_sends_the_slot_grid_not_s_tim
     temporary buffers are a few grids (100-127 kB), where the eval of commit 3ce6043 (dropless, whatever the
     capacity factor) sent S x 256 copies x 32 features (16,384 floats at EP 2, 32,768 at EP 4) in 451 kB and
     582 kB of temporaries."""
-    figures = result("-c", EVAL_KERNEL, factor)
+    figures = kernel_figures(EVAL_KERNEL, factor)
     grid = 8 * 2 * slots * 32
     for expert in ("2", "4"):
         on_mesh = figures[expert]
@@ -190,7 +214,7 @@ def trained_on(devices: int) -> dict:
     """tests/support/expert_parallel_run.py's hero-shaped run and layout runs on `devices`, one subprocess for both
     trainer tests (JAX and Levanter start once a device count; one device trains the latent model once)."""
     if devices not in TRAINED:
-        TRAINED[devices] = result(str(SUPPORT / "expert_parallel_run.py"), str(devices), "both")
+        TRAINED[devices] = results(str(SUPPORT / "expert_parallel_run.py"), str(devices), "both")[-1]
     return TRAINED[devices]
 
 

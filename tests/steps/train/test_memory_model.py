@@ -1,5 +1,6 @@
 """The memory plan is the program: every planned figure within [0.8, 1.25] of XLA's compiled memory on the
-hero's features scaled down (benchmarks/bench_plan_memory.py), the remat policy the plan chose is the one the
+hero's features scaled down (benchmarks/bench_plan_memory.py, each probe compiled on zeros laid out as the
+trainer's initial state, which the probes' layout test holds it to), the remat policy the plan chose is the one the
 model builds, a plan that does not fit is refused with its numbers and the smallest change that fits, and the
 full plans for every hardware profile are the ones committed under tests/data/ (re-derive them with
 `.venv/bin/python tests/steps/train/test_memory_model.py --write` after a deliberate change; say why
@@ -8,7 +9,9 @@ in the commit)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import textwrap
 
 import pytest
 from paths import REPO
@@ -41,6 +44,50 @@ def test_every_planned_figure_lies_within_its_band_of_the_compiled_memory() -> N
     low, high = bench_plan_memory.BAND
     outside = [(row["probe"], row["ratio"]) for row in result["probes"] if not low <= row["ratio"] <= high]
     assert not outside, f"planned / compiled outside [{low}, {high}]: {outside}\n{json.dumps(result, indent=1)}"
+
+
+LAYOUT_CHECK = textwrap.dedent("""
+    import json, os, sys
+    from executor.run.cpu_devices import with_stand_in_flags
+    os.environ["XLA_FLAGS"] = with_stand_in_flags("--xla_force_host_platform_device_count=4")
+    import jax
+    sys.path.insert(0, "benchmarks")
+    from bench_plan_memory import MemoryProbe, probe_shape, probe_trainer, state_laid_out
+    probe = MemoryProbe("layout", probe_shape(32, 4, 32, vocab=128), mesh={"data": 2, "expert": 2}, batch_size=8,
+                        optimizer="hero")
+    trainer, _config, model_init = probe_trainer(probe)
+    with trainer:
+        initial = trainer.initial_state(jax.random.PRNGKey(0), model_init=model_init)
+        laid_out = state_laid_out(trainer, model_init)
+    (ours, our_tree), (theirs, their_tree) = jax.tree.flatten(laid_out), jax.tree.flatten(initial)
+    def describe(leaf):
+        return (leaf.shape, str(leaf.dtype), str(leaf.sharding.spec)) if isinstance(leaf, jax.Array) else leaf
+
+    differ = [] if our_tree == their_tree else ["the tree"]
+    for index, (our, their) in enumerate(zip(ours, theirs)):
+        if not isinstance(their, jax.Array):
+            same = our == their
+        else:
+            same = (our.shape, our.dtype) == (their.shape, their.dtype) and our.sharding.is_equivalent_to(
+                their.sharding, their.ndim)
+        if not same:
+            differ.append(f"leaf {index}: {describe(our)} laid out, {describe(their)} initial")
+    split = sum(1 for leaf in theirs if isinstance(leaf, jax.Array) and not leaf.sharding.is_fully_replicated)
+    print("RESULT " + json.dumps({"leaves": len(theirs), "split": split, "differ": differ}))
+""")
+
+
+@pytest.mark.training
+def test_the_probes_compile_on_the_layout_of_the_trainers_initial_state() -> None:
+    """bench_plan_memory compiles each probe's train step on zeros laid out as `Trainer.initial_state` lays out its
+    state, not on a compiled init's output (the program reads only shapes, dtypes and shardings): the same tree,
+    shapes, dtypes and shardings, on a small probe with the hero optimizer over data=2 x expert=2 of four fake CPU
+    devices (a subprocess: JAX fixes its device count when it starts)."""
+    done = subprocess.run([sys.executable, "-c", LAYOUT_CHECK], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-4000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["differ"] == [] and result["leaves"] > 10 and result["split"] > 10, result
 
 
 @pytest.mark.parametrize("hardware", sorted(HARDWARE))
