@@ -90,3 +90,18 @@ def screenshot(page: object, name: str) -> None:
     folder = ARTIFACTS / "dashboard"
     folder.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(folder / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+def expect_a_stalled_step_page(page: object, shot: str) -> None:
+    """The step page of the shared quiet run (publish_dag.running_step, quiet 10 minutes past a 2-minute
+    allowance) says it is stalled, as the live dashboard and the published site both must: the status badge, the
+    stall's text counting the silence up, and the header's dot."""
+    status = page.locator("[data-testid=step-status] [data-stalled=true]")  # type: ignore[attr-defined]
+    expect(status).to_have_text("RUNNING · stalled", timeout=DEADLINE_MS)
+    stalled = page.locator("[data-testid=stalled]")  # type: ignore[attr-defined]
+    expect(stalled).to_contain_text("no metrics line for 10 min")
+    expect(stalled).to_contain_text("since step 19 (a stall after 2 min 0 s without one")
+    expect(page.locator("#live")).to_have_attribute("data-state", "stalled")  # type: ignore[attr-defined]
+    counted = stalled.locator("[data-counting]").text_content()
+    expect(stalled.locator("[data-counting]")).not_to_have_text(counted or "")  # it counts up
+    screenshot(page, shot)

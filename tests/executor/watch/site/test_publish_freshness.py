@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from band_dag import build_band_prefix
-from browser_fixtures import DEADLINE_MS, expect, screenshot
+from browser_fixtures import DEADLINE_MS, expect, expect_a_stalled_step_page, screenshot
 from publish_dag import build_publish_prefix, running_step
 from services import free_port, wait_for_port
 from test_publish_browser import static_server
@@ -155,12 +155,4 @@ def test_a_run_that_goes_quiet_is_shown_stalled_on_every_page(page, tmp_path: Pa
             expect(row.locator("[data-stalled=true]")).to_have_text("RUNNING · stalled", timeout=DEADLINE_MS)
             expect(page.locator("[data-testid=counts] [data-count=stalled]")).to_have_text("stalled 1")
             page.goto(f"{base}/index.html#/step/{relative}")
-            status = page.locator("[data-testid=step-status] [data-stalled=true]")
-            expect(status).to_have_text("RUNNING · stalled", timeout=DEADLINE_MS)
-            stalled = page.locator("[data-testid=stalled]")
-            expect(stalled).to_contain_text("no metrics line for 10 min")
-            expect(stalled).to_contain_text("since step 19 (a stall after 2 min 0 s without one")
-            expect(page.locator("#live")).to_have_attribute("data-state", "stalled")
-            counted = stalled.locator("[data-counting]").text_content()
-            expect(stalled.locator("[data-counting]")).not_to_have_text(counted or "")  # it counts up
-            screenshot(page, "publish-stalled-run")
+            expect_a_stalled_step_page(page, "publish-stalled-run")
