@@ -127,6 +127,27 @@ def read_metrics_bytes(path: str, limit: int | None = None, start: int = 0) -> b
     return b"".join(chunks)
 
 
+def read_metrics_tail(path: str, tail_bytes: int) -> bytes | None:
+    """The last `tail_bytes` of the file's stream (the file, then its segments), from the start of the first whole
+    line in them; None if there is no stream. A view that needs a run's newest lines reads this, not the whole
+    stream, however long the run."""
+    fs, fs_path = storage.filesystem(path)
+    try:
+        size = int(fs.size(fs_path))
+    except FileNotFoundError:
+        size = 0
+    size += sum(int(entry.get("size") or 0) for entry in storage.list_details(segments_folder(path))
+                if entry["name"].endswith(".jsonl"))  # fmt: skip
+    start = max(0, size - tail_bytes)
+    if start == 0:
+        return read_metrics_bytes(path)
+    data = read_metrics_bytes(path, start=start - 1)  # from the byte before: a line that begins at `start` is whole
+    if data is None:
+        return None
+    cut = data.find(b"\n")  # everything up to the first line end is part of a line that began before the tail
+    return b"" if cut < 0 else data[cut + 1 :]
+
+
 def rows_by_step(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """One row per step: the lines of a step merged in file order, so a resumed run's later line wins."""
     rows: dict[int, dict[str, Any]] = {}

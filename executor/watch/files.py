@@ -2,7 +2,8 @@
 the tail of the step log, and the lines of metrics.jsonl (drawn by metrics_view.py and training/run_view.py).
 
 Every read is bounded (a preview reads the first rows or bytes, a log the last 64 KiB, a metrics
-file at most `MAX_METRICS_BYTES`), so a 50 GB shard or a year of metrics never stalls the server.
+file at most `MAX_METRICS_BYTES` from its start or `METRICS_TAIL_BYTES` from its end), so a 50 GB shard or a year of
+metrics never stalls the server.
 Compressed files (`.gz`, `.zst`, ...) are opened through fsspec's compression inference.
 """
 
@@ -15,13 +16,16 @@ from typing import Any
 
 from executor.store import storage
 from executor.store.layout import is_metadata
-from executor.store.metrics_log import read_metrics_bytes
+from executor.store.metrics_log import read_metrics_bytes, read_metrics_tail
 
 PREVIEW_ROWS = 50
 PREVIEW_BYTES = 256 * 1024
 LOG_TAIL_BYTES = 64 * 1024
 MAX_LISTING = 2000
 MAX_METRICS_BYTES = 32 * 1024 * 1024
+METRICS_TAIL_BYTES = 1024 * 1024
+"""What a view that needs only a run's newest lines reads of its metrics (`metrics_tail_records`): some 2,500
+lines, hundreds of steps."""
 
 
 def list_folder(full_path: str) -> dict[str, Any]:
@@ -139,6 +143,16 @@ def number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def metrics_tail_records(full_path: str, tail_bytes: int = METRICS_TAIL_BYTES) -> list[dict[str, Any]] | None:
+    """The JSON object lines in the last `tail_bytes` of a metrics.jsonl, whole lines only (None if there is no
+    file): a run's newest lines however long it has run, where `metrics_records` holds its first."""
+    data = read_metrics_tail(full_path, tail_bytes)
+    if data is None:
+        return None
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return [record for record in map(_parse_line, lines) if isinstance(record, dict)]
 
 
 def metrics_records(full_path: str) -> list[dict[str, Any]] | None:

@@ -107,7 +107,9 @@ def stalled_run(config: StalledRunConfig) -> None:
     end = time.time() - config.quiet_s
     stamp = {step: end - (config.steps - 1 - step) if config.times == "now" else None for step in range(config.steps)}
     lines = "".join(json.dumps(metrics_line(step, time_s=stamp[step])) + "\n" for step in range(config.steps))
-    Path(config.output_path, METRICS_FILE).write_text(lines)
+    partial = Path(config.output_path, METRICS_FILE + ".partial")
+    partial.write_text(lines)
+    partial.rename(Path(config.output_path, METRICS_FILE))  # whole once it exists: `running_step` waits for that
     STALL_GATES[config.gate].wait(timeout=300)
 
 

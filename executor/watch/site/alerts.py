@@ -26,7 +26,7 @@ from executor.store.layout import MIXTURE_FILE
 from executor.store.lease import LeaseSettings, takeover_reason
 from executor.watch.training import alerts
 from executor.watch.training.panels import predicted_curve, read_json
-from executor.watch.training.stall_rule import newest_line, stall_threshold, stalled_since
+from executor.watch.training.stall_rule import stalled_since
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +56,16 @@ class RunAlerts:
         """Every rule on the run's metrics lines so far (`records`); returns how many alerts are new."""
         rules = alerts.step_rules(step.output_path, f"step {step.name} ({step.relative})")
         curve, _, _ = predicted_curve(self.prefix, step.output_path)
-        newest = newest_line(records)
-        after_s = stall_threshold(records, rules.stall_after_s, rules.stall_min_s, rules.stall_step_multiple)
+        newest, after_s = alerts.stall_inputs(step.output_path, rules)  # a long run's newest lines, not its first
         if running:
             self.running[step.relative] = RunningRun(rules, newest, after_s)
         else:
             self.running.pop(step.relative, None)
         live_lease = running and takeover_reason(step.output_path, LeaseSettings.from_env()) is None
         mixture = read_json(storage.join(step.output_path, MIXTURE_FILE), MIXTURE_FILE)
-        fired = alerts.evaluate(records, rules, now=self.clock(), running=live_lease, curve=curve, mixture=mixture)
+        fired = alerts.evaluate(records, rules, now=self.clock(), curve=curve, mixture=mixture)
+        if live_lease:
+            fired += alerts.stalled([newest] if newest else [], rules, self.clock(), after_s)
         self._mark_stalled(step.relative, newest, after_s, live_lease)
         return self._record(step, rules, fired)
 

@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.store import storage
-from executor.store.layout import ALERTS_FILE
+from executor.store.layout import ALERTS_FILE, METRICS_FILE
 from executor.store.metrics_log import metric_number, rows_by_step
+from executor.watch import files
 from executor.watch.training.metric_names import predicted_metric
 from executor.watch.training.nonfinite_rule import nonfinite_episodes
 from executor.watch.training.panels import PanelError, step_config
@@ -316,6 +317,15 @@ def stalled(
     message = (f"no metrics line since step {line['step']} for {quiet:.0f} s when noticed (allowed: {after_s:.0f} s) "
                "while the step's lease is live")  # fmt: skip
     return [Alert("stalled", line["step"], quiet, after_s, now, message)]
+
+
+def stall_inputs(output_path: str, rules: AlertRules) -> tuple[dict[str, Any] | None, float]:
+    """The run's newest line and its stall allowance (stall_rule.py), from the newest lines of its metrics
+    (`files.metrics_tail_records`): a long run's whole file is never read for them, and the first
+    `files.MAX_METRICS_BYTES` the other rules read would hold only its early lines, and call it stalled."""
+    records = files.metrics_tail_records(storage.join(output_path, METRICS_FILE)) or []
+    after_s = stall_threshold(records, rules.stall_after_s, rules.stall_min_s, rules.stall_step_multiple)
+    return newest_line(records), after_s
 
 
 def step_rules(output_path: str, where: str) -> AlertRules:

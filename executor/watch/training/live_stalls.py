@@ -9,7 +9,8 @@ its row in the step table, its experiment's count and the experiment list's all 
     stalls = LiveStalls()
     stalls.stalled(output_path, started)   # {"since": ISO time, "step": 19, "after_s": 120}, or None
 
-Every open tab polls every two seconds, so a run's metrics lines, config and lease are read at most every
+Every open tab polls every two seconds, so a run's newest metrics lines (the last megabyte: training/alerts.py
+`stall_inputs`, as the publisher reads them), config and lease are read at most every
 `refresh_s` (its newest line, allowance and whether its lease is live are kept); between reads only the clock
 moves, which is all a stall needs to appear. A stall shows, and ends, at most `refresh_s` late.
 """
@@ -22,12 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from executor.store import storage
-from executor.store.layout import METRICS_FILE
 from executor.store.lease import holder_lost_note
-from executor.watch import files
-from executor.watch.training.alerts import AlertConfigError, AlertRules, step_rules
-from executor.watch.training.stall_rule import newest_line, stall_threshold, stalled_since
+from executor.watch.training.alerts import AlertConfigError, AlertRules, stall_inputs, step_rules
+from executor.watch.training.stall_rule import stalled_since
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +65,9 @@ class LiveStalls:
             kept = self._looks.get(output_path)
         if kept is not None and kept.started == started and now - kept.read_at <= self.refresh_s:
             return kept
-        records = files.metrics_records(storage.join(output_path, METRICS_FILE)) or []
-        rules = self._rules(output_path)
-        after_s = stall_threshold(records, rules.stall_after_s, rules.stall_min_s, rules.stall_step_multiple)
+        newest, after_s = stall_inputs(output_path, self._rules(output_path))
         live_lease = holder_lost_note(output_path, started) is None
-        look = _Look(now, started, newest_line(records), after_s, live_lease)
+        look = _Look(now, started, newest, after_s, live_lease)
         with self._lock:
             for path in [path for path, old in self._looks.items() if now - old.read_at > 10 * self.refresh_s]:
                 del self._looks[path]  # steps no page asked about for a while: finished, or no longer shown

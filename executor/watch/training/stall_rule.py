@@ -14,7 +14,8 @@ most `MAX_STALL_S`, what the fixed default was. A tiny run stepping every second
 minutes; the hero at 10 s a step after 200 s, or 1.5x its longest checkpoint save.
 
 A run is stalled (`stalled_since`) while its step is RUNNING with a live lease and its newest line is older than
-its allowance: the publisher's alerts (site/alerts.py) and the live dashboard without a publisher
+its allowance, both read from its newest lines (training/alerts.py `stall_inputs`: a long run's first lines are
+days old): the publisher's alerts (site/alerts.py) and the live dashboard without a publisher
 (live_stalls.py) both ask this, so every page says the same.
 """
 

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from executor import storage
-from executor.store.metrics_log import MetricsLog, read_metrics_bytes, segments_folder
+from executor.store.metrics_log import MetricsLog, read_metrics_bytes, read_metrics_tail, segments_folder
 from executor.watch import files
 from executor.watch.metrics_view import metrics_grid
 from steps.train.train_metrics import JsonlMetricsTracker, read_metrics
@@ -71,6 +71,32 @@ def test_a_read_from_an_offset_skips_whole_segments_by_their_listed_size(tmp_pat
         for start in range(len(stream) + 2):
             assert read_metrics_bytes(path, start=start) == stream[start:], (path, start)
         assert read_metrics_bytes(path, limit=7, start=20) == stream[20:27]
+
+
+def test_the_tail_is_the_streams_last_whole_lines_local_file_or_segments_alike(tmp_path):
+    """What the stall rule reads of a long run (files.metrics_tail_records): the last bytes of the stream, from
+    its first whole line there, whether the lines are in one local file or in an object store's segments."""
+    local = str(tmp_path / "metrics.jsonl")
+    remote = f"memory://metrics-{uuid.uuid4().hex}/train/metrics.jsonl"
+    assert read_metrics_tail(local, 10) is None
+    for path in (local, remote):
+        log = MetricsLog(path, flush_seconds=0, segment_bytes=40)
+        for step in range(12):
+            log.write(json.dumps({"step": step}))
+        log.close()
+        stream = read_metrics_bytes(path)
+        assert stream is not None
+        for tail in range(len(stream) + 2):
+            found = read_metrics_tail(path, tail)
+            start = max(0, len(stream) - tail)
+            whole = (
+                stream[start:]
+                if start == 0 or stream[start - 1 : start] == b"\n"
+                else stream[start:].partition(b"\n")[2]
+            )
+            assert found == whole, (path, tail)
+        assert read_metrics_tail(path, 16) == b'{"step": 11}\n'
+        assert [record["step"] for record in files.metrics_tail_records(path, 30) or []] == [10, 11]
 
 
 @pytest.fixture(params=[pytest.param("gcs", marks=pytest.mark.gcs), pytest.param("s3", marks=pytest.mark.s3)])

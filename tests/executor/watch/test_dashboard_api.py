@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,12 @@ from test_dashboard_dag import build_prefix, dag_steps
 from executor import Executor
 from executor.cli.commands import build_parser
 from executor.store.layout import METRICS_FILE
+from executor.watch import files
 from executor.watch.app import DashboardApp
 from executor.watch.safety import UnsafePathError, resolve_under
 from executor.watch.server import DEFAULT_HOST, make_server, serve_in_thread
+from executor.watch.site.alerts import RunAlerts
+from executor.watch.training.alerts import read_alerts
 from executor.watch.training.live_stalls import LiveStalls
 
 
@@ -375,3 +379,30 @@ def test_a_running_step_gone_quiet_is_stalled_on_every_answer_with_no_publisher(
     finished = DashboardApp(str(prefix), stalls=LiveStalls())  # the gates opened: both steps ended SUCCESS
     for relative in (quiet, busy):
         assert json.loads(finished.handle("/api/step/live", {"path": relative}).body)["stalled"] is None
+
+
+@pytest.mark.parametrize(("quiet_s", "stalled"), [(0.0, False), (600.0, True)])
+def test_a_long_runs_stall_is_decided_by_its_newest_lines(tmp_path: Path, fast_leases, quiet_s, stalled) -> None:  # type: ignore[no-untyped-def]
+    """A RUNNING run whose metrics outgrow what the views read of a file (`files.MAX_METRICS_BYTES`, its first
+    lines, here two days old): the live dashboard and the publisher's alerts read its newest lines for the stall
+    rule (`files.metrics_tail_records`), so a run that has just written a line is not stalled, and one quiet for 10
+    minutes past its 2-minute allowance is, since its newest line."""
+    prefix = tmp_path / "prefix"
+    steps = files.MAX_METRICS_BYTES // 200  # lines of ~230 bytes, one second apart
+    with running_step(prefix, f"long-{quiet_s}", "train/long", steps=steps, quiet_s=quiet_s, times="now") as (
+        output_path,
+        relative,
+    ):
+        metrics = Path(output_path, METRICS_FILE)
+        assert metrics.stat().st_size > files.MAX_METRICS_BYTES
+        newest = json.loads(metrics.read_text().splitlines()[-1])
+        since = dt.datetime.fromtimestamp(newest["time"], dt.UTC).isoformat(timespec="seconds")
+        expected = {"since": since, "step": steps - 1, "after_s": 120} if stalled else None
+        app = DashboardApp(str(prefix), stalls=LiveStalls())
+        assert json.loads(app.handle("/api/step/live", {"path": relative}).body)["stalled"] == expected
+        [experiment] = app.experiments.all()
+        [step] = experiment.steps
+        published = RunAlerts(str(prefix), None, time.time)
+        published.evaluate(step, running=True, records=files.metrics_records(str(metrics)) or [])
+        assert published.stalled.get(relative) == expected
+        assert any(alert["rule"] == "stalled" for alert in read_alerts(output_path)) == stalled
