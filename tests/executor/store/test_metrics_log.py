@@ -57,17 +57,23 @@ def test_on_an_object_store_lines_go_to_segments_rewritten_at_most_every_flush_i
     assert read_metrics_bytes(path, limit=25) == "".join(f"{line}\n" for line in expected)[:25].encode()
 
 
-def test_a_read_from_an_offset_skips_whole_segments_by_their_listed_size(tmp_path):
-    """What the publisher reads each cycle: the stream from where it stopped, local file or segments alike."""
-    local = str(tmp_path / "metrics.jsonl")
-    remote = f"memory://metrics-{uuid.uuid4().hex}/train/metrics.jsonl"
-    for path in (local, remote):
+def twelve_lines_local_and_in_segments(tmp_path) -> list[tuple[str, bytes]]:  # type: ignore[no-untyped-def]
+    """Twelve lines written by MetricsLog to a local file and to memory:// segments of 40 bytes: (path, stream)."""
+    written = []
+    for path in (str(tmp_path / "metrics.jsonl"), f"memory://metrics-{uuid.uuid4().hex}/train/metrics.jsonl"):
         log = MetricsLog(path, flush_seconds=0, segment_bytes=40)
         for step in range(12):
             log.write(json.dumps({"step": step}))
         log.close()
         stream = read_metrics_bytes(path)
         assert stream is not None
+        written.append((path, stream))
+    return written
+
+
+def test_a_read_from_an_offset_skips_whole_segments_by_their_listed_size(tmp_path):
+    """What the publisher reads each cycle: the stream from where it stopped, local file or segments alike."""
+    for path, stream in twelve_lines_local_and_in_segments(tmp_path):
         for start in range(len(stream) + 2):
             assert read_metrics_bytes(path, start=start) == stream[start:], (path, start)
         assert read_metrics_bytes(path, limit=7, start=20) == stream[20:27]
@@ -76,16 +82,8 @@ def test_a_read_from_an_offset_skips_whole_segments_by_their_listed_size(tmp_pat
 def test_the_tail_is_the_streams_last_whole_lines_local_file_or_segments_alike(tmp_path):
     """What the stall rule reads of a long run (files.metrics_tail_records): the last bytes of the stream, from
     its first whole line there, whether the lines are in one local file or in an object store's segments."""
-    local = str(tmp_path / "metrics.jsonl")
-    remote = f"memory://metrics-{uuid.uuid4().hex}/train/metrics.jsonl"
-    assert read_metrics_tail(local, 10) is None
-    for path in (local, remote):
-        log = MetricsLog(path, flush_seconds=0, segment_bytes=40)
-        for step in range(12):
-            log.write(json.dumps({"step": step}))
-        log.close()
-        stream = read_metrics_bytes(path)
-        assert stream is not None
+    assert read_metrics_tail(str(tmp_path / "none.jsonl"), 10) is None
+    for path, stream in twelve_lines_local_and_in_segments(tmp_path):
         for tail in range(len(stream) + 2):
             found = read_metrics_tail(path, tail)
             start = max(0, len(stream) - tail)
