@@ -26,6 +26,7 @@ and state) for the dashboard's step page.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -55,6 +56,8 @@ DEATH_GRACE_S = 10.0
 """After a member's step function raises, how long the driver waits for news of a dead peer."""
 TEARDOWN_TIMEOUT_S = 30.0
 """How long the teardown waits for the killed members to be gone before it kills what is left itself."""
+KILL_WAIT_S = 10.0
+"""How long it then waits for a member it sent SIGKILL to be gone (under load, an exit takes a while)."""
 
 
 class GangMemberLostError(TransientError):
@@ -343,7 +346,14 @@ class _Gang:
             time.sleep(0.2)
         for pid in alive:
             logger.warning("%s: gang member process %d outlived ray.kill; killing it", self.launch.label, pid)
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it went between the look and the kill
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT_S  # a SIGKILL is delivered, not done: wait for the exit itself
+        while (alive := [pid for pid in alive if _process_alive(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in alive:
+            logger.error("%s: gang member process %d is still alive %.0f s after SIGKILL", self.launch.label, pid,
+                         KILL_WAIT_S)  # fmt: skip
 
     def _write(self) -> None:
         storage.write_json_atomic(storage.join(self.launch.output_path, GANG_FILE), dataclasses.asdict(self.record))
