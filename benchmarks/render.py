@@ -179,20 +179,33 @@ def summary_section(names: list[str], results: dict[str, dict[str, Any]]) -> str
 
 
 def durations_markdown(durations: dict[str, Any]) -> str:
-    """The suite's seconds per test file, longest first (also what the suite writes to build/test-durations.md)."""
+    """The suite's seconds per test file, longest first (also what the suite writes to build/test-durations.md),
+    with each file's CPU seconds where the suite metered them (tests/support/durations_table.py)."""
     total = sum(row["seconds"] for row in durations["files"]) or 1.0
     minutes, seconds = divmod(round(durations["wall_s"]), 60)
+    cpu = durations.get("cpu_s")
     head = (
         f"`{durations['command']}` on {durations['date']}: {durations['tests']:,} tests ({durations['failed']} failed) "
         f"in {minutes} min {seconds} s of wall time, {durations['workers'] or 'no'} xdist workers, on "
         f"{machine_line(durations)}. A file's seconds are its tests' setup, call and teardown summed "
-        f"({number(total)} s in all), so workers side by side add up to more than the wall time."
+        f"({number(total)} s in all), so workers side by side add up to more than the wall time"
     )
+    if "cpu_s" not in durations:  # a table from before the suite metered CPU
+        head += "."
+    elif cpu is None:
+        head += "; no CPU seconds (this machine gave the suite no cpuacct group)."
+    else:
+        head += (
+            f"; its CPU seconds are what it and every process it started used, whatever ran beside it "
+            f"({number(cpu)} CPU-s in all: {cpu / max(durations['wall_s'], 1.0):.2f} cores busy on average)."
+        )
+    header = ["test file", "tests", "seconds", "share", *(["CPU s", "CPU share"] if cpu is not None else [])]
     rows = [
         [f"`{row['file']}`", f"{row['tests']:,}", number(float(row["seconds"])), f"{100 * row['seconds'] / total:.1f}%"]
+        + ([number(float(row["cpu_s"])), f"{100 * row['cpu_s'] / (cpu or 1.0):.1f}%"] if cpu is not None else [])
         for row in durations["files"]
     ]
-    return "\n".join([head, "", *table(["test file", "tests", "seconds", "share"], rows)])
+    return "\n".join([head, "", *table(header, rows)])
 
 
 def sections(results: dict[str, dict[str, Any]], durations: dict[str, Any] | None, page: str = "") -> dict[str, str]:

@@ -66,6 +66,62 @@ def test_each_results_file_says_when_and_on_what_machine() -> None:
         assert result["command"].startswith("python benchmarks/"), name
 
 
+BURNER = """
+import subprocess, sys, time
+from pathlib import Path
+
+BURN = (
+    "import sys, time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.0: pass\\n"
+    "open(sys.argv[1], 'w').close()"
+)
+
+
+def test_a_process_nobody_waits_for_counts(tmp_path):
+    # Detached and never waited for, as a local Ray's daemons are: getrusage(RUSAGE_CHILDREN) would miss it.
+    done = tmp_path / "done"
+    subprocess.Popen([sys.executable, "-c", BURN, str(done)], start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists()
+"""
+
+
+def test_the_durations_table_gives_each_file_the_cpu_of_every_process_it_started(tmp_path: Path) -> None:
+    """A file whose test starts a detached process that burns one CPU-second counts it; a file that sleeps
+    counts little; the page shows both columns. Where this machine has no writable cpuacct group, the table
+    says it has no CPU seconds instead."""
+    (tmp_path / "test_burns.py").write_text(BURNER)
+    (tmp_path / "test_sleeps.py").write_text("import time\ndef test_sleeps():\n    time.sleep(1.0)\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    table = tmp_path / "durations"
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "support")])}
+    from durations_table import own_groups
+
+    def groups_under(parents: list[Path]) -> set[Path]:
+        return {group for parent in parents for group in parent.glob("pytest-*")}
+
+    before = groups_under(own_groups())
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "durations_table", "-n", "2",
+         "--durations-table", str(table), "test_burns.py", "test_sleeps.py"],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = json.loads(table.with_suffix(".json").read_text())
+    markdown = table.with_suffix(".md").read_text()
+    assert markdown == render.durations_markdown(written) + "\n"
+    if not any(os.access(group, os.W_OK) for group in own_groups()):
+        assert written["cpu_s"] is None and "no CPU seconds" in markdown
+        return
+    files = {row["file"]: row for row in written["files"]}
+    assert files["test_burns.py"]["cpu_s"] >= 1.0, files
+    assert files["test_sleeps.py"]["cpu_s"] < 0.5, files  # sleeping: a second of wall time, little CPU
+    assert written["cpu_s"] == pytest.approx(sum(row["cpu_s"] for row in files.values()), abs=0.11)
+    assert "| CPU s | CPU share |" in markdown
+    assert groups_under(own_groups()) == before, "the session's workers left their groups behind"
+
+
 def test_a_changed_figure_changes_the_page_and_a_missing_file_is_named(tmp_path: Path) -> None:
     results = tmp_path / "results"
     shutil.copytree(ROOT / "benchmarks" / "results", results)
