@@ -45,6 +45,7 @@ from executor.run.gang_member import GangMember
 from executor.run.step_task import StepTask
 from executor.store import storage
 from executor.store.layout import GANG_FILE
+from executor.store.processes import is_running
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,8 @@ class MemberRecord:
     state: str = "starting"
     """starting, running, finished, failed, died, hung, stalled (the gang stopped advancing), torn down."""
     pid: int | None = None
+    started: int | None = None
+    """Its process's start time (clock ticks after boot): with `pid`, names that process across pid reuse."""
     node_id: str | None = None
     ip: str | None = None
     last_heartbeat: float | None = None
@@ -224,7 +227,8 @@ class _Gang:
             )
         identities = self._ray.get([actor.identity.remote() for actor in self.actors])
         for record, identity in zip(self.record.members, identities, strict=True):
-            record.pid, record.node_id, record.ip = identity["pid"], identity["node_id"], identity["ip"]
+            record.pid, record.started = identity["pid"], identity["started"]
+            record.node_id, record.ip = identity["node_id"], identity["ip"]
             if resources.domain_label is not None:
                 record.domain = identity["labels"].get(resources.domain_label)
             record.state, record.last_heartbeat = "running", time.time()
@@ -340,20 +344,8 @@ class _Gang:
     def _wait_gone(self) -> None:
         """Wait until the members' processes on this node are gone; SIGKILL what outlives the timeout."""
         here = self._ray.get_runtime_context().get_node_id()
-        local = [m.pid for m in self.record.members if m.pid is not None and m.node_id == here]
-        deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
-        while (alive := [pid for pid in local if _process_alive(pid)]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in alive:
-            logger.warning("%s: gang member process %d outlived ray.kill; killing it", self.launch.label, pid)
-            with contextlib.suppress(ProcessLookupError):  # it went between the look and the kill
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + KILL_WAIT_S  # a SIGKILL is delivered, not done: wait for the exit itself
-        while (alive := [pid for pid in alive if _process_alive(pid)]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for pid in alive:
-            logger.error("%s: gang member process %d is still alive %.0f s after SIGKILL", self.launch.label, pid,
-                         KILL_WAIT_S)  # fmt: skip
+        local = [(m.pid, m.started) for m in self.record.members if m.pid is not None and m.node_id == here]
+        wait_gone(self.launch.label, local)
 
     def _write(self) -> None:
         storage.write_json_atomic(storage.join(self.launch.output_path, GANG_FILE), dataclasses.asdict(self.record))
@@ -366,16 +358,23 @@ def _result_of(ray: Any, ref: Any) -> tuple[Any, BaseException | None]:
         return None, error
 
 
-def _process_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (a killed member's process may linger unreaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+def wait_gone(label: str, processes: list[tuple[int, int | None]], timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:
+    """Wait up to `timeout_s` until each (pid, start ticks) process is gone; SIGKILL those still running then,
+    and wait for their exit too (a signal is delivered, not done). A pid that now names another process (the
+    member exited and a later process got its pid) counts as gone and is never signalled."""
+
+    def running(among: list[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
+        return [(pid, start) for pid, start in among if is_running(pid, start)]
+
+    deadline = time.monotonic() + timeout_s
+    while (alive := running(processes)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid, _ in running(alive):
+        logger.warning("%s: gang member process %d outlived ray.kill; killing it", label, pid)
+        with contextlib.suppress(ProcessLookupError):  # it went between the look and the kill
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while (alive := running(alive)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, _ in alive:
+        logger.error("%s: gang member process %d is still alive %.0f s after SIGKILL", label, pid, KILL_WAIT_S)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from executor.run import gang_progress as progress
+from executor.store.processes import start_ticks
 from executor.store.step_log import StepLog
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ class GangMember:
 
         context = ray.get_runtime_context()
         labels = dict(context.get_node_labels())
-        return {"pid": os.getpid(), "node_id": context.get_node_id(), "ip": self.ip(), "labels": labels}
+        return {"pid": os.getpid(), "started": start_ticks(os.getpid()), "node_id": context.get_node_id(),
+                "ip": self.ip(), "labels": labels}  # fmt: skip
 
     def ip(self) -> str:
         import ray

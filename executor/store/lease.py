@@ -43,6 +43,7 @@ from executor.errors import LeaseLostError
 from executor.store import storage
 from executor.store.events import now_iso, parse_time
 from executor.store.layout import LEASE_DIR
+from executor.store.processes import is_running, start_ticks
 
 logger = logging.getLogger(__name__)
 
@@ -110,20 +111,12 @@ def this_host() -> str:
     return "|".join(parts)
 
 
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def holder_is_gone(record: dict) -> bool:
-    """True if the lease's holder was a process on this machine that no longer runs."""
-    pid = record.get("pid")
-    return record.get("host") == this_host() and isinstance(pid, int) and not _process_exists(pid)
+    """True if the lease's holder was a process on this machine that no longer runs (its pid with its start time,
+    where the record has one: a later process given the same pid is not the holder; executor/store/processes.py)."""
+    pid, started = record.get("pid"), record.get("started")
+    return (record.get("host") == this_host() and isinstance(pid, int)
+            and not is_running(pid, started if isinstance(started, int) else None))  # fmt: skip
 
 
 def _lease_name(number: int) -> str:
@@ -164,6 +157,7 @@ class Lease:
                 "released": released,
                 "host": this_host(),
                 "pid": os.getpid(),
+                "started": start_ticks(os.getpid()),
             }
         ).encode()
 

@@ -30,6 +30,7 @@ from executor.run.gang import GangRecord, MemberRecord, bundle_specs, member_opt
 from executor.run.gang_member import GangMember, host_log_file
 from executor.store.events import StatusEvent, StepStatus, append_event, read_events
 from executor.store.layout import GANG_FILE
+from executor.store.processes import is_running
 from executor.store.step_log import StepLog
 from executor.watch.step_view import live_state
 from experiments import hero_535b
@@ -149,7 +150,8 @@ def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
     statuses = [event.status for event in read_events(str(output_path)) if event.attempt]
     assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
     gang = json.loads((output_path / GANG_FILE).read_text())
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
+    assert all(isinstance(member["started"], int) for member in gang["members"]), gang["members"]
+    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
     seen = [json.loads((Path(executor.output_paths[step]) / "seen.json").read_text()) for step in one_host]
     assert seen == [{"sum": 1.0, "devices": 2, "processes": 1}, {"sum": 3.0, "devices": 3, "processes": 1}]
 
@@ -223,7 +225,6 @@ def test_stalled_watch_allows_the_first_step_and_checkpoints_their_own_time_and_
     assert watch.stalled(now=10_000) is None
 
 
-
 def test_stalled_watch_gives_an_eval_its_own_allowance_from_its_start():
     """An eval completes no step (and the first compiles its program): `progress.EVAL` has `eval_timeout_s` from
     when the driver first saw it, as a checkpoint save has its own; training around it keeps the step allowance,
@@ -239,6 +240,7 @@ def test_stalled_watch_gives_an_eval_its_own_allowance_from_its_start():
     plain.heard(0, {"step": 4, "phase": "training"}, now=20)
     plain.heard(0, {"step": 4, "phase": progress.EVAL}, now=25)
     assert plain.stalled(now=31) is not None
+
 
 def counted_step(prefix: Path, name: str, progress_timeout_s: float | None = None,
                  **settings) -> tuple[Executor, ExecutorStep]:  # fmt: skip
@@ -280,7 +282,7 @@ def test_stalled_gang_member_that_answers_its_heartbeat_is_torn_down_and_the_ret
     assert time.monotonic() - started < 300  # the sleep was cut short by the teardown, not waited out
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert [member["progress_step"] for member in gang["members"]] == [7, 7]
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
+    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
 
 
 @pytest.mark.ray
@@ -309,15 +311,13 @@ def test_gang_member_stopped_is_found_hung_and_the_retry_resumes(tmp_path, local
     assert "GangMemberLostError" in message and "gang member 1 of 2" in message and ") hung:" in message, message
     assert "answered no heartbeat" in message, message
     gang = json.loads((output_path / GANG_FILE).read_text())
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
+    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
 
 
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_gang_member_whose_step_raises_fails_the_step_once_naming_the_member_and_leaves_no_process(
-    tmp_path, local_ray
-):
+def test_gang_member_whose_step_raises_fails_the_step_once_naming_the_member_and_leaves_no_process(tmp_path, local_ray):
     """Member 1's step raises ValueError inside iteration 2 (a bug in the step, not a lost host): the step is
     FAILED after one attempt (not retried as a lost member would be), its message names the member, the gang and
     the error, the traceback is the member's, and no member process is left behind."""
@@ -334,12 +334,11 @@ def test_gang_member_whose_step_raises_fails_the_step_once_naming_the_member_and
     assert not (output_path / "result.json").exists()
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert gang["state"] == "failed"
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"])]
+    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+def process_alive(pid: int, started: int | None) -> bool:
+    """`pid` runs (not a zombie) and is still the process that started at `started` (clock ticks after boot): a
+    suite wraps the machine's pids within minutes, and a member's pid may name another process by the time a test
+    looks (executor/store/processes.py)."""
+    return is_running(pid, started)

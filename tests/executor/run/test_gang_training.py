@@ -88,20 +88,20 @@ def run_gang(prefix: Path, data: dict[str, str], interfere: Callable[[Path], dic
 def faults_after_checkpoints(faults: list[tuple[int, int, int]]) -> Callable[[Path], dict]:
     """An `interfere` that, for each (checkpoint step, member rank, signal) in turn, waits until that checkpoint
     is complete and a gang is running, and sends the signal to that member of it. Returns the signalled gangs'
-    pids, in order."""
+    members (pid, start ticks), in order."""
 
     def interfere(prefix: Path) -> dict:
-        gangs: list[list[int]] = []
+        gangs: list[list[tuple[int, int | None]]] = []
         deadline = time.monotonic() + 1800
         for checkpoint, rank, signum in faults:
             while time.monotonic() < deadline:
                 gang_files = list(prefix.glob(f"train/tiny-moe-*/{GANG_FILE}"))
                 gang = json.loads(gang_files[0].read_text()) if gang_files else {}
-                pids = [member["pid"] for member in gang.get("members", [])]
-                running = gang.get("state") == "running" and pids not in gangs
+                members = [(member["pid"], member.get("started")) for member in gang.get("members", [])]
+                running = gang.get("state") == "running" and members not in gangs
                 if running and checkpoint in checkpoint_steps(gang_files[0].parent):
-                    os.kill(pids[rank], signum)
-                    gangs.append(pids)
+                    os.kill(members[rank][0], signum)
+                    gangs.append(members)
                     break
                 time.sleep(0.05)
         return {"signalled_gangs": gangs}
@@ -156,8 +156,8 @@ def check_torn_down_and_retried(run: dict, attempt: int, lost: str) -> None:
     assert statuses == [StepStatus.RUNNING, StepStatus.WAITING, StepStatus.RUNNING, StepStatus.SUCCESS]
     message = run["events"][2 * attempt - 1].message or ""
     assert "GangMemberLostError" in message and f") {lost}:" in message, message
-    gang_pids = run["signalled_gangs"][attempt - 1]
-    assert not [pid for pid in gang_pids if process_alive(pid)], f"a member of gang {gang_pids} survived"
+    members = run["signalled_gangs"][attempt - 1]
+    assert not [pid for pid, started in members if process_alive(pid, started)], f"a member of {members} survived"
 
 
 def final_loss(records: list[dict]) -> float:
@@ -204,6 +204,6 @@ def test_gang_member_killed_tears_the_gang_down_and_the_retry_resumes(faulted, o
     assert "Resuming training from step" in logs  # the second gang restored the first checkpoint
     gang = json.loads((faulted["output_path"] / GANG_FILE).read_text())
     assert gang["state"] == "finished" and not {m["pid"] for m in gang["members"]} & {
-        pid for pids in faulted["signalled_gangs"] for pid in pids
+        pid for members in faulted["signalled_gangs"] for pid, _ in members
     }
     assert abs(final_loss(faulted["records"]) - one_process[max(one_process)]) < 1e-5

@@ -261,7 +261,7 @@ def kill_member_once_past_a_checkpoint(prefix: Path, seen: dict[str, Any]) -> No
             lines = (folder / METRICS_FILE).read_text().splitlines() if (folder / METRICS_FILE).exists() else []
             logged = {json.loads(line)["step"] for line in lines if line.endswith("}")}
             if gang.get("state") == "running" and state.get("done") == 3 and 4 in logged:
-                seen["pid"] = gang["members"][1]["pid"]
+                seen["pid"], seen["started"] = gang["members"][1]["pid"], gang["members"][1]["started"]
                 os.kill(seen["pid"], signal.SIGKILL)
                 return
         time.sleep(0.02)
@@ -285,7 +285,7 @@ def test_a_real_gang_member_killed_shows_the_teardown_the_restart_and_the_resume
     assert "error" not in seen and "pid" in seen, seen
     output_path = executor.output_paths[step]
     assert json.loads(Path(output_path, "result.json").read_text()) == {"done": 8, "total": counted_total(8)}
-    assert not process_alive(seen["pid"])
+    assert not process_alive(seen["pid"], seen["started"])
 
     events = read_events(output_path)
     lines = files.metrics_records(str(Path(output_path, METRICS_FILE))) or []
