@@ -6,6 +6,7 @@
     step_rows.py   the one model of a step's state (status, attempts, times, drift, progress) and its listings
     experiments.py the one reader of the prefix's experiment files
     lease.py       numbered leases on exclusive create: who runs a step, and when a holder is lost
+    processes.py   a process on this machine named by its pid and start time, so pid reuse cannot pass for it
     step_log.py    a step's `logs/step.log`, uploaded while it runs
     metrics_log.py a step's live `metrics.jsonl` on any store
     probe.py       one bounded look at a command-line target before anything reads it
