@@ -178,8 +178,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # a worker inherits the controller's environment
     # A local Ray runs its workers at nice 15 (Ray's default), and the suite's own workers train at nice 0 beside
     # them: on 2 busy cores a step in a Ray worker got a few percent of a core (the tiny hero's d1024 at 16.7 s a
-    # step in CI), and its lease's renewal thread went 54.6 s without running, so the step stopped itself and was
-    # retried. The tests' Ray workers share the CPUs as equals (raylet reads RAY_worker_niceness when it starts).
+    # step in CI). The tests' Ray workers share the CPUs as equals (raylet reads RAY_worker_niceness at its start).
     os.environ.setdefault("RAY_worker_niceness", "0")
     # Tests compile much and run little, as the stand-in hosts do: LLVM's level 1 (executor/run/cpu_devices.py).
     os.environ["XLA_FLAGS"] = with_stand_in_flags(os.environ.get("XLA_FLAGS", ""))
