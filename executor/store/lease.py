@@ -53,8 +53,9 @@ STALE_ENV = "EXECUTOR_LEASE_STALE_S"
 
 @dataclass(frozen=True)
 class LeaseSettings:
-    heartbeat_s: float = 30.0
-    """How often a holder renews its lease."""
+    heartbeat_s: float = 15.0
+    """How often a holder renews its lease: three tries inside `renew_deadline_s`, so that one renewal slowed by a
+    busy machine or store (a worker given a few percent of a core took over 15 s) does not stop a running step."""
     stale_s: float = 90.0
     """A lease whose heartbeat is older than this may be taken over."""
 
