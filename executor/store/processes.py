@@ -13,13 +13,19 @@ import os
 from pathlib import Path
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the process's name: the 3rd (state) is [0], the 22nd (start time) is [19].
+    Raises OSError as reading it does (FileNotFoundError: no such process)."""
+    stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    return stat.rsplit(")", 1)[1].split()
+
+
 def start_ticks(pid: int) -> int | None:
     """When process `pid` started, in clock ticks after boot; None when there is no such process, or no /proc."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+        return int(_stat_fields(pid)[19])
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # fields after the name start at the 3rd: the 22nd is [19]
 
 
 def is_running(pid: int, started: int | None = None) -> bool:
@@ -27,12 +33,11 @@ def is_running(pid: int, started: int | None = None) -> bool:
     the process that started then (not a later one that was given the same pid). Without /proc (not Linux): whether
     a signal could be sent to `pid`."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+        fields = _stat_fields(pid)
     except FileNotFoundError:
         return False
     except OSError:
         return _signal_reaches(pid)
-    fields = stat.rsplit(")", 1)[1].split()
     return fields[0] != "Z" and (started is None or int(fields[19]) == started)
 
 

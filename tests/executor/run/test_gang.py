@@ -151,7 +151,7 @@ def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
     assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert all(isinstance(member["started"], int) for member in gang["members"]), gang["members"]
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
+    assert not [member["pid"] for member in gang["members"] if is_running(member["pid"], member["started"])]
     seen = [json.loads((Path(executor.output_paths[step]) / "seen.json").read_text()) for step in one_host]
     assert seen == [{"sum": 1.0, "devices": 2, "processes": 1}, {"sum": 3.0, "devices": 3, "processes": 1}]
 
@@ -282,7 +282,7 @@ def test_stalled_gang_member_that_answers_its_heartbeat_is_torn_down_and_the_ret
     assert time.monotonic() - started < 300  # the sleep was cut short by the teardown, not waited out
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert [member["progress_step"] for member in gang["members"]] == [7, 7]
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
+    assert not [member["pid"] for member in gang["members"] if is_running(member["pid"], member["started"])]
 
 
 @pytest.mark.ray
@@ -311,7 +311,7 @@ def test_gang_member_stopped_is_found_hung_and_the_retry_resumes(tmp_path, local
     assert "GangMemberLostError" in message and "gang member 1 of 2" in message and ") hung:" in message, message
     assert "answered no heartbeat" in message, message
     gang = json.loads((output_path / GANG_FILE).read_text())
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
+    assert not [member["pid"] for member in gang["members"] if is_running(member["pid"], member["started"])]
 
 
 @pytest.mark.ray
@@ -334,11 +334,4 @@ def test_gang_member_whose_step_raises_fails_the_step_once_naming_the_member_and
     assert not (output_path / "result.json").exists()
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert gang["state"] == "failed"
-    assert not [member["pid"] for member in gang["members"] if process_alive(member["pid"], member["started"])]
-
-
-def process_alive(pid: int, started: int | None) -> bool:
-    """`pid` runs (not a zombie) and is still the process that started at `started` (clock ticks after boot): a
-    suite wraps the machine's pids within minutes, and a member's pid may name another process by the time a test
-    looks (executor/store/processes.py)."""
-    return is_running(pid, started)
+    assert not [member["pid"] for member in gang["members"] if is_running(member["pid"], member["started"])]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gang import STAND_IN, process_alive
+from test_gang import STAND_IN
 from test_gang import local_ray as local_ray  # the gang tests' local Ray (module scoped)
 from test_train import build_data, checkpoint_steps, train_config, train_losses
 
@@ -30,6 +30,7 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
 from executor.run.gang_member import host_log_file
 from executor.store.events import StepStatus, read_events
 from executor.store.layout import GANG_FILE
+from executor.store.processes import is_running
 from steps.model.hf_export import HF_FOLDER, load_hf_export, read_weights
 from steps.train.train import TrainConfig, train
 from steps.train.train_metrics import read_metrics
@@ -157,7 +158,7 @@ def check_torn_down_and_retried(run: dict, attempt: int, lost: str) -> None:
     message = run["events"][2 * attempt - 1].message or ""
     assert "GangMemberLostError" in message and f") {lost}:" in message, message
     members = run["signalled_gangs"][attempt - 1]
-    assert not [pid for pid, started in members if process_alive(pid, started)], f"a member of {members} survived"
+    assert not [pid for pid, started in members if is_running(pid, started)], f"a member of {members} survived"
 
 
 def final_loss(records: list[dict]) -> float:

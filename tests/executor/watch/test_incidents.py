@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 import test_gang as gang_tests
 from browser_fixtures import DEADLINE_MS, expect, screenshot
-from test_gang import counted_step, counted_total, process_alive
+from test_gang import counted_step, counted_total
 from test_publish_browser import static_server
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.retry import RetryPolicy
 from executor.store.events import read_events
 from executor.store.layout import GANG_FILE, METRICS_FILE
+from executor.store.processes import is_running
 from executor.watch import files
 from executor.watch.app import DashboardApp
 from executor.watch.incidents import run_incidents
@@ -285,7 +286,7 @@ def test_a_real_gang_member_killed_shows_the_teardown_the_restart_and_the_resume
     assert "error" not in seen and "pid" in seen, seen
     output_path = executor.output_paths[step]
     assert json.loads(Path(output_path, "result.json").read_text()) == {"done": 8, "total": counted_total(8)}
-    assert not process_alive(seen["pid"], seen["started"])
+    assert not is_running(seen["pid"], seen["started"])
 
     events = read_events(output_path)
     lines = files.metrics_records(str(Path(output_path, METRICS_FILE))) or []
