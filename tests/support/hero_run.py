@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from paths import REPO
+from paths import REPO, with_wandb_as_shipped
 from run_processes import kill_all
 
 ROOT = REPO
@@ -60,7 +60,8 @@ def _start(prefix: Path, log: Path, temp: str, *args: str) -> subprocess.Popen:
                str(prefix), *args]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": temp})  # fmt: skip
+                                env={**with_wandb_as_shipped(dict(os.environ)), "PYTHONUNBUFFERED": "1",
+                                     "TMPDIR": temp})  # fmt: skip
 
 
 def _kill_run(temp: str) -> None:

@@ -10,3 +10,9 @@ TESTS = SUPPORT.parent
 DATA = TESTS / "data"
 """Small committed inputs: pinned step hashes, the tiny demo's metrics, memory plans."""
 REPO = TESTS.parent
+
+
+def with_wandb_as_shipped(environment: dict[str, str]) -> dict[str, str]:
+    """`environment` without the suite's WANDB_MODE=disabled (tests/conftest.py): a run started with it writes
+    wandb's offline files as a user's run does (steps/train/run_environment.py)."""
+    return {name: value for name, value in environment.items() if name != "WANDB_MODE"}

@@ -24,7 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from paths import REPO
+from paths import REPO, with_wandb_as_shipped
 
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
@@ -105,7 +105,9 @@ RUNNER = textwrap.dedent("""
 """)
 
 
-def start_train(prefix: Path, config: TrainConfig, log: Path) -> subprocess.Popen:
+def start_train(prefix: Path, config: TrainConfig, log: Path, wandb: bool = False) -> subprocess.Popen:
+    """The train step of `config` in an executor subprocess under `prefix`, its output appended to `log`; with
+    `wandb`, wandb writes its offline files as in a user's run (the suite turns it off elsewhere: tests/conftest.py)."""
     fields = {name: getattr(config, name) for name in config.__dataclass_fields__ if name != "output_path"}
     fields["shape"] = config.shape.__dict__
     if config.hero_hyperparameters is not None:
@@ -113,7 +115,8 @@ def start_train(prefix: Path, config: TrainConfig, log: Path) -> subprocess.Pope
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-c", RUNNER, str(prefix), json.dumps(fields)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+                                env={**(with_wandb_as_shipped(dict(os.environ)) if wandb else os.environ),
+                                     "PYTHONUNBUFFERED": "1"})  # fmt: skip
 
 
 def checkpoint_steps(output_path: Path) -> list[int]:
@@ -130,12 +133,12 @@ def files_under(folders: list[str]) -> dict[str, int]:
     return {str(path): path.stat().st_size for folder in folders for path in Path(folder).rglob("*") if path.is_file()}
 
 
-def kill_and_resume(data: dict[str, str], prefix: Path, config: TrainConfig) -> dict:
+def kill_and_resume(data: dict[str, str], prefix: Path, config: TrainConfig, wandb: bool = False) -> dict:
     """Run the train step in an executor subprocess, SIGKILL it once a temporary checkpoint below the last
-    step is complete, rerun it to the end; return what both runs left."""
+    step is complete, rerun it to the end; return what both runs left. `wandb`: as in `start_train`."""
     caches_before = files_under([data[source] for source in SOURCES])
     log = prefix / "runs.log"
-    first = start_train(prefix, config, log)
+    first = start_train(prefix, config, log, wandb)
     killed_at: list[int] = []
     deadline = time.monotonic() + 1800
     while first.poll() is None and time.monotonic() < deadline:
@@ -150,7 +153,7 @@ def kill_and_resume(data: dict[str, str], prefix: Path, config: TrainConfig) -> 
     assert killed_at, f"no checkpoint appeared before the run ended; see {log}:\n{log.read_text()[-3000:]}"
     output_path = next(prefix.glob("train/tiny-moe-*"))
     records_before = len(read_metrics(str(output_path)))
-    second = start_train(prefix, config, log)
+    second = start_train(prefix, config, log, wandb)
     assert second.wait(timeout=1800) == 0, log.read_text()[-3000:]
     return {"output_path": output_path, "killed_at": killed_at, "records_before": records_before,
             "records": read_metrics(str(output_path)), "log": log, "caches_before": caches_before,
@@ -166,7 +169,9 @@ def run_whole(prefix: Path, config: TrainConfig) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return kill_and_resume(data, tmp_path_factory.mktemp("train-prefix"), train_config(data, "unused"))
+    """The killed and resumed run, with wandb's offline files as a user's run writes them (the wandb service
+    stopped at the kill, its run resumed by the rerun, no error at exit)."""
+    return kill_and_resume(data, tmp_path_factory.mktemp("train-prefix"), train_config(data, "unused"), wandb=True)
 
 
 def test_moe_trains_and_its_loss_falls(killed_and_resumed):
@@ -471,6 +476,7 @@ def test_a_run_under_a_gs_prefix_checkpoints_resumes_and_is_watchable(data, gcs_
     from steps.train.train import train
 
     monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", os.environ["EXECUTOR_TEST_GCS_URL"])
+    monkeypatch.delenv("WANDB_MODE")  # wandb as shipped: offline files, uploaded at the end (tests/conftest.py)
     output = f"{gcs_emulator}/train-{os.getpid()}-{time.monotonic_ns()}"
     config = train_config(data, output, num_train_steps=6, steps_per_eval=3, checkpoint_every_steps=3)
     train(config)
