@@ -52,7 +52,9 @@ logger = logging.getLogger(__name__)
 NODE_ID_LABEL = "ray.io/node-id"
 """Ray's label of a node's own id: its topology strategy is the placement strategy across nodes."""
 POLL_S = 1.0
-"""How often the driver looks at its members (results and heartbeats)."""
+"""How often the driver looks at its members (results and heartbeats): each member is pinged at most once in that
+time (re-pinging as soon as an answer came back kept a driver thread and every member busy: ~40 CPU-s of the driver
+in a 3-minute gang, and each member answering)."""
 DEATH_GRACE_S = 10.0
 """After a member's step function raises, how long the driver waits for news of a dead peer."""
 TEARDOWN_TIMEOUT_S = 30.0
@@ -147,6 +149,8 @@ class MemberRecord:
     node_id: str | None = None
     ip: str | None = None
     last_heartbeat: float | None = None
+    heartbeats: int = 0
+    """Heartbeats it answered: at most one per `POLL_S`."""
     progress_step: int | None = None
     """The last step it completed (executor/run/gang_progress.py), as its latest heartbeat said."""
     domain: str | None = None
@@ -252,6 +256,7 @@ class _Gang:
         }
         pings: dict[Any, int] = {}
         heard = {rank: time.monotonic() for rank in range(len(self.actors))}
+        next_ping = dict.fromkeys(range(len(self.actors)), 0.0)
         resources = self.launch.resources
         advancing = progress.ProgressWatch(
             resources.progress_timeout_s or resources.hang_timeout_s,
@@ -263,11 +268,15 @@ class _Gang:
         failure: tuple[int, BaseException] | None = None
         failed_at = 0.0
         while runs:
+            now = time.monotonic()
             waiting_on = set(pings.values())
             for rank in runs.values():
-                if rank not in waiting_on:
+                if rank not in waiting_on and now >= next_ping[rank]:
                     pings[self.actors[rank].ping.remote()] = rank
-            ready, _ = ray.wait([*runs, *pings], num_returns=1, timeout=POLL_S)
+                    next_ping[rank] = now + POLL_S
+            due = [next_ping[rank] for rank in runs.values() if rank not in pings.values()]
+            wait_s = min(POLL_S, max(0.0, min(due, default=now + POLL_S) - now))
+            ready, _ = ray.wait([*runs, *pings], num_returns=1, timeout=wait_s)
             for ref in ready:
                 pinged = ref in pings
                 rank = pings.pop(ref) if pinged else runs.pop(ref)
@@ -284,6 +293,7 @@ class _Gang:
                 elif error is None:
                     heard[rank] = time.monotonic()
                     self.record.members[rank].last_heartbeat = time.time()
+                    self.record.members[rank].heartbeats += pinged
                     if rank not in runs.values():
                         self.record.members[rank].state = "finished"
             now = time.monotonic()

@@ -26,7 +26,7 @@ from executor.dag.plan import build_plan
 from executor.errors import ConfigError, StepFailedError
 from executor.run.backends import check_gang_storage
 from executor.run.cpu_devices import stand_in_environment, with_stand_in_flags
-from executor.run.gang import GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
+from executor.run.gang import POLL_S, GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
 from executor.run.gang_member import GangMember, host_log_file
 from executor.store.events import StatusEvent, StepStatus, append_event, read_events
 from executor.store.layout import GANG_FILE
@@ -289,10 +289,16 @@ def test_stalled_gang_member_that_answers_its_heartbeat_is_torn_down_and_the_ret
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_stalled_watch_never_tears_down_a_slow_gang_that_advances(tmp_path, local_ray):
-    """Six seconds an iteration, 24 s in all, against a hang timeout of 15 s: one attempt, SUCCESS."""
+    """Six seconds an iteration, 24 s in all, against a hang timeout of 15 s: one attempt, SUCCESS. The driver
+    heard each member's heartbeat about once a second all along, never faster (it re-pinged a member as soon as
+    it answered: thousands of heartbeats, a driver thread and every member kept busy)."""
     executor, step = counted_step(tmp_path, "gang/slow", iterations=4, pace_s=6.0)
+    started = time.monotonic()
     executor.run([step])
+    took_s = time.monotonic() - started
     output_path = Path(executor.output_paths[step])
+    heartbeats = [member["heartbeats"] for member in json.loads((output_path / GANG_FILE).read_text())["members"]]
+    assert all(5 <= count <= took_s / POLL_S + 1 for count in heartbeats), (heartbeats, took_s)
     assert json.loads((output_path / "result.json").read_text()) == {"done": 4, "total": counted_total(4)}
     statuses = [event.status for event in read_events(str(output_path)) if event.attempt]
     assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
