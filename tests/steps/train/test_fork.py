@@ -50,7 +50,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     parent = ExecutorStep(name="train/parent", fn=train, config=config)
     fork = fork_of(parent, step=FORK_AT, name="train/fork", learning_rate=versioned(1e-4))
     executor = Executor(str(prefix))
-    executor.run([parent, fork])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("WANDB_MODE")  # wandb as shipped (tests/conftest.py): the runs' offline records are read below
+        executor.run([parent, fork])
     return {"prefix": prefix, "executor": executor, "parent": parent, "fork": fork}
 
 
