@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from results import record  # noqa: E402
 
-from executor.run.cpu_devices import with_stand_in_flags  # noqa: E402
+from executor.run.cpu_devices import UNOPTIMIZED_XLA_FLAG, with_stand_in_flags  # noqa: E402
 from steps.model.model_size import MoeShape  # noqa: E402
 from steps.train.memory_model import memory_per_device  # noqa: E402
 
@@ -69,7 +69,6 @@ class MemoryProbe:
     @property
     def per_device_microbatch(self) -> int:
         return self.batch_size // self.devices if self.microbatch is None else self.microbatch
-
 
 
 def compiled_memory(probe: MemoryProbe) -> dict[str, int]:
@@ -254,7 +253,7 @@ def planned_bytes(probe: MemoryProbe) -> int:
     ).total
 
 
-COMPILE_ONLY_FLAGS = "--xla_backend_optimization_level=0"
+COMPILE_ONLY_FLAGS = UNOPTIMIZED_XLA_FLAG
 
 
 def measure(probes: list[MemoryProbe]) -> dict[str, dict[str, int]]:

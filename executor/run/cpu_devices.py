@@ -43,6 +43,14 @@ instead of 5.6 and the whole train step took ~15% less time, with losses equal t
 A flag the process's XLA_FLAGS already set stands."""
 
 
+UNOPTIMIZED_XLA_FLAG = "--xla_backend_optimization_level=0"
+"""LLVM at -O0, for a process that compiles much and compares more than it trains: the memory probes (compiled,
+never run) and the tests whose claim is one program against another under the same flags (microbatches against
+the whole batch, expert parallelism against one device). IEEE arithmetic either way, at ~25% less CPU a compile
+and slower steps: the router-microbatch tests took 107 CPU-s instead of 132, the expert-parallel ones 165 instead of
+183; a whole train step's run (test_train_expert_parallel.py) gained nothing, its steps and evals ran slower."""
+
+
 def stand_in_environment(cpu_devices_per_host: int | None) -> dict[str, str]:
     """Environment variables a step's (or gang member's) process needs before JAX loads: its fake CPU devices."""
     if cpu_devices_per_host is None:

@@ -27,10 +27,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from executor.run.cpu_devices import with_stand_in_flags
+from executor.run.cpu_devices import UNOPTIMIZED_XLA_FLAG, with_stand_in_flags
 
 DEVICES = int(sys.argv[1])
-os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={DEVICES}")
+# Expert parallelism against one device, both compiled alike: LLVM at -O0 (less CPU, same arithmetic).
+os.environ["XLA_FLAGS"] = with_stand_in_flags(
+    f"--xla_force_host_platform_device_count={DEVICES} {UNOPTIMIZED_XLA_FLAG}"
+)
 
 import haliax as hax  # noqa: E402
 import jax  # noqa: E402

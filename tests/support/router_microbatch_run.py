@@ -14,10 +14,13 @@ import os
 import sys
 import tempfile
 
-from executor.run.cpu_devices import with_stand_in_flags
+from executor.run.cpu_devices import UNOPTIMIZED_XLA_FLAG, with_stand_in_flags
 
 DEVICES = int(sys.argv[1])
-os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={DEVICES}")
+# Each count's step against the whole batch's, both compiled alike: LLVM at -O0 (less CPU, same arithmetic).
+os.environ["XLA_FLAGS"] = with_stand_in_flags(
+    f"--xla_force_host_platform_device_count={DEVICES} {UNOPTIMIZED_XLA_FLAG}"
+)
 
 import haliax as hax  # noqa: E402
 import jax  # noqa: E402
