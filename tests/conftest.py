@@ -181,8 +181,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # step in CI). The tests' Ray workers share the CPUs as equals (raylet reads RAY_worker_niceness at its start).
     os.environ.setdefault("RAY_worker_niceness", "0")
     # wandb off in the suite's training runs: offline, each run starts wandb's service process and imports its
-    # launch module (test_train.py: 245 CPU-s with it, 199 without). The runs that check its files take it back
-    # as shipped (tests/support/paths.py `with_wandb_as_shipped`): the tiny hero DAG, test_train's killed run.
+    # launch module (test_train.py: 245 CPU-s with it, 185 without). The runs whose wandb files a test reads keep
+    # it as shipped (tests/support/paths.py `with_wandb_as_shipped`): the tiny hero DAG, test_train's killed run
+    # and its GCS run, test_fork's runs.
     os.environ.setdefault("WANDB_MODE", "disabled")
     # Tests compile much and run little, as the stand-in hosts do: LLVM's level 1 (executor/run/cpu_devices.py).
     os.environ["XLA_FLAGS"] = with_stand_in_flags(os.environ.get("XLA_FLAGS", ""))

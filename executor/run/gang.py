@@ -293,7 +293,8 @@ class _Gang:
                 elif error is None:
                     heard[rank] = time.monotonic()
                     self.record.members[rank].last_heartbeat = time.time()
-                    self.record.members[rank].heartbeats += pinged
+                    if pinged:
+                        self.record.members[rank].heartbeats += 1
                     if rank not in runs.values():
                         self.record.members[rank].state = "finished"
             now = time.monotonic()
