@@ -60,7 +60,7 @@ def _start(prefix: Path, log: Path, temp: str, *args: str) -> subprocess.Popen:
                str(prefix), *args]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**with_wandb_as_shipped(dict(os.environ)), "PYTHONUNBUFFERED": "1",
+                                env={**with_wandb_as_shipped(os.environ), "PYTHONUNBUFFERED": "1",
                                      "TMPDIR": temp})  # fmt: skip
 
 

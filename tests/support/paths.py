@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 SUPPORT = Path(__file__).resolve().parent
@@ -12,7 +13,7 @@ DATA = TESTS / "data"
 REPO = TESTS.parent
 
 
-def with_wandb_as_shipped(environment: dict[str, str]) -> dict[str, str]:
+def with_wandb_as_shipped(environment: Mapping[str, str]) -> dict[str, str]:
     """`environment` without the suite's WANDB_MODE=disabled (tests/conftest.py): a run started with it writes
     wandb's offline files as a user's run does (steps/train/run_environment.py)."""
     return {name: value for name, value in environment.items() if name != "WANDB_MODE"}

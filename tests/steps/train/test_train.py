@@ -115,7 +115,7 @@ def start_train(prefix: Path, config: TrainConfig, log: Path, wandb: bool = Fals
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-c", RUNNER, str(prefix), json.dumps(fields)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
-                                env={**(with_wandb_as_shipped(dict(os.environ)) if wandb else os.environ),
+                                env={**(with_wandb_as_shipped(os.environ) if wandb else os.environ),
                                      "PYTHONUNBUFFERED": "1"})  # fmt: skip
 
 
