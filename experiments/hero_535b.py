@@ -293,7 +293,8 @@ def tiny_scale() -> Scale:
             learning_rate=1e-2,  # AdamW's (`--optimizer adamw`, the comparison docs/hero.md's recipe table shows)
             warmup=0.1,
             # The hero's recipe at the published heuristic's constants (no refit): on this DAG every rung trains
-            # lower than under AdamW at 1e-2 (5.61 against 5.87 at d768) and the hero lands in its band (-0.75%).
+            # lower than under AdamW at 1e-2 and the hero lands in its band (the figures: docs/hero.md's tables,
+            # rendered by benchmarks/bench_optimizers.py from a finished run).
             optimizer="hero",
             # Levanter's mixture rounds each component's count in a block down (the rest to the largest): 8
             # sequences served a cell planned at 8.3% nothing; 512 serves every cell of 1% or more within 10%,
