@@ -45,6 +45,7 @@ HEADLINES: dict[str, tuple[str, ...]] = {
     "bench_plan_memory": ("worst_ratio", "min_ratio", "max_ratio"),
     "bench_publish": ("bytes_per_line_ratio_k1", "bytes_per_line_ratio_k100", "idle_bytes"),
     "bench_optimizers": ("hero.hero_relative_error", "hero.hero_inside", "adamw.hero_relative_error"),
+    "bench_demo": ("run_s", "cpu_s", "rerun_over_run"),
 }
 """The figures a benchmark's summary row shows (those its results file holds); its own section shows them all."""
 

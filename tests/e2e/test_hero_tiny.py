@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 from browser_fixtures import DEADLINE_MS, expect, screenshot
 from hero_run import HeroRun, checkpoint_steps, files_under
-from paths import DATA
+from paths import DATA, REPO
 from test_publish_browser import check_hero_site
 from test_redaction_corpus import EMAIL, FREE_TEXT, PLANTED, searched
 
@@ -63,6 +64,26 @@ def test_every_step_succeeded_and_the_summary_says_where_and_how_well(hero_run: 
 
 def test_a_rerun_skips_every_step(hero_run: HeroRun) -> None:
     assert f"0 step(s) ran here, {TINY_STEPS} were already done" in hero_run.rerun_output, hero_run.rerun_output[-2000:]
+
+
+def test_the_demo_benchmark_reads_what_the_runs_print(hero_run: HeroRun) -> None:
+    """benchmarks/bench_demo.py takes its step counts and the hero's error from the demo's own summary: the real
+    runs' lines, as the files give them."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from bench_demo import summary_figures
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+    rerun, resumed = summary_figures(hero_run.rerun_output), summary_figures(hero_run.resumed_output)
+    assert (rerun["ran"], rerun["skipped"]) == (0, TINY_STEPS)
+    assert resumed["ran"] > 0 and resumed["ran"] + resumed["skipped"] == TINY_STEPS, resumed
+    band = json.loads((hero_run.outputs["scaling/ladder"] / "prediction.json").read_text())["prediction"]
+    hero = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())["macro_loss"]
+    assert resumed["hero_error_pct"] == round(100 * (hero - band["loss"]) / band["loss"], 2)
+    assert resumed["hero_inside"] is True
+    with pytest.raises(ValueError, match=r"printed no 'N step\(s\) ran here' summary"):
+        summary_figures(hero_run.resumed_output.split("step(s) ran here")[0])
 
 
 def test_force_run_reruns_just_that_step(hero_run: HeroRun) -> None:

@@ -105,6 +105,9 @@ class CpuMeter:
         outcome.get_result().user_properties.append(("cpu_s", self.since_last()))
 
     def pytest_unconfigure(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
         """Every process still in the group (this one, any a test left behind) back to the parent; the group gone."""
         parent = self.group.parent / "cgroup.procs"
         with contextlib.suppress(OSError):
