@@ -41,19 +41,24 @@ from results import record  # noqa: E402
 from run_processes import kill_all  # noqa: E402
 
 RUN_TIMEOUT_S = 3600
-SUMMARY_STEPS = re.compile(r"(\d+) step\(s\) ran here, (\d+) were already done")
+SUMMARY_STEPS = re.compile(
+    r"(\d+) step\(s\) ran here(?: \(\d+ taken over from a holder that was gone\))?"
+    r"(?:, (\d+) ran by another executor)?, (\d+) were already done"
+)
+"""The executor's summary line (executor/run/executor.py `Executor.summary`): ran here, by another executor, skipped."""
 SUMMARY_ERROR = re.compile(r"achieved vs predicted: ([+-][\d.]+)%, (inside|outside) the band")
 
 
 def summary_figures(output: str) -> dict[str, Any]:
-    """What the demo's closing summary says: steps run and skipped, and the hero's error against its prediction
-    (None where this run did not print it)."""
+    """What the demo's closing summary says: steps run here, by another executor and skipped, and the hero's
+    error against its prediction (None where this run did not print it)."""
     steps = SUMMARY_STEPS.findall(output)
     if not steps:
         raise ValueError(f"the demo printed no 'N step(s) ran here' summary; end of its output:\n{output[-3000:]}")
-    ran, skipped = (int(count) for count in steps[-1])
+    ran, elsewhere, skipped = (int(count or 0) for count in steps[-1])
     error = SUMMARY_ERROR.findall(output)
-    return {"ran": ran, "skipped": skipped, "hero_error_pct": float(error[-1][0]) if error else None,
+    return {"ran": ran, "elsewhere": elsewhere, "skipped": skipped,
+            "hero_error_pct": float(error[-1][0]) if error else None,
             "hero_inside": error[-1][1] == "inside" if error else None}  # fmt: skip
 
 
@@ -93,7 +98,7 @@ def measure(prefix: str, log: Path) -> dict[str, Any]:
             meter.stop()  # this process back to its parent group; the group removed
         shutil.rmtree(cache, ignore_errors=True)
     first, again = summary_figures(output), summary_figures(rerun_output)
-    if first["skipped"] or again["ran"]:
+    if first["skipped"] or first["elsewhere"] or again["ran"] or again["elsewhere"]:
         raise RuntimeError(f"expected a fresh run and a rerun that skips every step, got {first} then {again}; "
                            f"see {log}")  # fmt: skip
     return {
