@@ -9,13 +9,16 @@ each with a JAX compilation cache of its own run's making (a fresh clone's: empt
   `CpuMeter`); None where the machine has no writable one. `cores_busy` = `cpu_s / run_s`;
 - `rerun_s`, `rerun_steps_skipped`: the second run, which must skip every step, and `rerun_over_run`, its wall time
   as a share of the first's (the limit it is measured against: the run it skips);
-- `hero_error_pct`, `hero_inside`: the summary's achieved-vs-predicted line (the ladder's claim, on this run).
+- `hero_predicted` (with its band, `hero_low` .. `hero_high`), `hero_achieved`, `hero_error_pct`, `hero_inside`:
+  the summary's prediction and landing (the ladder's claim, on this run). They are this machine's: XLA compiles for
+  the CPU it runs on, so another vector extension lands elsewhere in the band (docs/hero.md, "On one machine"), and
+  the machine record names it (`vector_isa`, `cpu_id`).
 
 The machine's load at the start is among the figures (`load_average_start`), at the end in the machine record: a
 busy neighbour moves a wall time. `python benchmarks/render.py` (`make bench-docs`) puts the figures on the
 benchmarks page; tests/e2e/test_hero_tiny.py holds `summary_figures` to the real demo's output.
 
-    python benchmarks/bench_demo.py                    # ~6 minutes on 2 idle cores
+    python benchmarks/bench_demo.py                    # 6 to 10 minutes on 2 idle cores, by CPU
     python benchmarks/bench_demo.py --prefix /tmp/d    # keeps the prefix (a look: build/benchmarks/)
 """
 
@@ -47,17 +50,25 @@ SUMMARY_STEPS = re.compile(
 )
 """The executor's summary line (executor/run/executor.py `Executor.summary`): ran here, by another executor, skipped."""
 SUMMARY_ERROR = re.compile(r"achieved vs predicted: ([+-][\d.]+)%, (inside|outside) the band")
+SUMMARY_PREDICTED = re.compile(r"predicted \S+ loss: ([\d.]+) \(band ([\d.]+) \.\. ([\d.]+)\)")
+SUMMARY_ACHIEVED = re.compile(r"achieved macro held-out loss: ([\d.]+)")
+HERO_FIGURES = ("hero_predicted", "hero_low", "hero_high", "hero_achieved", "hero_error_pct", "hero_inside")
 
 
 def summary_figures(output: str) -> dict[str, Any]:
     """What the demo's closing summary says: steps run here, by another executor and skipped, and the hero's
-    error against its prediction (None where this run did not print it)."""
+    prediction (with its band), achieved loss and error (None where this run did not print them)."""
     steps = SUMMARY_STEPS.findall(output)
     if not steps:
         raise ValueError(f"the demo printed no 'N step(s) ran here' summary; end of its output:\n{output[-3000:]}")
     ran, elsewhere, skipped = (int(count or 0) for count in steps[-1])
-    error = SUMMARY_ERROR.findall(output)
+    error, predicted, achieved = (pattern.findall(output) for pattern in (SUMMARY_ERROR, SUMMARY_PREDICTED,
+                                                                         SUMMARY_ACHIEVED))  # fmt: skip
     return {"ran": ran, "elsewhere": elsewhere, "skipped": skipped,
+            "hero_predicted": float(predicted[-1][0]) if predicted else None,
+            "hero_low": float(predicted[-1][1]) if predicted else None,
+            "hero_high": float(predicted[-1][2]) if predicted else None,
+            "hero_achieved": float(achieved[-1]) if achieved else None,
             "hero_error_pct": float(error[-1][0]) if error else None,
             "hero_inside": error[-1][1] == "inside" if error else None}  # fmt: skip
 
@@ -109,8 +120,7 @@ def measure(prefix: str, log: Path) -> dict[str, Any]:
         "rerun_s": round(rerun_s, 1),
         "rerun_steps_skipped": again["skipped"],
         "rerun_over_run": round(rerun_s / run_s, 3),
-        "hero_error_pct": first["hero_error_pct"],
-        "hero_inside": first["hero_inside"],
+        **{key: first[key] for key in HERO_FIGURES},
         "load_average_start": load_start,
     }
 
@@ -122,7 +132,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         prefix = args.prefix or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-demo-"))
         log = Path(prefix).parent / f"{Path(prefix).name}.log"
-        print(f"make demo's DAG under {prefix} (output: {log}), then its rerun; ~6 minutes on 2 idle cores",
+        print(f"make demo's DAG under {prefix} (output: {log}), then its rerun; 6 to 10 minutes on 2 idle cores",
               file=sys.stderr)  # fmt: skip
         figures = measure(prefix, log)
     print(f"{figures['steps']} steps in {figures['run_s']:.0f} s ({figures['cpu_s']} CPU-s); rerun "

@@ -23,7 +23,8 @@ tests/project/test_optimizer_table.py fails when docs/hero.md's block is not wha
 optimizers.json:
 
     {"date": "2026-12-06", "started": ISO time (UTC), "git_commit": the worktree's HEAD,
-     "machine": {"cores": os.cpu_count(), "cpu": /proc/cpuinfo's model name,
+     "machine": {"cores", "cpu_model", "cpu_id", "vector_isa", "memory_gib": benchmarks/results.py's `machine()`
+                 (the file of 2026-12-06 has "cpu", the model name, alone),
                  "load_average_start": [1, 5, 15 min], "load_average_end": [...]},
      "optimizers": {"hero" | "adamw": {
          "recipe": the column's label (the rungs' train config, in words),
@@ -41,7 +42,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -55,7 +55,8 @@ REPO = Path(__file__).resolve().parent.parent
 # tests' `run_processes`.
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests" / "support")]
 
-from results import record  # noqa: E402
+from results import cpu_words, record  # noqa: E402
+from results import machine as machine_record  # noqa: E402
 from run_processes import kill_all  # noqa: E402
 
 from executor import storage  # noqa: E402
@@ -159,16 +160,6 @@ def read_figures(prefix: str, optimizer: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass  # not Linux: platform's word is the best there is
-    return platform.processor() or platform.machine()
-
-
 def _flops(value: float) -> str:
     """1.7e10, as the docs write FLOPs."""
     mantissa, exponent = f"{value:.1e}".split("e")
@@ -211,8 +202,8 @@ def render_block(results: dict[str, Any]) -> str:
         f"`{COLUMNS[1]}` minus `{COLUMNS[0]}` per rung: {differences}; alpha {columns[1]['fit']['alpha']:.4f} against"
         f" {columns[0]['fit']['alpha']:.4f}.",
         f"Produced by `python benchmarks/bench_optimizers.py` on {results['date']} (commit {results['git_commit'][:8]})"
-        f" on {machine['cores']} cores ({machine['cpu']}), load average (1 / 5 / 15 min) {start} at the start and {end}"
-        f" at the end: `{OPTIMIZERS[0]}` {minutes[OPTIMIZERS[0]]:.1f} min with the shared data steps,"
+        f" on {machine['cores']} cores ({cpu_words(machine)}), load average (1 / 5 / 15 min) {start} at the start and"
+        f" {end} at the end: `{OPTIMIZERS[0]}` {minutes[OPTIMIZERS[0]]:.1f} min with the shared data steps,"
         f" `{OPTIMIZERS[1]}` {minutes[OPTIMIZERS[1]]:.1f} min; figures in `benchmarks/results/optimizers.json`.",
     ]
     for note in notes:
@@ -236,10 +227,13 @@ def render_ladder(results: dict[str, Any]) -> str:
     verdict = "inside the band" if hero["inside"] else "OUTSIDE the band"
     achieved = f"{hero['achieved']:.3f}, {100 * hero['relative_error']:+.2f}%, {verdict}"
     lines.append(_row(f"{hero['name']} (hero) achieved", ["", "", "", achieved]))
+    machine = results["machine"]
     note = (
         f"The `{LADDER_OPTIMIZER}` column of `python benchmarks/bench_optimizers.py`'s run on {results['date']}"
-        f" (commit {results['git_commit'][:8]}), the DAG `make demo` runs; figures in"
-        " `benchmarks/results/optimizers.json`."
+        f" (commit {results['git_commit'][:8]}, {machine['cores']} cores: {cpu_words(machine)}), the DAG `make demo`"
+        " runs; figures in `benchmarks/results/optimizers.json`. They are that CPU's: another vector extension lands"
+        " elsewhere in the band ([On one machine](#on-one-machine)); `bench_demo`'s latest run, with its machine, is on"
+        " the [benchmarks page](benchmarks.md#bench_demo)."
     )
     return "\n".join([*lines, "", textwrap.fill(note, width=DOC_WIDTH, break_long_words=False)])
 
@@ -270,7 +264,8 @@ def measure(prefix: str, log: Path) -> dict[str, Any]:
     now = datetime.datetime.now(datetime.UTC)
     results: dict[str, Any] = {
         "date": now.date().isoformat(), "started": now.isoformat(timespec="seconds"), "git_commit": git_commit(),
-        "machine": {"cores": os.cpu_count(), "cpu": cpu_model(), "load_average_start": list(os.getloadavg())},
+        "machine": {**{key: value for key, value in machine_record().items() if key != "load_average"},
+                    "load_average_start": list(os.getloadavg())},
     }  # fmt: skip
     seconds = {}
     for optimizer in OPTIMIZERS:

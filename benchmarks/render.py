@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import cpu_words
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -121,7 +124,7 @@ def machine_line(result: dict[str, Any]) -> str:
     machine = result["machine"]
     load = " / ".join(number(float(load)) for load in machine["load_average"])
     memory = f", {number(machine['memory_gib'])} GiB" if machine.get("memory_gib") else ""
-    return f"{machine['cores']} cores ({machine['cpu_model']}){memory}, load {load} (1, 5, 15 min)"
+    return f"{machine['cores']} cores ({cpu_words(machine)}){memory}, load {load} (1, 5, 15 min)"
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:

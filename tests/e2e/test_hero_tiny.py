@@ -67,8 +67,8 @@ def test_a_rerun_skips_every_step(hero_run: HeroRun) -> None:
 
 
 def test_the_demo_benchmark_reads_what_the_runs_print(hero_run: HeroRun) -> None:
-    """benchmarks/bench_demo.py takes its step counts and the hero's error from the demo's own summary: the real
-    runs' lines, as the files give them."""
+    """benchmarks/bench_demo.py takes its step counts and the hero's prediction, landing and error from the demo's
+    own summary: the real runs' lines, as the files give them."""
     path = list(sys.path)
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
@@ -82,6 +82,10 @@ def test_the_demo_benchmark_reads_what_the_runs_print(hero_run: HeroRun) -> None
     band = json.loads((hero_run.outputs["scaling/ladder"] / "prediction.json").read_text())["prediction"]
     hero = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())["macro_loss"]
     assert resumed["hero_error_pct"] == round(100 * (hero - band["loss"]) / band["loss"], 2)
+    figures = {key: resumed[key] for key in ("hero_predicted", "hero_low", "hero_high", "hero_achieved")}
+    assert figures == {key: round(value, 4) for key, value in
+                       {"hero_predicted": band["loss"], "hero_low": band["low"], "hero_high": band["high"],
+                        "hero_achieved": hero}.items()}  # fmt: skip
     assert resumed["hero_inside"] is True
     with pytest.raises(ValueError, match=r"printed no 'N step\(s\) ran here' summary"):
         summary_figures(hero_run.resumed_output.split("step(s) ran here")[0])
@@ -94,6 +98,8 @@ def test_force_run_reruns_just_that_step(hero_run: HeroRun) -> None:
     assert [json.loads(line)["status"] for line in status.splitlines()].count("SUCCESS") == 2
     results = json.loads((hero_run.outputs["evaluate/d6144"] / "results.json").read_text())
     assert f"achieved macro held-out loss: {results['macro_loss']:.4f}" in hero_run.forced_output
+    # One machine repeats a run to the bit (docs/hero.md, "On one machine"): the same checkpoint, evaluated again.
+    assert results == json.loads(hero_run.evaluated_before_force)
 
 
 def test_the_killed_train_step_resumed_from_its_checkpoint(hero_run: HeroRun) -> None:

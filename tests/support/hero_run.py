@@ -43,6 +43,8 @@ class HeroRun:
     rerun_output: str
     forced_output: str
     """A fourth run with `--force_run ["evaluate/d6144"]`."""
+    evaluated_before_force: str
+    """evaluate/d6144's results.json as the second run wrote it, before the fourth ran the step again."""
 
 
 def checkpoint_steps(output_path: Path) -> list[int]:
@@ -108,6 +110,7 @@ def hero_run(tmp_path_factory: pytest.TempPathFactory) -> HeroRun:
     killed_step, killed_at, caches = _kill_mid_training(prefix, log)
     resumed = _run_to_end(prefix, log)
     rerun = _run_to_end(prefix, log)
+    evaluated = next(prefix.glob("evaluate/d6144-*/results.json")).read_text()
     forced = _run_to_end(prefix, log, "--force_run", '["evaluate/d6144"]')
     outputs = {}
     for status in prefix.rglob(".executor_status"):
@@ -116,4 +119,4 @@ def hero_run(tmp_path_factory: pytest.TempPathFactory) -> HeroRun:
         outputs[name] = folder
     return HeroRun(prefix=prefix, outputs=outputs, killed_step=killed_step, killed_at=killed_at,
                    cache_files_at_kill=caches, resumed_output=resumed,
-                   rerun_output=rerun, forced_output=forced)  # fmt: skip
+                   rerun_output=rerun, forced_output=forced, evaluated_before_force=evaluated)  # fmt: skip
