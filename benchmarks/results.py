@@ -25,6 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from executor.dag.records import cpu_words, this_cpu
+
+__all__ = ["cpu_words", "machine", "record"]
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 """The committed figures: one `<benchmark>.json` per benchmark run with its defaults."""
@@ -32,62 +36,6 @@ LOOKS = ROOT / "build" / "benchmarks"
 """Runs with other settings: kept out of the committed results."""
 
 _STARTED = time.monotonic()
-
-
-VECTOR_EXTENSIONS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"), ("sve", "SVE"),
-                     ("asimd", "NEON"))  # fmt: skip
-"""/proc/cpuinfo's flag of each vector extension, widest first, and its name on the page. XLA compiles for the CPU it
-runs on, and another extension rounds a reduction otherwise: a trained loss is the same to the bit on one machine
-and differs in its last bits on another (docs/hero.md, "On one machine"), so a figure names the extension too."""
-
-
-def cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (Linux; empty elsewhere)."""
-    fields: dict[str, str] = {}
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if not line.strip():
-                    break  # the first processor's block ends
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
-def cpu_model(fields: dict[str, str] | None = None) -> str:
-    """The CPU's model name as /proc/cpuinfo gives it (Linux), else what `platform` knows."""
-    fields = cpuinfo() if fields is None else fields
-    if fields.get("model name"):
-        return fields["model name"]
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def cpu_id(fields: dict[str, str] | None = None) -> str | None:
-    """The CPU's family and model ("family 25 model 1"): what tells one generation from another where a virtual
-    machine masks the model name ("AMD EPYC" for several); None where /proc/cpuinfo has no such fields (ARM)."""
-    fields = cpuinfo() if fields is None else fields
-    if "cpu family" not in fields or "model" not in fields:
-        return None
-    return f"family {fields['cpu family']} model {fields['model']}"
-
-
-def vector_isa(fields: dict[str, str] | None = None) -> str | None:
-    """The widest vector extension the CPU has (`VECTOR_EXTENSIONS`), None where /proc/cpuinfo lists no flags."""
-    fields = cpuinfo() if fields is None else fields
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    return next((name for flag, name in VECTOR_EXTENSIONS if flag in flags), None)
-
-
-def cpu_words(machine: dict[str, Any]) -> str:
-    """A machine record's CPU in words ("AMD EPYC, family 25 model 1, AVX2"): its model name (`cpu_model`, or
-    bench_optimizers' `cpu`), then its family and vector extension where recorded (a result from before they were
-    has the name alone)."""
-    words = [machine.get("cpu_model") or machine.get("cpu"), machine.get("cpu_id"), machine.get("vector_isa")]
-    return ", ".join(str(word) for word in words if word)
 
 
 def memory_gib() -> float | None:
@@ -106,12 +54,8 @@ def machine() -> dict[str, Any]:
     """The machine a figure was measured on: cores, CPU model (with its family and widest vector extension, which
     move a trained loss's last bits), memory and its load average (1, 5 and 15 minutes) as the benchmark ends,
     since a neighbour's load moves a wall time and the page says how busy it was."""
-    fields = cpuinfo()
     return {
-        "cores": os.cpu_count(),
-        "cpu_model": cpu_model(fields),
-        "cpu_id": cpu_id(fields),
-        "vector_isa": vector_isa(fields),
+        **this_cpu(),
         "memory_gib": memory_gib(),
         "load_average": [round(load, 2) for load in os.getloadavg()],
     }

@@ -14,10 +14,11 @@ hash: the same key under two prefixes is the same step, so its output should be 
     only in B   the other way round
 
 A step whose files no longer match its own manifest (edited after it committed) is said so: `verify` names them.
-Training is not bit-exact across CPU types (other SIMD widths sum in another order), so `rtol` lets the figures of
-JSON and JSONL files (metrics.jsonl, stats.json, results.json) differ by that relative tolerance, and the largest
-relative difference found is reported, which quantifies the drift. Every other file (shards, weights) must be
-byte-identical. `same_bytes=True` (`--bytes`) asks for the same bytes everywhere, times and all. With
+Training is not bit-exact across CPU types (other SIMD widths sum in another order): a DIFFERENT step whose two
+sides ran on CPUs of another kind says so (each `.executor_info` records its worker's `machine`), and `rtol` lets
+the figures of JSON and JSONL files (metrics.jsonl, stats.json, results.json) differ by that relative tolerance,
+and the largest relative difference found is reported, which quantifies the drift. Every other file (shards,
+weights) must be byte-identical. `same_bytes=True` (`--bytes`) asks for the same bytes everywhere, times and all. With
 `recorded=True` the digests the steps recorded are compared instead of reading every file (one read per step;
 tampering after commit goes unseen).
 """
@@ -29,7 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from executor.dag import equivalence
-from executor.dag.records import hash_files, output_digest
+from executor.dag.records import cpu_words, hash_files, info_path, output_digest
 from executor.store import storage
 from executor.store.events import StepStatus, parse_events
 from executor.store.experiments import read_experiment
@@ -209,9 +210,27 @@ def _compare_step(
         comparison.max_relative = max(comparison.max_relative, difference.relative)
     if any(not file.equivalent for file in comparison.files):
         comparison.outcome = Outcome.DIFFERENT
+        comparison.notes += _other_cpus(paths)
     elif comparison.files:
         comparison.files = [file for file in comparison.files if file.note]
     return comparison
+
+
+def _other_cpus(paths: tuple[str, str]) -> list[str]:
+    """A note where the two sides ran the step on CPUs of another kind or count (each `.executor_info`'s `machine`,
+    the worker's): XLA compiles for the CPU it runs on, and splits work by its cores, so trained figures differ in
+    their last bits there."""
+    infos = [storage.read_json(info_path(path)) for path in paths]
+    machines = [info.get("machine") if isinstance(info, dict) else None for info in infos]
+    if not all(isinstance(machine, dict) for machine in machines):
+        return []  # a side written before steps recorded their machine
+    cpu_a, cpu_b = (f"{cpu_words(machine)} ({machine.get('cores')} cores)" for machine in machines if machine)
+    if cpu_a == cpu_b:
+        return []
+    return [
+        f"ran on other CPUs: A {cpu_a}, B {cpu_b}; XLA compiles for the CPU it runs on, so trained figures differ in "
+        "their last bits there (--rtol R compares them within a relative R)"
+    ]
 
 
 def _sha(files: dict[str, dict[str, Any]], path: str) -> str | None:

@@ -49,6 +49,68 @@ def user_name() -> str:
         return str(os.getuid())
 
 
+VECTOR_EXTENSIONS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"), ("sve", "SVE"),
+                     ("asimd", "NEON"))  # fmt: skip
+"""/proc/cpuinfo's flag of each vector extension, widest first, and its name. XLA compiles for the CPU it runs on,
+and another extension rounds a sum otherwise: a trained loss is the same to the bit on one machine and differs in
+its last bits on another, so a step's record and a benchmark's name the extension."""
+
+
+def cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (Linux; empty elsewhere)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # the first processor's block ends
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def cpu_model(fields: dict[str, str]) -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (Linux), else what `platform` knows."""
+    if fields.get("model name"):
+        return fields["model name"]
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cpu_id(fields: dict[str, str]) -> str | None:
+    """The CPU's family and model ("family 25 model 1"): what tells one generation from another where a virtual
+    machine masks the model name ("AMD EPYC" for several); None where /proc/cpuinfo has no such fields (ARM)."""
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"family {fields['cpu family']} model {fields['model']}"
+
+
+def vector_isa(fields: dict[str, str]) -> str | None:
+    """The widest vector extension the CPU has (`VECTOR_EXTENSIONS`), None where /proc/cpuinfo lists no flags."""
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return next((name for flag, name in VECTOR_EXTENSIONS if flag in flags), None)
+
+
+@functools.cache
+def this_cpu() -> dict[str, Any]:
+    """The CPU this process runs on, as `.executor_info` records it under `machine` (and the benchmarks' results):
+    its cores, model name, family and model, and widest vector extension."""
+    fields = cpuinfo()
+    return {"cores": os.cpu_count(), "cpu_model": cpu_model(fields), "cpu_id": cpu_id(fields),
+            "vector_isa": vector_isa(fields)}  # fmt: skip
+
+
+def cpu_words(machine: dict[str, Any]) -> str:
+    """A machine record's CPU in words ("AMD EPYC, family 25 model 1, AVX2"): its model name (`cpu_model`, or
+    bench_optimizers' `cpu`), then its family and vector extension where recorded (an older record has the name
+    alone)."""
+    words = [machine.get("cpu_model") or machine.get("cpu"), machine.get("cpu_id"), machine.get("vector_isa")]
+    return ", ".join(str(word) for word in words if word)
+
+
 def step_info(planned: PlannedStep, *, worker: str | None = None, started: str | None = None) -> dict[str, Any]:
     step = planned.step
     return {

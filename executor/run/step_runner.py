@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.dag.pins import PinError, mismatch_message
-from executor.dag.records import clear_outputs, info_path, write_manifest
+from executor.dag.records import clear_outputs, info_path, this_cpu, write_manifest
 from executor.errors import LeaseLostError
 from executor.retry import is_transient
 from executor.run.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
@@ -230,7 +230,7 @@ def _record_start(task: StepTask, lease: Lease) -> _Attempt:
     started = StatusEvent(
         StepStatus.RUNNING, attempt=attempt.number, worker=lease.worker_id, details=details, lease=lease.number
     )
-    info = {**task.info, "worker": lease.worker_id, "started": started.time}
+    info = {**task.info, "worker": lease.worker_id, "started": started.time, "machine": this_cpu()}
     storage.write_json_atomic(info_path(task.output_path), info)
     append_event(task.output_path, started)
     logger.info("%s: RUNNING (attempt %d) %s", task.label, attempt.number, task.output_path)

@@ -14,6 +14,7 @@ import tensorstore
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, versioned
 from executor.cli.commands import main as cli_main
+from executor.dag.records import cpu_id, cpu_model, cpu_words, cpuinfo, this_cpu, vector_isa
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,63 @@ def test_a_changed_weight_or_loss_is_still_different(tmp_path: Path, capsys) -> 
     assert code == 0, out
     assert "metrics.jsonl: equal within rtol 0.01: largest relative difference 0.000999" in out, out
     assert "measured times set aside" in out
+
+
+ZEN3 = """processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: 25
+model		: 1
+model name	: AMD EPYC
+flags		: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni vaes
+
+processor	: 1
+vendor_id	: AuthenticAMD
+cpu family	: 25
+model		: 17
+model name	: AMD EPYC 9004
+flags		: fpu avx512f
+"""
+
+
+def test_the_cpu_record_names_the_generation_and_its_widest_vector_extension(tmp_path: Path) -> None:
+    """A virtual machine shows several generations as "AMD EPYC": the record takes the first processor's family,
+    model and widest vector extension (what XLA compiles for)."""
+    path = tmp_path / "cpuinfo"
+    path.write_text(ZEN3)
+    fields = cpuinfo(str(path))
+    assert (cpu_model(fields), cpu_id(fields), vector_isa(fields)) == ("AMD EPYC", "family 25 model 1", "AVX2")
+    assert vector_isa({"flags": "sse4_2 avx avx2 avx512f avx512bw"}) == "AVX-512"
+    assert vector_isa({"Features": "fp asimd evtstrm sve"}) == "SVE"
+    assert (cpu_id({"Features": "fp asimd"}), vector_isa({})) == (None, None)
+    assert cpuinfo(str(tmp_path / "absent")) == {}
+
+
+def test_a_different_step_says_when_its_two_runs_had_other_cpus(tmp_path: Path, capsys) -> None:
+    """Each attempt records the machine that ran it in `.executor_info`; a DIFFERENT step whose sides ran on CPUs of
+    another kind or count says so, naming both (trained figures differ in their last bits there), and says nothing
+    of machines where they match or where the step is the same."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    Executor(str(a)).run([_step()])
+    Executor(str(b)).run([_step(loss_scale=1.001)])
+    info_b = next((b / "train").iterdir()) / ".executor_info"
+    assert json.loads(info_b.read_text())["machine"] == this_cpu()
+    code, out = _compare(capsys, str(a), str(b))
+    assert code == 1 and "DIFFERENT  train/like-" in out and "other CPUs" not in out, out
+
+    info = json.loads(info_b.read_text())
+    other = {"cores": 8, "cpu_model": "AMD EPYC", "cpu_id": "family 25 model 17", "vector_isa": "AVX-512"}
+    info_b.write_text(json.dumps({**info, "machine": other}))
+    code, out = _compare(capsys, str(a), str(b))
+    ours = f"{cpu_words(this_cpu())} ({this_cpu()['cores']} cores)"
+    assert code == 1 and f"ran on other CPUs: A {ours}, B AMD EPYC, family 25 model 17, AVX-512 (8 cores)" in out, out
+
+    info_b.write_text(json.dumps({key: value for key, value in info.items() if key != "machine"}))
+    code, out = _compare(capsys, str(a), str(b))
+    assert code == 1 and "other CPUs" not in out, out  # a side recorded before steps named their machine
+
+    c = tmp_path / "c"
+    Executor(str(c)).run([_step()])
+    info_c = next((c / "train").iterdir()) / ".executor_info"
+    info_c.write_text(json.dumps({**json.loads(info_c.read_text()), "machine": other}))
+    code, out = _compare(capsys, str(a), str(c))
+    assert code == 0 and "other CPUs" not in out, out  # the same result: no word of machines
