@@ -24,7 +24,7 @@ optimizers.json:
 
     {"date": "2026-12-06", "started": ISO time (UTC), "git_commit": the worktree's HEAD,
      "machine": {"cores", "cpu_model", "cpu_id", "vector_isa", "memory_gib": benchmarks/results.py's `machine()`
-                 (the file of 2026-12-06 has "cpu", the model name, alone),
+                 (the file of 2026-12-06 has the model name alone),
                  "load_average_start": [1, 5, 15 min], "load_average_end": [...]},
      "optimizers": {"hero" | "adamw": {
          "recipe": the column's label (the rungs' train config, in words),
@@ -55,11 +55,12 @@ REPO = Path(__file__).resolve().parent.parent
 # tests' `run_processes`.
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests" / "support")]
 
-from results import cpu_words, record  # noqa: E402
 from results import machine as machine_record  # noqa: E402
+from results import record  # noqa: E402
 from run_processes import kill_all  # noqa: E402
 
 from executor import storage  # noqa: E402
+from executor.dag.records import cpu_words  # noqa: E402
 from executor.store.experiments import experiments_by_age, parse_experiment  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "optimizers.json"

@@ -25,9 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from executor.dag.records import cpu_words, this_cpu
-
-__all__ = ["cpu_words", "machine", "record"]
+from executor.dag.records import this_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

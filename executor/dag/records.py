@@ -104,10 +104,9 @@ def this_cpu() -> dict[str, Any]:
 
 
 def cpu_words(machine: dict[str, Any]) -> str:
-    """A machine record's CPU in words ("AMD EPYC, family 25 model 1, AVX2"): its model name (`cpu_model`, or
-    bench_optimizers' `cpu`), then its family and vector extension where recorded (an older record has the name
-    alone)."""
-    words = [machine.get("cpu_model") or machine.get("cpu"), machine.get("cpu_id"), machine.get("vector_isa")]
+    """A machine record's CPU in words ("AMD EPYC, family 25 model 1, AVX2"): its model name, then its family and
+    vector extension where recorded (an older record has the name alone)."""
+    words = [machine.get("cpu_model"), machine.get("cpu_id"), machine.get("vector_isa")]
     return ", ".join(str(word) for word in words if word)
 
 

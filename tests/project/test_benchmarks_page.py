@@ -70,16 +70,16 @@ def test_a_machine_record_names_the_cpu_generation_and_its_widest_vector_extensi
     """A trained loss's last bits follow the CPU's vector extension (XLA compiles for the host), and a virtual machine
     shows several generations as "AMD EPYC": a result's machine record says which one (the executor's own record of
     the CPU, tests/executor/dag/test_compare_equivalence.py), and the page's machine line shows it."""
-    from executor.dag.records import this_cpu
+    from executor.dag.records import cpu_words, this_cpu
 
     results = load("results")
     record = results.machine()
     assert {key: record[key] for key in this_cpu()} == this_cpu()
     words = ", ".join(word for word in (record["cpu_model"], record["cpu_id"], record["vector_isa"]) if word)
     assert render.machine_line({"machine": record}).startswith(f"{os.cpu_count()} cores ({words}), ")
-    # a record from before the fields were kept, and bench_optimizers' own (its model name under "cpu")
-    assert results.cpu_words({"cpu_model": "AMD EPYC"}) == "AMD EPYC"
-    assert results.cpu_words({"cpu": "AMD EPYC", "cpu_id": "family 25 model 1", "vector_isa": "AVX2"}) == (
+    # a record from before the fields were kept has the model name alone
+    assert cpu_words({"cpu_model": "AMD EPYC"}) == "AMD EPYC"
+    assert cpu_words({"cpu_model": "AMD EPYC", "cpu_id": "family 25 model 1", "vector_isa": "AVX2"}) == (
         "AMD EPYC, family 25 model 1, AVX2")  # fmt: skip
 
 

@@ -39,7 +39,7 @@ def test_the_docs_table_is_the_rendered_results() -> None:
 def test_the_results_hold_both_optimizers_with_every_figure() -> None:
     results = json.loads(load_script().RESULTS.read_text())
     assert {"date", "git_commit", "machine", "optimizers"} <= set(results)
-    assert {"cores", "cpu", "load_average_start", "load_average_end"} <= set(results["machine"])
+    assert {"cores", "cpu_model", "load_average_start", "load_average_end"} <= set(results["machine"])
     assert set(results["optimizers"]) == {"adamw", "hero"}
     for figures in results["optimizers"].values():
         assert [rung["name"] for rung in figures["rungs"]] == ["d768", "d1024", "d1536", "d2048"]
