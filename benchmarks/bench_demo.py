@@ -29,10 +29,8 @@ import contextlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests" / "suppo
 
 from durations_table import CpuMeter  # noqa: E402
 from results import record  # noqa: E402
-from run_processes import kill_all  # noqa: E402
+from run_processes import run_demo  # noqa: E402
 
 RUN_TIMEOUT_S = 3600
 SUMMARY_STEPS = re.compile(
@@ -73,25 +71,12 @@ def summary_figures(output: str) -> dict[str, Any]:
             "hero_inside": error[-1][1] == "inside" if error else None}  # fmt: skip
 
 
-def run_demo(prefix: str, cache: str, log: Path) -> tuple[float, str]:
+def run_once(prefix: str, cache: str, log: Path) -> tuple[float, str]:
     """One `make demo` run under `prefix`; its wall seconds and output (also appended to `log`)."""
-    command = [sys.executable, "experiments/hero_535b.py", "--scale", "tiny", "--backend", "ray", "--prefix", prefix]
-    temp = tempfile.mkdtemp(prefix="demo-", dir="/tmp")  # short: Ray's socket paths live under it
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TMPDIR": temp,
-           "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # fmt: skip
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                              timeout=RUN_TIMEOUT_S)  # fmt: skip
-    finally:
-        kill_all(temp)  # a local Ray's daemons outlive the driver's process group
-        shutil.rmtree(temp, ignore_errors=True)
-    seconds = time.perf_counter() - started
-    output = done.stdout.decode(errors="replace")
-    with open(log, "a", encoding="utf-8") as out:
-        out.write(output)
-    if done.returncode != 0:
-        raise RuntimeError(f"make demo's DAG failed (exit {done.returncode}); end of {log}:\n{output[-3000:]}")
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    code, seconds, output = run_demo(prefix, log, env=env, timeout_s=RUN_TIMEOUT_S)
+    if code != 0:
+        raise RuntimeError(f"make demo's DAG failed (exit {code}); end of {log}:\n{output[-3000:]}")
     return seconds, output
 
 
@@ -101,9 +86,9 @@ def measure(prefix: str, log: Path) -> dict[str, Any]:
     meter = CpuMeter.start(f"bench-demo-{os.getpid()}")
     try:
         before = meter.seconds() if meter else None
-        run_s, output = run_demo(prefix, cache, log)
+        run_s, output = run_once(prefix, cache, log)
         cpu_s = meter.seconds() - before if meter and before is not None else None
-        rerun_s, rerun_output = run_demo(prefix, cache, log)
+        rerun_s, rerun_output = run_once(prefix, cache, log)
     finally:
         if meter:
             meter.stop()  # this process back to its parent group; the group removed

@@ -46,7 +46,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests" / "suppo
 
 from results import machine as machine_record  # noqa: E402
 from results import record  # noqa: E402
-from run_processes import kill_all  # noqa: E402
+from run_processes import run_demo  # noqa: E402
 
 from executor import storage  # noqa: E402
 from executor.dag.records import cpu_words  # noqa: E402
@@ -79,28 +78,13 @@ DOC_WIDTH = 115
 """docs/hero.md's line width, for the notes under the table."""
 
 
-def _end_run(temp: str) -> None:
-    """Stop what is left of a run whose driver has exited (a local Ray's daemons outlive its process group)."""
-    kill_all(temp)
-
-
 def run_ladder(prefix: str, optimizer: str, log: Path) -> float:
     """The tiny hero DAG under `optimizer`; returns its wall seconds. Its output goes to `log`."""
-    command = [sys.executable, "experiments/hero_535b.py", "--scale", "tiny", "--backend", "ray",
-               "--prefix", prefix, "--optimizer", optimizer]  # fmt: skip
-    temp = tempfile.mkdtemp(prefix="optimizers-", dir="/tmp")  # short: Ray's socket paths live under it
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TMPDIR": temp}
-    started = time.perf_counter()
-    with open(log, "ab") as out:
-        try:
-            code = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                  timeout=RUN_TIMEOUT_S).returncode  # fmt: skip
-        finally:
-            _end_run(temp)
+    code, seconds, _output = run_demo(prefix, log, "--optimizer", optimizer, env=os.environ, timeout_s=RUN_TIMEOUT_S)
     if code != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"the tiny ladder with --optimizer {optimizer} failed (exit {code}); end of {log}:\n{tail}")
-    return time.perf_counter() - started
+    return seconds
 
 
 def _recipe_label(train_config: dict[str, Any]) -> str:

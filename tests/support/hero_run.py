@@ -14,16 +14,13 @@ else (Ray's workers rename themselves `ray::...`, and its daemons leave the driv
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from paths import REPO, with_wandb_as_shipped
-from run_processes import kill_all
+from run_processes import kill_all, run_demo, start_demo
 
 ROOT = REPO
 KILL_IN = "train/d768"
@@ -57,15 +54,6 @@ def files_under(folder: Path) -> dict[str, tuple[int, float]]:
     return {str(path): (path.stat().st_size, path.stat().st_mtime) for path in folder.rglob("*") if path.is_file()}
 
 
-def _start(prefix: Path, log: Path, temp: str, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "experiments/hero_535b.py", "--scale", "tiny", "--backend", "ray", "--prefix",
-               str(prefix), *args]  # fmt: skip
-    with open(log, "ab") as out:
-        return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**with_wandb_as_shipped(os.environ), "PYTHONUNBUFFERED": "1",
-                                     "TMPDIR": temp})  # fmt: skip
-
-
 def _kill_run(temp: str) -> None:
     """SIGKILL every process of the run, as a power cut would, until none is left."""
     survivors = kill_all(temp)
@@ -73,19 +61,14 @@ def _kill_run(temp: str) -> None:
 
 
 def _run_to_end(prefix: Path, log: Path, *args: str) -> str:
-    start = log.stat().st_size if log.exists() else 0
-    temp = tempfile.mkdtemp(prefix="hero-", dir="/tmp")  # short: Ray's socket paths live under it
-    process = _start(prefix, log, temp, *args)
-    code = process.wait(timeout=TIMEOUT_S)
-    text = log.read_text(errors="replace")[start:]
-    _kill_run(temp)  # the driver has exited; its local Ray's daemons go with it, or here
+    code, _seconds, text = run_demo(prefix, log, *args, env=with_wandb_as_shipped(os.environ), timeout_s=TIMEOUT_S)
     assert code == 0, f"the tiny hero DAG failed (exit {code}); end of {log}:\n{text[-4000:]}"
     return text
 
 
 def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], dict[str, tuple[int, float]]]:
-    temp = tempfile.mkdtemp(prefix="hero-", dir="/tmp")
-    process = _start(prefix, log, temp)
+    with open(log, "ab") as out:
+        process, temp = start_demo(prefix, out, env=with_wandb_as_shipped(os.environ))
     deadline = time.monotonic() + TIMEOUT_S
     while process.poll() is None and time.monotonic() < deadline:
         trained = list(prefix.glob(f"{KILL_IN}-*"))
