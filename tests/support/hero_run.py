@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from paths import REPO, with_wandb_as_shipped
+from paths import with_wandb_as_shipped
 from run_processes import kill_all, run_demo, start_demo
 
-ROOT = REPO
 KILL_IN = "train/d768"
 TIMEOUT_S = 2400
 
