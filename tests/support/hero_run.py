@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from paths import with_wandb_as_shipped
-from run_processes import kill_all, run_demo, start_demo
+from run_processes import end_run, run_demo, start_demo
 
 KILL_IN = "train/d768"
 TIMEOUT_S = 2400
@@ -53,12 +53,6 @@ def files_under(folder: Path) -> dict[str, tuple[int, float]]:
     return {str(path): (path.stat().st_size, path.stat().st_mtime) for path in folder.rglob("*") if path.is_file()}
 
 
-def _kill_run(temp: str) -> None:
-    """SIGKILL every process of the run, as a power cut would, until none is left."""
-    survivors = kill_all(temp)
-    assert not survivors, f"processes of the killed run survived: {survivors}"
-
-
 def _run_to_end(prefix: Path, log: Path, *args: str) -> str:
     code, _seconds, text = run_demo(prefix, log, *args, env=with_wandb_as_shipped(os.environ), timeout_s=TIMEOUT_S)
     assert code == 0, f"the tiny hero DAG failed (exit {code}); end of {log}:\n{text[-4000:]}"
@@ -75,12 +69,12 @@ def _kill_mid_training(prefix: Path, log: Path) -> tuple[Path, list[int], dict[s
         if steps and steps[-1] > 0:
             # The driver's local Ray outlives its process group, and its worker would finish the step on its own
             # (on a fast machine, before any rerun): kill the whole run.
-            _kill_run(temp)
+            end_run(temp)
             process.wait()
             caches = files_under(next(prefix.glob("tokenized/cells-*")))
             return trained[0], checkpoint_steps(trained[0]), caches
         time.sleep(0.1)
-    _kill_run(temp)
+    end_run(temp)
     raise AssertionError(f"{KILL_IN} never wrote a checkpoint before the run ended; end of {log}:\n"
                          f"{log.read_text(errors='replace')[-4000:]}")  # fmt: skip
 

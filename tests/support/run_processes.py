@@ -50,6 +50,14 @@ def kill_all(temp: str, timeout_s: float = 60) -> list[int]:
     return processes_of(temp)
 
 
+def end_run(temp: str) -> None:
+    """SIGKILL every process of the run, as a power cut would (`kill_all`), and remove its temp folder; a process that
+    survives is an AssertionError."""
+    survivors = kill_all(temp)
+    shutil.rmtree(temp, ignore_errors=True)
+    assert not survivors, f"processes of the run in {temp} survived SIGKILL: {survivors}"
+
+
 def start_demo(prefix: str | Path, out: IO[bytes], *args: str, env: Mapping[str, str]) -> tuple[subprocess.Popen, str]:
     """Start `make demo`'s DAG under `prefix` (`args` appended to its command line), printing to `out`, in a session and
     a temp folder of its own (TMPDIR, which also holds its local Ray's sessions): the process, and that folder, by which
@@ -67,7 +75,7 @@ def run_demo(
 ) -> tuple[int, float, str]:
     """`make demo`'s DAG run to its end (`start_demo`): its exit code, wall seconds and what it printed, which is also
     appended to `log`. Every process of the run is gone after, its local Ray's daemons too (they outlive the driver's
-    process group), and its temp folder removed; a process that survives SIGKILL is an AssertionError."""
+    process group), and its temp folder removed (`end_run`)."""
     start = log.stat().st_size if log.exists() else 0
     started = time.perf_counter()
     with open(log, "ab") as out:
@@ -75,7 +83,5 @@ def run_demo(
         try:
             code = process.wait(timeout=timeout_s)
         finally:
-            survivors = kill_all(temp)
-            shutil.rmtree(temp, ignore_errors=True)
-    assert not survivors, f"processes of the run under {prefix} survived SIGKILL: {survivors}"
+            end_run(temp)
     return code, time.perf_counter() - started, log.read_text(errors="replace")[start:]
