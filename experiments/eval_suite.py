@@ -20,7 +20,7 @@ from experiments.defaults import default_download
 from steps.corpora.eval_suite_text import EvalSuiteTextConfig, build_eval_suite_text
 from steps.corpora.locked_packages import file_sha256
 from steps.data.source_schema import SourceSchema
-from steps.tokenize.eval_suite import EvalSuiteConfig, build_eval_suite
+from steps.tokenize.configs import EvalSuiteConfig
 
 PALOMA_SOURCE = "hf://datasets/allenai/paloma"
 PALOMA_SUBSETS = (
@@ -95,7 +95,7 @@ def default_eval_suite(
     """Every subset tokenized with the run's tokenizer, capped to `tokens_per_subset`, as a validation cache."""
     return ExecutorStep(
         name="eval_suite",
-        fn=build_eval_suite,
+        fn="steps.tokenize.eval_suite:build_eval_suite",
         description=f"{len(subsets)} held-out subsets of {tokens_per_subset:,} tokens each (the ladder's metric)",
         config=EvalSuiteConfig(subsets=subsets, tokenizer_path=output_path_of(tokenizer),
                                output_path=THIS_OUTPUT_PATH, tokens_per_subset=versioned(tokens_per_subset),

@@ -81,9 +81,9 @@ from experiments.train_defaults import (
 )
 from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
-from steps.scaling.ladder import SUITE_MACRO_LOSS
+from steps.scaling.ladder_config import SUITE_MACRO_LOSS
 from steps.train.hardware import HARDWARE, Hardware, host_resources
-from steps.train.optimizer import OPTIMIZERS
+from steps.train.optimizer_settings import OPTIMIZERS
 from steps.train.parallelism import ParallelismPlan, devices_per_domain, expert_parallel_size, refuse_unless_fits
 from steps.train.step_time import StepTimeForecast, domains_used
 

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, ResourceConfig, output_path_of, versioned
-from steps.evaluate.evaluate import EvaluateConfig, evaluate
+from steps.evaluate.evaluate_config import EvaluateConfig
 from steps.model.model_size import MoeShape, active_params, total_params, training_flops
-from steps.scaling.ladder import MACRO_LOSS, LadderConfig, LadderRung, LadderTarget, predict_from_ladder
-from steps.tokenize.tokenize import TokenizeConfig, tokenize
+from steps.scaling.ladder_config import MACRO_LOSS, LadderConfig, LadderRung, LadderTarget
+from steps.tokenize.configs import TokenizeConfig
 from steps.train.hardware import Hardware, mfu_denominator
-from steps.train.optimizer import HeroHyperparameters, MoeHeuristic
+from steps.train.optimizer_settings import HeroHyperparameters, MoeHeuristic
 from steps.train.parallelism import ParallelismPlan, plan_parallelism
 from steps.train.step_time import StepTimeForecast, eval_allowance_s, forecast_step_time
-from steps.train.train import TrainConfig, train
+from steps.train.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def default_tokenize_cells(cells: ExecutorStep, tokenizer: ExecutorStep, validat
     """Every cell of a cells step tokenized by one step: `<cell>/train`, `<cell>/validation`, components.json."""
     return ExecutorStep(
         name="tokenized/cells",
-        fn=tokenize,
+        fn="steps.tokenize.tokenize:tokenize",
         description=f"Each cell into its own Levanter cache pair ({validation_fraction:.1%} held out)",
         config=TokenizeConfig(
             input_paths=[output_path_of(cells, "cells")],
@@ -217,7 +217,7 @@ def default_train(
     min_lr_ratio, lr_schedule = rung.schedule(recipe)
     return ExecutorStep(
         name=f"train/{rung.name}",
-        fn=train,
+        fn="steps.train.train:train",
         description=f"{rung.name}: {rung.shape.n_layers} layers, d={rung.shape.d_model}, {rung.steps} steps of "
         f"{rung.batch_size} x {rung.shape.seq_len} tokens",
         config=TrainConfig(
@@ -299,7 +299,7 @@ def default_evaluate(
     and every cell's validation split, over the sequences the train step's own evals read."""
     return ExecutorStep(
         name=f"evaluate/{rung.name}",
-        fn=evaluate,
+        fn="steps.evaluate.evaluate:evaluate",
         description=f"{rung.name}: held-out loss per suite subset and per cell, and their macro averages",
         config=EvaluateConfig(
             checkpoint_path=output_path_of(trained, "checkpoints"),
@@ -336,7 +336,7 @@ def default_scaling(
     loss the curve reads (`SUITE_MACRO_LOSS` where the rungs have an eval suite)."""
     return ExecutorStep(
         name="scaling/ladder",
-        fn=predict_from_ladder,
+        fn="steps.scaling.ladder:predict_from_ladder",
         description=f"L(C) = {asymptote:g} + A C^-alpha over {len(rungs)} rungs -> {target.name} at "
         f"{target.flops:.2g} FLOPs",
         config=LadderConfig(

@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import importlib.util
 import inspect
 import json
 import math
@@ -34,7 +35,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from executor.dag.spec import ExecutorStep, InputName, OutputName, VersionedValue
+from executor.dag.spec import ExecutorStep, InputName, OutputName, StepFunction, VersionedValue
 from executor.errors import ConfigError, UnversionableValueError
 
 Marker = VersionedValue | InputName | OutputName
@@ -220,6 +221,8 @@ def map_config(config: Any, resolve: Callable[[Marker], Any]) -> Any:
 
 
 def function_name(fn: Callable) -> str:
+    if isinstance(fn, StepFunction):
+        return fn.reference
     target = inspect.unwrap(getattr(fn, "func", fn))
     module = getattr(target, "__module__", None) or type(target).__module__
     qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
@@ -227,7 +230,10 @@ def function_name(fn: Callable) -> str:
 
 
 def code_fingerprint(fn: Callable) -> str | None:
-    """sha256 of `fn`'s source with comments, docstrings and formatting removed, or None if unknown."""
+    """sha256 of `fn`'s source with comments, docstrings and formatting removed, or None if unknown. A
+    `StepFunction`'s is read from its module's file, unimported: the fingerprint the function itself gets."""
+    if isinstance(fn, StepFunction):
+        return _fingerprint_reference(fn.module, fn.qualname)
     target = inspect.unwrap(getattr(fn, "func", fn))  # functools.partial -> its function
     code = getattr(target, "__code__", None)
     if code is None and callable(target) and not inspect.isfunction(target):  # a callable object
@@ -240,9 +246,94 @@ def code_fingerprint(fn: Callable) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _fingerprint_code(code: Any) -> str | None:
     try:
-        source = textwrap.dedent(inspect.getsource(code))
+        source = inspect.getsource(code)
     except (OSError, TypeError):
         return None
+    return _fingerprint_source(textwrap.dedent(source))
+
+
+def reference_problem(fn: StepFunction) -> str | None:
+    """What is wrong with a step's function reference, found without importing its module (so that a typo fails the
+    plan, not the step hours later): a module that cannot be found, or one whose file binds no such name at its top
+    level (by a def, a class, an assignment or an import). None where nothing is wrong, or nothing can be read."""
+    try:
+        spec = importlib.util.find_spec(fn.module)
+    except (ImportError, ValueError) as error:
+        return f"its function {fn.reference!r} names a module that cannot be found ({error})"
+    if spec is None:
+        return f"its function {fn.reference!r} names a module that cannot be found on sys.path"
+    parsed = _parsed_source(fn.module)
+    if parsed is None:
+        return None  # not Python source (an extension module): the run imports it
+    name, bound = fn.qualname.split(".", 1)[0], _top_level_names(parsed[1])
+    if name in bound or "*" in bound:
+        return None
+    return f"its function {fn.reference!r}: {spec.origin} defines no {name!r} at its top level"
+
+
+def _top_level_names(statements: list[ast.stmt]) -> set[str]:
+    """Names a module's top level binds, inside `if`, `try` and `with` blocks too ("*" for a star import)."""
+    names: set[str] = set()
+    for node in statements:
+        if isinstance(node, _DEFINITIONS):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".", 1)[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(leaf.id for target in targets for leaf in ast.walk(target) if isinstance(leaf, ast.Name))
+        for block in ("body", "orelse", "finalbody"):  # an `if`, `try`, `with` or `for` at the top level
+            if not isinstance(node, _DEFINITIONS) and isinstance(inner := getattr(node, block, None), list):
+                names |= _top_level_names(inner)
+        if isinstance(node, ast.Try):
+            for handler in node.handlers:
+                names |= _top_level_names(handler.body)
+    return names
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_source(module: str) -> tuple[str, list[ast.stmt]] | None:
+    """`module`'s source and its parsed top level, read from its file unimported; None where it has no Python source.
+    Finding the file imports the packages above the module, never the module itself."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as file:
+            source = file.read()
+        return source, ast.parse(source).body
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _fingerprint_reference(module: str, qualname: str) -> str | None:
+    """The function `qualname` (inside classes by dots) of `module`'s source file, from its first decorator to its
+    last line, as `inspect.getsource` gives it; None where there is none."""
+    parsed = _parsed_source(module)
+    if parsed is None:
+        return None
+    source, scope = parsed
+    node: ast.stmt | None = None
+    for part in qualname.split("."):
+        defined = [child for child in scope if isinstance(child, _DEFINITIONS) and child.name == part]
+        if not defined:
+            return None
+        node = defined[-1]  # the last definition of a name is the one the module holds
+        scope = node.body
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.end_lineno is None:
+        return None  # a class called as a step: as for any callable object, its code is not read
+    first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
+    return _fingerprint_source(textwrap.dedent("".join(source.splitlines(keepends=True)[first - 1 : node.end_lineno])))
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _fingerprint_source(source: str) -> str:
     try:
         tree = ast.parse(source)
     except SyntaxError:  # a lambda cut out of a larger expression

@@ -29,9 +29,10 @@ from executor.dag.identity import (
     function_name,
     hash_version,
     map_config,
+    reference_problem,
     walk_config,
 )
-from executor.dag.spec import ExecutorStep, InputName, OutputName, ResourceConfig, VersionedValue
+from executor.dag.spec import ExecutorStep, InputName, OutputName, ResourceConfig, StepFunction, VersionedValue
 from executor.errors import ConfigError, CycleError
 from executor.retry import DEFAULT_RETRY
 from executor.store import storage
@@ -179,7 +180,9 @@ class _Planner:
         blocking = list(blocking_found)
         version = self.version_of(step, dependencies)
         version_str, full_hash = hash_version(version)
-        fn_name, fingerprint = function_name(step.fn), code_fingerprint(step.fn)
+        fn_name, fingerprint = function_name(step.function), code_fingerprint(step.function)
+        if isinstance(step.fn, StepFunction) and (problem := reference_problem(step.fn)):
+            raise ConfigError(f"step {step.name!r} (defined at {step.defined_at}): {problem}")
 
         existing = self.by_identity.get((step.name, full_hash))
         if existing is not None:

@@ -10,6 +10,7 @@ in `identity.py` and `plan.py`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import posixpath
 import re
 import sys
@@ -85,6 +86,46 @@ class ResourceConfig:
                 raise ConfigError(f"ResourceConfig.{name} must be positive, got {getattr(self, name)}")
 
 
+_REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass(frozen=True)
+class StepFunction:
+    """A step's function named by reference, `"package.module:function"`, as an `ExecutorStep` may give it: the
+    DAG's definition then imports none of the step's code (nor JAX, Levanter and the rest that it imports), and
+    the process that runs the step imports it when it calls it. The executor names and fingerprints it from the
+    module's file, without importing it (`identity.code_fingerprint`): the same name and fingerprint as the
+    function itself gets."""
+
+    reference: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reference, str) or not _REFERENCE.match(self.reference):
+            raise ConfigError(f"step function {self.reference!r} is not a reference: write 'package.module:function'")
+
+    @property
+    def module(self) -> str:
+        return self.reference.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.reference.split(":", 1)[1]
+
+    def load(self) -> Callable[[Any], Any]:
+        """The function itself, its module imported."""
+        target: Any = importlib.import_module(self.module)
+        for part in self.qualname.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                raise ConfigError(f"step function {self.reference!r}: {self.module} has no {self.qualname}")
+        if not callable(target):
+            raise ConfigError(f"step function {self.reference!r} is a {type(target).__name__}, not a function")
+        return target
+
+    def __call__(self, config: Any) -> Any:
+        return self.load()(config)
+
+
 @dataclass(frozen=True, eq=False)
 class ExecutorStep[ConfigT]:
     """One node of the DAG: `fn(config)` writes its outputs under the step's output path.
@@ -95,8 +136,9 @@ class ExecutorStep[ConfigT]:
 
     name: str
     """Human name; the output path is `<prefix>/<name>-<hash>`. May contain `/` to group steps."""
-    fn: Callable[[ConfigT], Any]
-    """The function that does the work. It receives the config with every marker resolved."""
+    fn: Callable[[ConfigT], Any] | str
+    """The function that does the work. It receives the config with every marker resolved. A string
+    `"package.module:function"` names it without importing it: the step holds it as a `StepFunction`."""
     config: ConfigT
     """A dataclass instance (frozen is best) holding plain values and markers. If it has a `check_settings()`
     method, the planner calls it on the resolved config and turns a ValueError into a ConfigError naming the
@@ -123,6 +165,8 @@ class ExecutorStep[ConfigT]:
             raise ConfigError(
                 f"step name {self.name!r} is not valid: use letters, digits, '_', '-', '.', and '/' between parts"
             )
+        if isinstance(self.fn, str):
+            object.__setattr__(self, "fn", StepFunction(self.fn))
         if not callable(self.fn):
             raise ConfigError(f"step {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
         if not dataclasses.is_dataclass(self.config) or isinstance(self.config, type):
@@ -130,6 +174,12 @@ class ExecutorStep[ConfigT]:
                 f"step {self.name!r}: config must be a dataclass instance, got "
                 f"{type(self.config).__name__}; wrap the step's settings in a @dataclass(frozen=True)"
             )
+
+    @property
+    def function(self) -> Callable[[ConfigT], Any]:
+        """`fn` as the step holds it: a `StepFunction` where it was given by reference."""
+        assert not isinstance(self.fn, str), "ExecutorStep.__post_init__ holds a reference as a StepFunction"
+        return self.fn
 
     def cd(self, name: str) -> InputName:
         """A dependency on the subpath `name` of this step's output."""
@@ -139,7 +189,8 @@ class ExecutorStep[ConfigT]:
         return InputName(self, name)
 
     def __repr__(self) -> str:
-        return f"ExecutorStep(name={self.name!r}, fn={getattr(self.fn, '__qualname__', self.fn)!r})"
+        fn = self.fn.reference if isinstance(self.fn, StepFunction) else getattr(self.fn, "__qualname__", self.fn)
+        return f"ExecutorStep(name={self.name!r}, fn={fn!r})"
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,7 @@ class Executor:
         return StepTask(
             label=planned.label,
             output_path=planned.output_path,
-            fn=planned.step.fn,
+            fn=planned.step.function,
             config=planned.config,
             info=step_info(planned),
             fingerprint=planned.fingerprint,
@@ -278,7 +278,7 @@ class Executor:
         decision_of = {decision.planned: decision for decision in to_run}
         if not decision_of:
             return {}  # all done: no backend to start (a local Ray takes seconds)
-        steps = [(planned.step.resources, getattr(planned.step.fn, "__module__", "") or "") for planned in decision_of]
+        steps = [(planned.step.resources, planned.fn_name.split(":", 1)[0]) for planned in decision_of]
         backend = make_backend(self.backend, max_concurrent, steps)
         try:
             return schedule(

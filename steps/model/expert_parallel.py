@@ -178,12 +178,6 @@ def local_top_k(mesh: Mesh | None, scores: jax.Array, k: int) -> tuple[jax.Array
     return shard_map(per_device, mesh=mesh, in_specs=tokens, out_specs=(tokens, tokens))(scores)
 
 
-DROPLESS_ROUND_FACTOR = 1.25
-"""The slot grid of a dropless layer's rounds, as a capacity factor: a balanced router's fullest cell rarely
-passes 1.25 x a fair share, so one round mostly serves every copy; a skewed router takes more rounds, never
-a bigger buffer."""
-
-
 def routed_experts(
     mesh: Mesh,
     x: jax.Array,

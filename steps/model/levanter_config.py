@@ -45,6 +45,7 @@ from collections.abc import Collection, Mapping, Sequence
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig
 from levanter.utils.mesh import MeshConfig
 
+from steps.model.layout import uneven_splits
 from steps.model.model_size import MoeShape
 from steps.model.moe_model import MoeConfig
 
@@ -120,11 +121,6 @@ MESH_AXES = ("domain", "data", "expert")
 parallelism (FSDP) within a domain, and expert parallelism (inside one domain)."""
 
 
-def data_parallel_size(mesh: Mapping[str, int]) -> int:
-    """Devices a weight's FSDP shard and the batch split over besides `expert`: `domain` x `data`."""
-    return mesh.get("domain", 1) * mesh.get("data", 1)
-
-
 @dataclasses.dataclass(frozen=True)
 class RackMeshConfig(MeshConfig):
     """Levanter's mesh with `domain` its outermost axis, so that each domain is a block of consecutive devices
@@ -164,18 +160,6 @@ def trainer_mesh(mesh: Mapping[str, int] | None, shape: MoeShape, devices: int) 
         shared_mapping={"experts": "expert"},
         param_mapping={"embed": ("domain", "data", "expert"), "mlp": ("domain", "data")},
     )
-
-
-def uneven_splits(shape: MoeShape, mesh: Mapping[str, int]) -> list[str]:
-    """The dimensions `trainer_mesh`'s layout would split unevenly over `mesh` (JAX refuses those), as
-    "name (size by parts)"; empty when the mesh can be built for `shape`."""
-    data, expert = data_parallel_size(mesh), mesh.get("expert", 1)
-    split = {
-        "d_model over data x expert": (shape.d_model, data * expert),
-        "experts over expert": (shape.n_experts, expert),
-        "expert_width over data": (shape.expert_width, data),
-    }
-    return [f"{name} ({size} by {parts})" for name, (size, parts) in split.items() if size % parts]
 
 
 def lm_data_config(

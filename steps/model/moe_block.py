@@ -50,7 +50,6 @@ from levanter.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
 
 from steps.model.config import MoeArchitecture
 from steps.model.expert_parallel import (
-    DROPLESS_ROUND_FACTOR,
     CapacityGroups,
     capacity_groups,
     capacity_slots,
@@ -65,6 +64,7 @@ from steps.model.expert_parallel import (
     swiglu_experts,
     token_axes,
 )
+from steps.model.layout import DROPLESS_ROUND_FACTOR
 from steps.model.router_balance import RouterBalance, excess_histogram
 
 ROUTER_Z_LOSS = "router_z_loss"

@@ -31,13 +31,12 @@ Output: `prediction.json` (the dashboard's ladder view and the target's run view
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from executor import storage
 from steps.scaling.fit_checks import check_finite_losses, check_fit, fit_warnings
+from steps.scaling.ladder_config import MACRO_LOSS, SUITE_MACRO_LOSS, LadderConfig, LadderRung
 from steps.scaling.scaling import (
     MIN_RUNGS_FIXED,
     MIN_RUNGS_FREE,
@@ -48,63 +47,12 @@ from steps.scaling.scaling import (
     predict_with_band,
     prediction_document,
 )
-from steps.train.train_metrics import read_metrics
 
 logger = logging.getLogger(__name__)
 
 PREDICTION_FILE = "prediction.json"
-MACRO_LOSS = "eval/macro_loss"
-SUITE_MACRO_LOSS = "eval/suite/macro_loss"
 CURVE_POINTS = 19
 """Points of the predicted loss curve, from the first fraction of the run every rung was evaluated at to its end."""
-
-
-@dataclass(frozen=True)
-class LadderRung:
-    """One trained and evaluated rung."""
-
-    name: str
-    """Shown in plots and tables (e.g. "d768")."""
-    train_path: str
-    """The rung's train step output (metrics.jsonl). A dependency."""
-    evaluate_path: str
-    """The rung's evaluate step output (results.json). A dependency."""
-    flops: float
-    """Training FLOPs of the whole run (steps/model/model_size.training_flops)."""
-    tokens: float
-    """Tokens the run trains on."""
-    tokens_per_step: float
-    """Batch size x sequence length: turns a logged step into tokens."""
-
-
-@dataclass(frozen=True)
-class LadderTarget:
-    """The run the ladder predicts."""
-
-    name: str
-    flops: float
-    tokens: float
-    tokens_per_step: float
-
-
-@dataclass(frozen=True)
-class LadderConfig:
-    rungs: Sequence[LadderRung]
-    """At least four rungs (a free asymptote) or three (a fixed one): one more than the fitted parameters, so
-    that the band has residuals to measure noise by. Versioned through their figures."""
-    target: LadderTarget
-    """What to predict. Versioned."""
-    output_path: str
-    """Where prediction.json and fit.png go (THIS_OUTPUT_PATH)."""
-    asymptote: float | None = None
-    """Fix the irreducible loss E (the published method; what `default_scaling` does) or fit it (None).
-    Versioned."""
-    bootstrap_samples: int = 1000
-    """Residual-bootstrap draws behind the band when the asymptote is free (a fixed one's band is closed-form;
-    steps/scaling/scaling.py). Versioned."""
-    metric: str = MACRO_LOSS
-    """The train steps' logged loss the curve reads: `eval/macro_loss` (every component's) or, with an eval
-    suite, `SUITE_MACRO_LOSS`, whose final point is then the evaluate steps' suite `macro_loss`. Versioned."""
 
 
 def eval_curve(train_path: str, tokens_per_step: float, metric: str = MACRO_LOSS) -> tuple[list[float], list[float]]:
@@ -114,6 +62,8 @@ def eval_curve(train_path: str, tokens_per_step: float, metric: str = MACRO_LOSS
     Levanter logs the step just completed, counted from 0: a line at step s comes after s + 1 optimizer steps,
     so (s + 1) x tokens_per_step tokens. A resumed run logs some steps twice; the later line (the run that
     continued) wins."""
+    from steps.train.train_metrics import read_metrics  # here: it loads Levanter's tracker, which plans need not
+
     by_step: dict[int, float] = {}
     for record in read_metrics(train_path):
         if record.get("step") is not None and isinstance(record.get(metric), float | int):

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
 from executor import ConfigError, Shard, ShardWriter, run_sharded, storage
 from steps.data.documents import ReadReport, list_input_files, read_documents
+from steps.tokenize.configs import EvalSuiteConfig
 from steps.tokenize.levanter_cache import PartFigures, PartWriter, check_cache_path, write_sharded_ledger
 from steps.tokenize.tokenize import cache_metadata
 from steps.tokenize.train_tokenizer import load_tokenizer, special_token_ids
@@ -55,22 +55,6 @@ them as `eval/suite/macro_loss`."""
 
 class EvalSuiteError(ConfigError):
     """A subset cannot be evaluated: too little text, or none."""
-
-
-@dataclass(frozen=True)
-class EvalSuiteConfig:
-    subsets: Mapping[str, str]
-    """Subset name -> folder (or file) of its documents (JSONL or Parquet with `text` and `id`). Dependencies."""
-    tokenizer_path: str
-    """The run's tokenizer (a train_tokenizer output). A dependency."""
-    output_path: str
-    """Where each subset's `validation/` cache and suite.json go (THIS_OUTPUT_PATH)."""
-    tokens_per_subset: int
-    """Each subset's tokens, exactly (a subset with fewer is used whole): make it a multiple of the sequence
-    length, eval batch size x eval batches x sequence length to read every sequence once. Versioned."""
-    min_tokens: int = 1
-    """A subset with fewer tokens is refused (give the sequence length: Levanter reads no partial sequence).
-    Versioned."""
 
 
 def build_eval_suite(config: EvalSuiteConfig) -> dict[str, Any]:

@@ -42,16 +42,13 @@ from steps.model.checkpoints import DamagedCheckpointError, latest_checkpoint
 from steps.tokenize.levanter_cache import CacheCheckError, read_ledger, verify_cache
 from steps.tokenize.mixture_weights import WEIGHTS_FILE, Schedule, as_schedule, check_schedule, check_weights
 from steps.tokenize.tokenize import COMPONENTS_FILE
+from steps.train.train_config import TrainInputError
 from steps.train.train_metrics import read_metrics
 
 logger = logging.getLogger(__name__)
 
 MIXTURE_FILE = "mixture.json"
 """Under the train step's output: the schedule it trains on and the weights it dropped (cells tokenize left out)."""
-
-
-class TrainInputError(ValueError):
-    """The train step's inputs cannot make a run: reported before any compute is spent."""
 
 
 def check_cache(label: str, component: str, split_path: str, tokenizer_vocab: int, seq_len: int = 1) -> None:
@@ -202,32 +199,6 @@ def excluded_cells(components_path: str | None) -> list[str]:
         return []
     document = storage.read_json(storage.join(components_path, COMPONENTS_FILE)) or {}
     return sorted(document.get("excluded") or {})
-
-
-def check_optimizer_settings(
-    num_train_steps: int, learning_rate: float, warmup: float, min_lr_ratio: float, weight_decay: float
-) -> None:
-    """Raise TrainInputError naming each setting a run cannot train with, and what to set instead."""
-    problems = []
-    if isinstance(num_train_steps, bool) or not isinstance(num_train_steps, int) or num_train_steps < 1:
-        problems.append(f"num_train_steps={num_train_steps!r} must be a whole number of steps, at least 1")
-    if not _finite(learning_rate) or learning_rate <= 0:
-        problems.append(f"learning_rate={learning_rate!r} must be a finite number above 0 (the peak rate, e.g. 3e-3)")
-    if not _finite(weight_decay) or weight_decay < 0:
-        problems.append(f"weight_decay={weight_decay!r} must be a finite number, 0 or more")
-    if not _finite(min_lr_ratio) or not 0 <= min_lr_ratio <= 1:
-        problems.append(f"min_lr_ratio={min_lr_ratio!r} (final over peak learning rate) must lie in [0, 1]")
-    if not _finite(warmup) or warmup < 0:
-        problems.append(f"warmup={warmup!r} must be a fraction of the run in [0, 1) or a number of steps")
-    elif warmup >= 1 and isinstance(num_train_steps, int) and warmup > num_train_steps >= 1:
-        longer = f"warmup={warmup!r} steps is longer than the run (num_train_steps={num_train_steps})"
-        problems.append(f"{longer}; give a fraction below 1 or fewer steps")
-    if problems:
-        raise TrainInputError("; ".join(problems))
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 DAMAGED_FOLDER = "damaged-checkpoints"

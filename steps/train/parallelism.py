@@ -31,15 +31,16 @@ numbers and the smallest change that fits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import jmp
+from typing import TYPE_CHECKING
 
 from executor import ConfigError
-from steps.model.levanter_config import uneven_splits
+from steps.model.layout import uneven_splits
 from steps.model.model_size import MoeShape
-from steps.model.router_balance import RouterStatePolicy
 from steps.train.hardware import Hardware, hardware_profile
 from steps.train.memory_model import MemoryEstimate, memory_per_device
+
+if TYPE_CHECKING:
+    import jmp
 
 HEADROOM = 0.1
 """Share of a device's memory a plan leaves free (XLA's scratch, fragmentation, the runtime)."""
@@ -74,7 +75,7 @@ class ParallelismPlan:
     """The optimizer whose state is priced (steps/train/optimizer.py)."""
     notes: list[str] = field(default_factory=list)
     uneven: tuple[str, ...] = ()
-    """Dimensions the mesh would split unevenly (`levanter_config.uneven_splits`): such a plan cannot be laid
+    """Dimensions the mesh would split unevenly (`steps/model/layout.py`'s `uneven_splits`): such a plan cannot be laid
     out, whatever its memory, and is refused like one that does not fit."""
 
     def as_json(self) -> dict:
@@ -104,6 +105,10 @@ def precision_policy(compute_dtype: str) -> jmp.Policy:
     `compute_dtype` (jmp casts the parameters inside the loss), the router state kept in f32 (its counts)."""
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+    import jmp  # here, not above: it loads JAX, and a plan needs none of it
+
+    from steps.model.router_balance import RouterStatePolicy
+
     policy = jmp.get_policy(f"p=f32,c={compute_dtype}")
     return RouterStatePolicy(policy.param_dtype, policy.compute_dtype, policy.output_dtype)
 

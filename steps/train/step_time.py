@@ -48,8 +48,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from steps.model.expert_parallel import DROPLESS_ROUND_FACTOR
-from steps.model.levanter_config import data_parallel_size
+from steps.model.layout import DROPLESS_ROUND_FACTOR, data_parallel_size
 from steps.model.model_size import MoeShape, flops_per_token
 from steps.train.hardware import Hardware
 from steps.train.memory_model import (

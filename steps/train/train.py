@@ -49,9 +49,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,6 @@ from levanter.checkpoint import CheckpointerConfig
 from levanter.distributed import DistributedConfig
 from levanter.eval import TaggedEvaluator
 from levanter.main import train_lm
-from levanter.optim.config import OptimizerConfig
 from levanter.trainer import TrainerConfig
 
 from executor import progress, storage
@@ -73,7 +71,7 @@ from steps.model.checkpoints import check_checkpoints
 from steps.model.config import REMAT_POLICIES
 from steps.model.hf_export import HF_FOLDER, export_checkpoint
 from steps.model.levanter_config import lm_data_config, qwen3_moe_config, trainer_mesh
-from steps.model.model_size import MoeShape, flops_per_token
+from steps.model.model_size import flops_per_token
 from steps.model.moe_model import MoeConfig, MoeWatchConfig, dropped_share
 from steps.tokenize.eval_suite import load_suite
 from steps.tokenize.mixture_weights import Schedule, phase_start
@@ -84,7 +82,6 @@ from steps.train.input_checks import (
     MIXTURE_FILE,
     TrainInputError,
     check_cache,
-    check_optimizer_settings,
     checked_skips,
     damaged_checkpoint_set_aside,
     divergence_explained,
@@ -94,8 +91,6 @@ from steps.train.input_checks import (
     weights_file_schedule,
 )
 from steps.train.optimizer import (
-    HeroHyperparameters,
-    levanter_optimizer,
     write_optimizer_groups,
 )
 from steps.train.parallelism import precision_policy
@@ -108,160 +103,12 @@ from steps.train.run_environment import (
     local_dir,
     training_environment,
 )
+from steps.train.train_config import TrainConfig
 from steps.train.train_metrics import JsonlMetricsConfig, record_lineage, seal_prediction, wandb_config
 
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run."""
-
-    shape: MoeShape
-    """Model shape (width, layers, experts, top-k, vocabulary, sequence length). Versioned."""
-    tokenizer_path: str
-    """The train_tokenizer output the caches were tokenized with. A dependency."""
-    components: Mapping[str, str]
-    """Data component name -> tokenize step output (holding `train/` and `validation/` caches). Dependencies;
-    each component's validation split is evaluated on its own (`eval/<name>/loss`)."""
-    output_path: str
-    """Where checkpoints, metrics.jsonl, wandb/ and logs/ go (THIS_OUTPUT_PATH)."""
-    num_train_steps: int
-    """Optimizer steps. Versioned."""
-    train_batch_size: int
-    """Sequences per step; must split evenly over the devices (and microbatches). Versioned."""
-    weights: Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]] | None = None
-    """Mixture weight per component (default: equal), or phases `[(start_step, weights), ...]` that may start at
-    any step: the batches before a change are the ones the run without it reads (steps/train/data_order.py).
-    Versioned."""
-    components_path: str | None = None
-    """A `per_folder` tokenize output (one cache pair per cell): its components.json adds components at run
-    time, so a DAG need not know how many cells came out non-empty; its `train_only` cells (no validation
-    documents) are trained on and not evaluated. A dependency."""
-    mixture_weights_path: str | None = None
-    """A mixture_weights output: per-phase weights over the components, each phase starting at its share of
-    the steps (on a mixture block); replaces `weights`. Components it gives no weight are validation-only;
-    weights on cells that tokenize left out are dropped, logged and recorded in `mixture.json`; a weight on any
-    other name that is not a component (a typo) is refused. A dependency."""
-    mixture_block_size: int = 2048
-    """Sequences per block of Levanter's mixture (weights hold exactly within a block). Versioned."""
-    phase_steps: Sequence[int] | None = None
-    """The steps the mixture_weights phases after the first start at, any steps (the hero: its new mixture from
-    step 108,000); None: each at its share of the run, on a mixture block. Versioned."""
-    eval_suite_path: str | None = None
-    """An eval_suite output (steps/tokenize/eval_suite.py): its subsets are evaluated as validation-only
-    components `suite/<subset>`, logged as `eval/suite/<subset>/loss` and `eval/suite/macro_loss` (the ladder's
-    metric; the evaluate step reads the same sequences). A dependency."""
-    prediction_path: str | None = None
-    """A scaling step output whose predicted loss curve this run is watched against (the dashboard's run
-    view overlays it). A dependency: the prediction is registered before the run starts."""
-    learning_rate: float = 3e-3
-    """Peak learning rate. Versioned."""
-    weight_decay: float = 0.1
-    """AdamW decoupled weight decay. Versioned."""
-    warmup: float = 0.1
-    """Warm-up, as a fraction of the steps. Versioned."""
-    min_lr_ratio: float = 0.1
-    """Final learning rate over peak. Versioned."""
-    lr_schedule: str = "cosine"
-    """Levanter schedule name: cosine, linear, constant, inv_sqrt, wsd... Versioned."""
-    optimizer: str = "adamw"
-    """"adamw" (one AdamW at `learning_rate`) or "hero" (MuonH on matrices, AdamH on the readout, Adam on the
-    rest, at `hero_hyperparameters`' rates; steps/train/optimizer.py). Versioned where it is not the default
-    (`versioned_unless_default`), so that AdamW runs keep their hashes."""
-    hero_hyperparameters: HeroHyperparameters | None = None
-    """The hero optimizer's rates, betas and epsilon (steps/train/optimizer.py's `MoeHeuristic` derives them
-    from the run's tokens, batch and width); needed by "hero", unused by "adamw". Versioned."""
-    router_aux_loss_coef: float | None = 0.001
-    """Weight of the HF load-balancing loss (None: off). Versioned."""
-    router_bias_balancing: bool = False
-    """Aux-loss-free router-bias balancing, the hero's rule (steps/model/moe_model.py). Versioned."""
-    router_z_loss_weight: float = 0.0
-    """Weight of the router z-loss: logsumexp(router logits)^2, mean over tokens, summed over layers. Versioned."""
-    capacity_factor: float | None = None
-    """Tokens an expert takes per sequence, as a multiple of a fair share; the rest are dropped (the hero: 1.15),
-    in training and in the periodic evals. None: dropless. Capacity runs the experts as one batched matmul, much
-    faster on CPU. Versioned."""
-    router_combine: str = "softmax"
-    """Gate of the chosen experts' outputs: "softmax" or the hero's "sigmoid" (steps/model/config.py). Versioned."""
-    router_combine_sum: float = 1.0
-    """What the chosen experts' weights are renormalised to sum to (the hero: 2.5). Versioned."""
-    compute_dtype: str = "float32"
-    """What the forward and backward passes compute in: "float32", or "bfloat16" over float32 master weights,
-    gradients and AdamW moments (Levanter's mixed-precision policy `p=f32,c=<compute_dtype>`). Versioned:
-    bf16 rounds every activation."""
-    z_loss_weight: float = 0.0
-    """Weight of the output logits' z-loss (log-sum-exp squared). Versioned."""
-    seed: int = 0
-    """Seeds the initialisation, the data shuffle and the mixture. Versioned."""
-    steps_per_eval: int = 100
-    """Evaluate every component's validation split every this many steps. Plain."""
-    max_eval_batches: int | None = None
-    """Cap on eval batches per component (None: the whole split). Plain."""
-    eval_batch_size: int | None = None
-    """Sequences per eval batch, over all devices (None: the train batch, Levanter's default). Set it, with
-    `max_eval_batches`, to the evaluate step's batch and batches, so both read the same sequences whatever the
-    train batch. Plain."""
-    checkpoint_every_steps: int = 1000
-    """Permanent checkpoints every this many steps. Plain."""
-    temporary_checkpoint_seconds: float = 600.0
-    """A temporary checkpoint (only the latest kept) at most this often: what a killed run resumes from. Plain."""
-    watch_interval: int = 10
-    """Log gradient and parameter norms (total and per parameter) every this many steps. Plain."""
-    compile_once: bool | None = None
-    """One train step compiled, the watch inside it under a condition (`MoeWatchConfig.compile_once`), instead of
-    Levanter's two (with and without the watch). None: once for runs under `COMPILE_ONCE_BELOW_STEPS` steps, where a
-    compile is a large share of the run. Plain."""
-    per_device_parallelism: int = -1
-    """Sequences per device per microbatch (-1: the whole batch at once, no gradient accumulation). Plain: the router
-    bias is updated from the whole batch's statistics, so microbatching changes nothing but rounding (which, over
-    many steps, can flip a near-tied routing choice: docs/training.md, "Microbatches and the whole batch")."""
-    remat: str = "none"
-    """What the backward pass recomputes: "none", "layer" or "period" (steps/model/config.py); the memory plan
-    chooses it with the microbatch (steps/train/parallelism.py). Plain: it changes memory and time, not results."""
-    mesh: Mapping[str, int] | None = None
-    """The plan's device mesh, `{"data": D, "expert": E}` over all D x E devices (or `{"domain": R, "data": D,
-    "expert": E}` over R fast domains, `domain` x `data` then splitting as `data` does): the batch and the dense weights
-    (FSDP) split over both, routed experts over `expert` and FSDP over `data` (steps/model/levanter_config.py's
-    `trainer_mesh`). None: Levanter's default, every device on `data`. Plain: layout, not what is computed."""
-    peak_flops_per_device: float | None = None
-    """Dense bf16 peak FLOP/s of one device (steps/train/hardware.py); `mfu` in metrics.jsonl divides by it
-    times the devices the run sees (None: MFU not logged). Plain."""
-    wandb_project: str = "moe-train"
-    """wandb project name (offline unless WANDB_MODE says otherwise). Plain."""
-    hf_export: bool = True
-    """After training, export the final checkpoint under `hf/` (steps/model/hf_export.py). Plain."""
-    skip_batches: Sequence[tuple[int, int]] = ()
-    """[first step, end step) ranges of the data order never trained on, e.g. a rollback past a loss spike:
-    step t then trains on the t-th batch outside them (`fork_of(run, step=N, skip_batches=versioned(...))`).
-    Versioned."""
-    max_epochs: float | None = None
-    """No component is read more than this many times its length while sampling: a component reaching its cap
-    leaves the mixture and its weight goes to the others (None: uncapped, an exhausted one restarts). Versioned."""
-    initialize_from: str | None = None
-    """A checkpoint of another run to start from (a fork / rollback), `output_path_of(run, "checkpoints/step-N")`:
-    a dependency, hashed through that run's hash and the step. Ignored once the fork has checkpoints of its own."""
-    alerts: dict[str, float | str] | None = None
-    """Alert thresholds by `executor.watch.training.alerts.AlertRules` field name (None: its defaults), read by
-    `python -m executor publish` while the run goes on. Plain: tuning an alert never restarts a run."""
-
-    def check_settings(self) -> None:
-        """Refuse a schedule no run can train with (steps/train/input_checks.py); the planner calls it."""
-        check_optimizer_settings(
-            self.num_train_steps, self.learning_rate, self.warmup, self.min_lr_ratio, self.weight_decay
-        )
-        try:
-            self.levanter_optimizer()
-        except ValueError as error:
-            raise TrainInputError(str(error)) from error
-
-    def levanter_optimizer(self) -> OptimizerConfig:
-        """The optimizer as Levanter's config (steps/train/optimizer.py)."""
-        return levanter_optimizer(self.optimizer, learning_rate=self.learning_rate, weight_decay=self.weight_decay,
-                                  warmup=self.warmup, min_lr_ratio=self.min_lr_ratio, lr_schedule=self.lr_schedule,
-                                  hero=self.hero_hyperparameters)  # fmt: skip
 
 
 def train(config: TrainConfig) -> None:

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 from test_model_size import PUBLISHED
 
+from executor import StepFunction
+from executor.dag.identity import code_fingerprint, function_name
 from executor.dag.plan import build_plan
 from experiments import hero_535b
 from steps.model.levanter_config import qwen3_moe_config
@@ -110,3 +115,34 @@ def test_a_rung_may_carry_its_own_learning_rate() -> None:
                         weights)  # fmt: skip
     assert trained.config.learning_rate == VersionedValue(scale.recipe.learning_rate)
     assert own.config.learning_rate == VersionedValue(3e-2)
+
+
+TRAINING_LIBRARIES = ("jax", "jaxlib", "levanter", "haliax", "equinox", "optax", "transformers", "wandb", "torch")
+DRY_RUN = """
+import json, sys
+from experiments import hero_535b
+hero_535b.main(["--scale", "full", "--dry_run", "true", "--prefix", sys.argv[1]])
+hero_535b.main(["--scale", "tiny", "--dry_run", "true", "--prefix", sys.argv[1]])
+print("LOADED " + json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def test_the_dry_run_loads_no_training_library_and_each_step_names_its_function(tmp_path: Path) -> None:
+    """The DAG names its heavy steps' functions by reference (`"steps.train.train:train"`) and builds their configs
+    from modules of plain data (steps/train/train_config.py and the like), so a dry run of either scale, in a fresh
+    process, imports none of JAX, Levanter and the rest (most of the time a dry run took, before). Each reference
+    is planned with the name and the code fingerprint its function gets once imported."""
+    done = subprocess.run([sys.executable, "-c", DRY_RUN, str(tmp_path / "prefix")], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)  # fmt: skip
+    loaded = [line for line in done.stdout.splitlines() if line.startswith("LOADED ")]
+    assert loaded, done.stdout[-2000:] + done.stderr[-4000:]
+    assert not set(json.loads(loaded[0].removeprefix("LOADED "))) & set(TRAINING_LIBRARIES)
+    assert not (tmp_path / "prefix").exists()
+
+    plan = build_plan(hero_535b.build_dag(hero_535b.tiny_scale()).steps, str(tmp_path / "prefix"))
+    by_reference = {planned.fn_name: planned for planned in plan.steps if isinstance(planned.step.fn, StepFunction)}
+    assert {"steps.train.train:train", "steps.evaluate.evaluate:evaluate"} <= set(by_reference)
+    for reference, planned in by_reference.items():
+        function = planned.step.fn.load()
+        assert (function_name(function), code_fingerprint(function)) == (reference, planned.fingerprint), reference
+        assert planned.fingerprint is not None

@@ -28,7 +28,8 @@ from executor.store.layout import METRICS_FILE
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
 from steps.filter.fasttext_quality import TrainClassifierConfig, train_quality_classifier
 from steps.model.model_size import training_flops
-from steps.scaling.ladder import LadderConfig, LadderRung, LadderTarget, predict_from_ladder
+from steps.scaling.ladder import predict_from_ladder
+from steps.scaling.ladder_config import LadderConfig, LadderRung, LadderTarget
 from steps.tokenize.cells import CellsConfig, build_cells
 from steps.tokenize.mixture_weights import MixtureWeightsConfig, mixture_weights
 from steps.tokenize.train_tokenizer import load_tokenizer

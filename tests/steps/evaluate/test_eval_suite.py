@@ -38,7 +38,7 @@ from steps.corpora.locked_packages import (
 )
 from steps.corpora.text_corpus import TextCorpusConfig, build_text_corpus
 from steps.filter.decontaminate import DecontaminateConfig
-from steps.scaling.ladder import SUITE_MACRO_LOSS
+from steps.scaling.ladder_config import SUITE_MACRO_LOSS
 from steps.tokenize.eval_suite import EvalSuiteConfig, EvalSuiteError, build_eval_suite, load_suite
 from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer

@@ -14,7 +14,8 @@ from test_scaling import TRUE_E
 from test_train_bad_input import TARGET, ladder, run_through_executor
 
 from executor import THIS_OUTPUT_PATH
-from steps.scaling.ladder import LadderConfig, predict_from_ladder
+from steps.scaling.ladder import predict_from_ladder
+from steps.scaling.ladder_config import LadderConfig
 
 
 def damage(rung_path: str, file: str, how: str) -> Path:

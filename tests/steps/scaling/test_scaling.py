@@ -167,7 +167,7 @@ def write_rung(root, name: str, compute: float, tokens: float, tokens_per_step: 
     stale value first; the last eval is at the last step) and results.json with the final macro loss."""
     import json
 
-    from steps.scaling.ladder import LadderRung
+    from steps.scaling.ladder_config import LadderRung
 
     train, evaluate = root / f"train-{name}", root / f"eval-{name}"
     train.mkdir()
@@ -188,7 +188,8 @@ def write_rung(root, name: str, compute: float, tokens: float, tokens_per_step: 
 def test_the_scaling_step_predicts_the_target_from_rung_outputs(tmp_path) -> None:
     import json
 
-    from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
+    from steps.scaling.ladder import predict_from_ladder
+    from steps.scaling.ladder_config import LadderConfig, LadderTarget
 
     rungs = [
         write_rung(tmp_path, f"r{i}", c, tokens=1e6 * (i + 1), tokens_per_step=1e4, steps_per_eval=10)
@@ -215,7 +216,8 @@ def test_the_scaling_step_predicts_the_target_from_rung_outputs(tmp_path) -> Non
 
 
 def test_the_scaling_step_names_the_rung_without_results(tmp_path) -> None:
-    from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
+    from steps.scaling.ladder import predict_from_ladder
+    from steps.scaling.ladder_config import LadderConfig, LadderTarget
 
     rungs = [
         write_rung(tmp_path, f"r{i}", c, tokens=1e6, tokens_per_step=1e4, steps_per_eval=10)
@@ -268,7 +270,8 @@ def test_the_ladder_fits_the_eval_suites_macro_loss_not_the_cells(tmp_path) -> N
     metric during training and finds the other at the end is refused, naming the rung and its file."""
     import json
 
-    from steps.scaling.ladder import SUITE_MACRO_LOSS, LadderConfig, LadderTarget, predict_from_ladder
+    from steps.scaling.ladder import predict_from_ladder
+    from steps.scaling.ladder_config import SUITE_MACRO_LOSS, LadderConfig, LadderTarget
 
     rungs = [
         write_rung(tmp_path, f"r{i}", c, tokens=1e6, tokens_per_step=1e4, steps_per_eval=25)

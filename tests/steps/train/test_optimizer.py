@@ -31,7 +31,6 @@ from steps.train.optimizer import (
     GROUPS,
     HeroHyperparameters,
     HeroOptimizerConfig,
-    MoeHeuristic,
     levanter_optimizer,
     newton_schulz,
     optimizer_groups,
@@ -39,6 +38,7 @@ from steps.train.optimizer import (
     scale_by_adamh,
     scale_by_muonh,
 )
+from steps.train.optimizer_settings import NEWTON_SCHULZ_SCHEDULES, MoeHeuristic
 
 VOCAB = 128
 In, Out, Experts = hax.Axis("in", 24), hax.Axis("out", 40), hax.Axis("experts", 4)
@@ -282,6 +282,14 @@ def test_the_hero_optimizer_runs_the_schedule_its_hyperparameters_name() -> None
         np.testing.assert_allclose(update["proj"].weight.array, expected.weight.array, atol=1e-7)
     with pytest.raises(ValueError, match="none of Levanter's"):
         HeroHyperparameters(1e-3, 4e-3, 4e-3, newton_schulz_coefficients="cubic")
+
+
+def test_the_settings_name_levanters_schedules_and_no_other() -> None:
+    """HeroHyperparameters checks a schedule's name without importing Levanter (a DAG's definition does not load
+    it): the names it knows are the keys of Levanter's own table, whose triples the optimizer reads."""
+    assert NEWTON_SCHULZ_SCHEDULES == tuple(sorted(NEWTON_SCHULZ_COEFFICIENTS))
+    for schedule in NEWTON_SCHULZ_SCHEDULES:
+        assert HeroHyperparameters(1e-3, 4e-3, 4e-3, newton_schulz_coefficients=schedule).newton_schulz_steps == 5
 
 
 @pytest.mark.parametrize("max_grad_norm", [None, 1.0])

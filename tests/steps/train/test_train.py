@@ -34,7 +34,8 @@ from steps.tokenize.levanter_cache import load_cache
 from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
 from steps.train.input_checks import TrainInputError
-from steps.train.optimizer import OPTIMIZER_GROUPS_FILE, MoeHeuristic
+from steps.train.optimizer import OPTIMIZER_GROUPS_FILE
+from steps.train.optimizer_settings import MoeHeuristic
 from steps.train.run_environment import close_log_files, training_environment
 from steps.train.train import TrainConfig, check_inputs, data_mixture
 from steps.train.train_metrics import read_metrics

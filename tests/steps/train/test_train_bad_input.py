@@ -31,7 +31,8 @@ from executor.watch.files import metrics_records
 from executor.watch.site.publish import SitePublisher
 from executor.watch.training.alerts import read_alerts
 from steps.evaluate.evaluate import EvaluateConfig, evaluate
-from steps.scaling.ladder import LadderConfig, LadderTarget, predict_from_ladder
+from steps.scaling.ladder import predict_from_ladder
+from steps.scaling.ladder_config import LadderConfig, LadderTarget
 from steps.train.train import TrainConfig, data_mixture, record_mixture, train
 from steps.train.train_metrics import read_metrics
 
