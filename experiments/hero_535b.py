@@ -83,9 +83,9 @@ from steps.data.source_schema import SourceSchema, check_source_schema
 from steps.model.model_size import MoeShape, ladder_shape
 from steps.scaling.ladder_config import SUITE_MACRO_LOSS
 from steps.train.hardware import HARDWARE, Hardware, host_resources
-from steps.train.optimizer_settings import OPTIMIZERS
 from steps.train.parallelism import ParallelismPlan, devices_per_domain, expert_parallel_size, refuse_unless_fits
 from steps.train.step_time import StepTimeForecast, domains_used
+from steps.train.train_config import OPTIMIZERS
 
 logger = logging.getLogger(__name__)
 

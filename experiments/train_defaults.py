@@ -22,10 +22,9 @@ from steps.model.model_size import MoeShape, active_params, total_params, traini
 from steps.scaling.ladder_config import MACRO_LOSS, LadderConfig, LadderRung, LadderTarget
 from steps.tokenize.configs import TokenizeConfig
 from steps.train.hardware import Hardware, mfu_denominator
-from steps.train.optimizer_settings import HeroHyperparameters, MoeHeuristic
 from steps.train.parallelism import ParallelismPlan, plan_parallelism
 from steps.train.step_time import StepTimeForecast, eval_allowance_s, forecast_step_time
-from steps.train.train_config import TrainConfig
+from steps.train.train_config import HeroHyperparameters, MoeHeuristic, TrainConfig
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,7 @@ from collections.abc import Collection, Mapping, Sequence
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig
 from levanter.utils.mesh import MeshConfig
 
-from steps.model.layout import uneven_splits
-from steps.model.model_size import MoeShape
+from steps.model.model_size import MoeShape, uneven_splits
 from steps.model.moe_model import MoeConfig
 
 

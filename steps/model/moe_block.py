@@ -64,7 +64,7 @@ from steps.model.expert_parallel import (
     swiglu_experts,
     token_axes,
 )
-from steps.model.layout import DROPLESS_ROUND_FACTOR
+from steps.model.model_size import DROPLESS_ROUND_FACTOR
 from steps.model.router_balance import RouterBalance, excess_histogram
 
 ROUTER_Z_LOSS = "router_z_loss"

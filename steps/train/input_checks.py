@@ -10,8 +10,9 @@ Each names the step, the component or file, and what to do:
   otherwise train on a fraction of the intended mixture, unless tokenize listed that cell as left out
   (`excluded` in components.json): such weights are dropped, returned by name so that the step logs them and
   records them in `mixture.json` beside its metrics;
-- the optimizer settings (`check_optimizer_settings`), checked when the DAG is planned (`TrainConfig.check_settings`,
-  called by executor/dag/plan.py, which names the step, its hash and path): Levanter takes these as given, so
+- the optimizer settings (steps/train/train_config.py's `check_optimizer_settings`), checked when the DAG is
+  planned (`TrainConfig.check_settings`, called by executor/dag/plan.py, which names the step, its hash and path):
+  Levanter takes these as given, so
   `num_train_steps=-1` "trains" to step -1 and writes a checkpoint, 0 fails deep in its optimizer setup, a
   negative learning rate climbs the loss and a NaN one is only seen after a compiled step.
 

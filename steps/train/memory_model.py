@@ -51,8 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from steps.model.layout import DROPLESS_ROUND_FACTOR
-from steps.model.model_size import MoeShape, total_params
+from steps.model.model_size import DROPLESS_ROUND_FACTOR, MoeShape, total_params
 
 MASTER_BYTES, MOMENT_BYTES = 4, 8
 UPDATE_COPIES = 1.36

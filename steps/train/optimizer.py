@@ -43,7 +43,7 @@ from levanter.optim.config import AdamConfig, OptimizerConfig
 from levanter.optim.util import NEWTON_SCHULZ_COEFFICIENTS
 
 from executor import storage
-from steps.train.optimizer_settings import HeroHyperparameters, check_optimizer
+from steps.train.train_config import HeroHyperparameters, check_optimizer
 
 GROUPS = ("muonh", "adamh", "adam")
 OPTIMIZER_GROUPS_FILE = "optimizer_groups.json"

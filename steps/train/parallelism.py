@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from executor import ConfigError
-from steps.model.layout import uneven_splits
-from steps.model.model_size import MoeShape
+from steps.model.model_size import MoeShape, uneven_splits
 from steps.train.hardware import Hardware, hardware_profile
 from steps.train.memory_model import MemoryEstimate, memory_per_device
 
@@ -75,8 +74,8 @@ class ParallelismPlan:
     """The optimizer whose state is priced (steps/train/optimizer.py)."""
     notes: list[str] = field(default_factory=list)
     uneven: tuple[str, ...] = ()
-    """Dimensions the mesh would split unevenly (`steps/model/layout.py`'s `uneven_splits`): such a plan cannot be laid
-    out, whatever its memory, and is refused like one that does not fit."""
+    """Dimensions the mesh would split unevenly (`model_size.uneven_splits`): such a plan cannot be laid out,
+    whatever its memory, and is refused like one that does not fit."""
 
     def as_json(self) -> dict:
         return {

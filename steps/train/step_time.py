@@ -48,8 +48,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from steps.model.layout import DROPLESS_ROUND_FACTOR, data_parallel_size
-from steps.model.model_size import MoeShape, flops_per_token
+from steps.model.model_size import DROPLESS_ROUND_FACTOR, MoeShape, data_parallel_size, flops_per_token
 from steps.train.hardware import Hardware
 from steps.train.memory_model import (
     dense_layer_params,

@@ -15,5 +15,5 @@ REPO = TESTS.parent
 
 def with_wandb_as_shipped(environment: Mapping[str, str]) -> dict[str, str]:
     """`environment` without the suite's WANDB_MODE=disabled (tests/conftest.py): a run started with it writes
-    wandb's offline files as a user's run does (steps/train/run_environment.py)."""
+    wandb's offline files as a user's run does (steps/train/train.py `training_environment`)."""
     return {name: value for name, value in environment.items() if name != "WANDB_MODE"}

@@ -28,7 +28,7 @@ KERNEL = textwrap.dedent(r"""
     os.environ["XLA_FLAGS"] = with_stand_in_flags("--xla_force_host_platform_device_count=4")
     import jax, numpy as np
     from steps.model.expert_parallel import capacity_groups, routed_experts
-    from steps.model.layout import DROPLESS_ROUND_FACTOR
+    from steps.model.model_size import DROPLESS_ROUND_FACTOR
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "expert"))
     tokens, feature, width, experts, top_k, seq = 256, 32, 16, 8, 2, 32
     for argument in sys.argv[1:]:  # one process for every factor: each start imports JAX

@@ -1,4 +1,4 @@
-"""Evals in a progress phase of their own (steps/train/run_environment.py `EVAL`), and a gang of stand-in members
+"""Evals in a progress phase of their own (steps/train/train.py `EVAL`), and a gang of stand-in members
 whose eval outlasts the hang timeout that was the hero's whole progress allowance (600 s), watched by the
 executor's own `progress.ProgressWatch` with the resources the hero's train step asks for: a slow first eval is
 not called a stall, a member stuck for longer than the planned eval allowance still is."""
@@ -11,8 +11,8 @@ from executor import progress
 from experiments.eval_suite import PALOMA_SUBSETS
 from experiments.hero_535b import Scale, build_dag, full_scale, tiny_scale
 from experiments.train_defaults import Rung
-from steps.train.run_environment import EVAL, TRAINING, in_eval_phase
 from steps.train.step_time import EVAL_COMPILE_S, eval_allowance_s
+from steps.train.train import EVAL, TRAINING, in_eval_phase
 
 MEMBERS = 2
 

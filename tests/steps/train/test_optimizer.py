@@ -38,7 +38,7 @@ from steps.train.optimizer import (
     scale_by_adamh,
     scale_by_muonh,
 )
-from steps.train.optimizer_settings import NEWTON_SCHULZ_SCHEDULES, MoeHeuristic
+from steps.train.train_config import NEWTON_SCHULZ_SCHEDULES, MoeHeuristic
 
 VOCAB = 128
 In, Out, Experts = hax.Axis("in", 24), hax.Axis("out", 40), hax.Axis("experts", 4)

@@ -17,9 +17,8 @@ from paths import REPO
 
 from executor import storage
 from experiments import hero_535b
-from steps.model.layout import uneven_splits
 from steps.model.levanter_config import trainer_mesh
-from steps.model.model_size import flops_per_token, ladder_shape
+from steps.model.model_size import flops_per_token, ladder_shape, uneven_splits
 from steps.train.hardware import HARDWARE
 from steps.train.parallelism import (
     PlanDoesNotFitError,

@@ -35,9 +35,8 @@ from steps.tokenize.tokenize import TokenizeConfig, tokenize
 from steps.tokenize.train_tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
 from steps.train.input_checks import TrainInputError
 from steps.train.optimizer import OPTIMIZER_GROUPS_FILE
-from steps.train.optimizer_settings import MoeHeuristic
-from steps.train.run_environment import close_log_files, training_environment
-from steps.train.train import TrainConfig, check_inputs, data_mixture
+from steps.train.train import TrainConfig, check_inputs, close_log_files, data_mixture, training_environment
+from steps.train.train_config import MoeHeuristic
 from steps.train.train_metrics import read_metrics
 
 SOURCES = ("python_stdlib", "python_docstrings")
