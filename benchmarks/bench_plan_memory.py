@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from results import record  # noqa: E402
 
+from executor.run.collector import collect_rarely  # noqa: E402
 from executor.run.cpu_devices import UNOPTIMIZED_XLA_FLAG, with_stand_in_flags  # noqa: E402
 from steps.model.model_size import MoeShape  # noqa: E402
 from steps.train.memory_model import memory_per_device  # noqa: E402
@@ -308,6 +309,7 @@ def main() -> None:
     parser.add_argument("--compile", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compile is not None:
+        collect_rarely()
         compile_named(json.loads(args.compile))
         return
     result = compare([probe for probe in PROBES if args.only in probe.name])

@@ -19,6 +19,7 @@ import fsspec
 import pytest
 
 from executor import THIS_OUTPUT_PATH, ExecutorStep, output_path_of, versioned
+from executor.run.collector import collect_rarely
 from executor.run.cpu_devices import with_stand_in_flags
 
 # The gcs_emulator and s3_server fixtures; the tiny hero run; the browser tests' Chromium and page; the markers a
@@ -173,7 +174,11 @@ def pytest_configure(config: pytest.Config) -> None:
     Ray worker, a gang member) inherit through the environment: the stand-in hosts' XLA flags, and one persistent
     compilation cache, so that a program compiled once (the same tiny model trained, killed and resumed, rerun,
     evaluated) loads the second time. A cached executable is the one a fresh compile would give, so no result
-    changes. Set JAX_COMPILATION_CACHE_DIR yourself to keep a cache across sessions."""
+    changes. Set JAX_COMPILATION_CACHE_DIR yourself to keep a cache across sessions.
+
+    Every process of the session (the controller and each xdist worker, which trains and compiles in-process too)
+    runs Python's garbage collector as a step does (executor/run/collector.py)."""
+    collect_rarely()
     if hasattr(config, "workerinput"):
         return  # a worker inherits the controller's environment
     # A local Ray runs its workers at nice 15 (Ray's default), and the suite's own workers train at nice 0 beside

@@ -8,6 +8,7 @@
     step_task.py      what a backend hands a worker (StepTask) and gets back (StepResult)
     step_runner.py    one step's attempts: lease, heartbeat, status events, log, manifest, SUCCESS last
     interrupts.py     Ctrl-C and SIGTERM: stop at a step boundary, or abort
+    collector.py      Python's garbage collector collecting rarely while a step runs
     cpu_devices.py    fake CPU JAX devices for a step's stand-in hosts
     gang.py           a multi-host step as a gang of Ray actors, watched by progress
     gang_member.py    one host of a gang

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from executor.run import gang_progress as progress
+from executor.run.collector import rare_collections
 from executor.store.processes import start_ticks
 from executor.store.step_log import StepLog
 
@@ -102,7 +103,8 @@ class GangMember:
             progress.reset()
             try:
                 self._initialize_jax(coordinator)
-                fn(config)
+                with rare_collections():
+                    fn(config)
                 return progress.snapshot()
             except BaseException as error:
                 log.save_failure(error)

@@ -29,6 +29,7 @@ from executor.dag.pins import PinError, mismatch_message
 from executor.dag.records import clear_outputs, info_path, this_cpu, write_manifest
 from executor.errors import LeaseLostError
 from executor.retry import is_transient
+from executor.run.collector import rare_collections
 from executor.run.interrupts import Interrupter, StepAborted, StepInterrupted, StopSignal
 from executor.run.step_task import Outcome, StepResult, StepTask
 from executor.store import storage
@@ -252,7 +253,8 @@ def _call_step_fn(
                     deleted = clear_outputs(task.output_path)
                     logger.info("%s: force_run: deleted the old outputs %s", task.label, ", ".join(deleted) or "(none)")
                 storage.forget_listings(task.output_path, everything=True)
-                task.fn(task.config)
+                with rare_collections():
+                    task.fn(task.config)
             finally:
                 stop.unregister(interrupter)
     except BaseException as error:  # every outcome is recorded by the caller

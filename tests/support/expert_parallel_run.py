@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from executor.run.collector import collect_rarely
 from executor.run.cpu_devices import UNOPTIMIZED_XLA_FLAG, with_stand_in_flags
 
 DEVICES = int(sys.argv[1])
@@ -302,6 +303,7 @@ def both_runs() -> dict:
 
 
 if __name__ == "__main__":
+    collect_rarely()
     if sys.argv[2:] == ["layout"]:
         print("RESULT " + json.dumps(layout_runs()))
     elif sys.argv[2:] == ["both"]:

@@ -14,7 +14,10 @@ class GlobalSumConfig:
 
 
 def global_sum(config: GlobalSumConfig) -> None:
-    """Sum over a global array sharded over every device of every process; process 0 writes what it saw."""
+    """Sum over a global array sharded over every device of every process; process 0 writes what it saw, with the
+    young threshold of Python's garbage collector while the step ran (executor/run/collector.py)."""
+    import gc
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -26,7 +29,8 @@ def global_sum(config: GlobalSumConfig) -> None:
     total = float(jax.jit(jnp.sum)(array))
     if jax.process_index() == 0:
         os.makedirs(config.output_path, exist_ok=True)
-        seen = {"sum": total, "devices": jax.device_count(), "processes": jax.process_count()}
+        seen = {"sum": total, "devices": jax.device_count(), "processes": jax.process_count(),
+                "gc_young": gc.get_threshold()[0]}  # fmt: skip
         with open(os.path.join(config.output_path, "seen.json"), "w") as out:
             json.dump(seen, out)
 

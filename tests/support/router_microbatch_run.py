@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 
+from executor.run.collector import collect_rarely
 from executor.run.cpu_devices import UNOPTIMIZED_XLA_FLAG, with_stand_in_flags
 
 DEVICES = int(sys.argv[1])
@@ -114,4 +115,5 @@ def run(counts: list[int]) -> dict:
 
 
 if __name__ == "__main__":
+    collect_rarely()
     print("RESULT " + json.dumps(run([int(count) for count in sys.argv[2:]])))

@@ -25,6 +25,7 @@ from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig, p
 from executor.dag.plan import build_plan
 from executor.errors import ConfigError, StepFailedError
 from executor.run.backends import check_gang_storage
+from executor.run.collector import YOUNG_THRESHOLD
 from executor.run.cpu_devices import stand_in_environment, with_stand_in_flags
 from executor.run.gang import POLL_S, GangRecord, MemberRecord, bundle_specs, member_options, placement_strategy
 from executor.run.gang_member import GangMember, host_log_file
@@ -146,18 +147,22 @@ def test_gang_on_the_ray_backend_sees_the_global_devices(tmp_path, local_ray):
     executor.run([step, *one_host])
     output_path = Path(executor.output_paths[step])
     # Process 0 holds 0 and 1, process 1 holds 10 and 11, on 4 global devices.
-    assert json.loads((output_path / "seen.json").read_text()) == {"sum": 22.0, "devices": 4, "processes": 2}
+    assert json.loads((output_path / "seen.json").read_text()) == {"sum": 22.0, "devices": 4, "processes": 2,
+                                                                 "gc_young": YOUNG_THRESHOLD}
     statuses = [event.status for event in read_events(str(output_path)) if event.attempt]
     assert statuses == [StepStatus.RUNNING, StepStatus.SUCCESS]
     gang = json.loads((output_path / GANG_FILE).read_text())
     assert all(isinstance(member["started"], int) for member in gang["members"]), gang["members"]
     assert not [member["pid"] for member in gang["members"] if is_running(member["pid"], member["started"])]
     seen = [json.loads((Path(executor.output_paths[step]) / "seen.json").read_text()) for step in one_host]
-    assert seen == [{"sum": 1.0, "devices": 2, "processes": 1}, {"sum": 3.0, "devices": 3, "processes": 1}]
+    # Each step ran with the garbage collector a step gets, in a Ray worker (a gang member above) that Python started at
+    # its default of 700 (executor/run/collector.py).
+    assert seen == [{"sum": 1.0, "devices": 2, "processes": 1, "gc_young": YOUNG_THRESHOLD},
+                    {"sum": 3.0, "devices": 3, "processes": 1, "gc_young": YOUNG_THRESHOLD}]  # fmt: skip
 
 
 LOCAL_BACKEND_RUN = """
-import sys
+import gc, sys
 from gang_steps import CountedSumConfig, GlobalSumConfig, counted_sum, global_sum
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
 executor = Executor(sys.argv[1], backend="local")
@@ -168,22 +173,25 @@ for name, count in (("two", 2), ("three", 3)):
         executor.run([step])
     except Exception as error:
         print("FAILED", executor.output_paths[step], type(error).__name__)
+print("GC", gc.get_threshold())
 """
 
 
 @pytest.mark.slow
 def test_multi_host_reference_one_host_step_gets_its_fake_devices_on_the_local_backend(tmp_path):
     """The local backend runs steps in its own process, whose JAX takes the first step's devices; a later step
-    asking for another count is refused, naming itself and the way out, never run on the wrong devices."""
+    asking for another count is refused, naming itself and the way out, never run on the wrong devices. The step
+    ran with the garbage collector a step gets, and the process has its own thresholds back after the run."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(SUPPORT)])}
     env.pop("XLA_FLAGS", None)
     done = subprocess.run([sys.executable, "-c", LOCAL_BACKEND_RUN, str(tmp_path)], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(next(tmp_path.glob("one-host/sum-two-*/seen.json")).read_text())
-    assert seen == {"sum": 1.0, "devices": 2, "processes": 1}
+    assert seen == {"sum": 1.0, "devices": 2, "processes": 1, "gc_young": YOUNG_THRESHOLD}
     refused = next(tmp_path.glob("one-host/sum-three-*"))
     assert f"FAILED {refused} " in done.stdout, done.stdout
+    assert "GC (700, 10, 10)" in done.stdout, done.stdout  # Python's default, as the process started
     failure = [event for event in read_events(str(refused)) if event.status == StepStatus.FAILED][-1]
     assert "asks for 3 fake CPU devices" in (failure.message or "") and "--backend ray" in (failure.message or "")
     assert not (refused / "seen.json").exists()

@@ -12,6 +12,7 @@ from conftest import ray_cluster_on_this_machine
 from gang_steps import GlobalSumConfig, global_sum
 
 from executor import THIS_OUTPUT_PATH, Executor, ExecutorStep, ResourceConfig
+from executor.run.collector import YOUNG_THRESHOLD
 from executor.run.gang import placement_groups
 from executor.store.layout import GANG_FILE
 
@@ -42,7 +43,8 @@ def test_rack_placed_gang_keeps_consecutive_ranks_in_one_rack(tmp_path, two_rack
     executor = Executor(str(tmp_path), backend="ray", shared_filesystem=True)
     executor.run([step])
     output_path = Path(executor.output_paths[step])
-    assert json.loads((output_path / "seen.json").read_text()) == {"sum": 60.0, "devices": 4, "processes": 4}
+    assert json.loads((output_path / "seen.json").read_text()) == {"sum": 60.0, "devices": 4, "processes": 4,
+                                                                 "gc_young": YOUNG_THRESHOLD}
     gang = json.loads((output_path / GANG_FILE).read_text())
     racks = [member["domain"] for member in gang["members"]]
     nodes = [member["node_id"] for member in gang["members"]]

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.training
 
 KERNEL = textwrap.dedent(r"""
     import json, os, re, sys
+    from executor.run.collector import collect_rarely
     from executor.run.cpu_devices import with_stand_in_flags
+    collect_rarely()
     os.environ["XLA_FLAGS"] = with_stand_in_flags("--xla_force_host_platform_device_count=4")
     import jax, numpy as np
     from steps.model.expert_parallel import capacity_groups, routed_experts
@@ -119,7 +121,9 @@ def test_with_capacity_the_all_to_alls_carry_the_slot_grid_and_drop_as_one_devic
 
 EVAL_KERNEL = textwrap.dedent(r"""
     import json, os, re, sys
+    from executor.run.collector import collect_rarely
     from executor.run.cpu_devices import with_stand_in_flags
+    collect_rarely()
     os.environ["XLA_FLAGS"] = with_stand_in_flags("--xla_force_host_platform_device_count=4")
     import equinox as eqx, haliax as hax, jax, jax.numpy as jnp, numpy as np
     from levanter.utils.tree_utils import inference_mode

@@ -150,7 +150,9 @@ def test_a_bf16_compute_policy_keeps_the_router_state_exact() -> None:
 
 HISTOGRAM_ON_DEVICES = textwrap.dedent("""
     import json, os, re
+    from executor.run.collector import collect_rarely
     from executor.run.cpu_devices import with_stand_in_flags
+    collect_rarely()
     os.environ["XLA_FLAGS"] = with_stand_in_flags("--xla_force_host_platform_device_count=4")
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec

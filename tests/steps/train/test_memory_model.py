@@ -48,7 +48,9 @@ def test_every_planned_figure_lies_within_its_band_of_the_compiled_memory() -> N
 
 LAYOUT_CHECK = textwrap.dedent("""
     import json, os, sys
+    from executor.run.collector import collect_rarely
     from executor.run.cpu_devices import with_stand_in_flags
+    collect_rarely()
     os.environ["XLA_FLAGS"] = with_stand_in_flags("--xla_force_host_platform_device_count=4")
     import jax
     sys.path.insert(0, "benchmarks")

@@ -32,7 +32,9 @@ STEPS = 5
 
 RUNNER = textwrap.dedent("""
     import json, os, sys
+    from executor.run.collector import collect_rarely
     from executor.run.cpu_devices import with_stand_in_flags
+    collect_rarely()
     os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={sys.argv[1]}")
     import equinox as eqx, haliax as hax, jax, numpy as np
     from haliax import Axis
@@ -94,7 +96,9 @@ def fields_of(data: dict[str, str], output_path: Path, mesh: dict[str, int] | No
 
 EVALUATOR = textwrap.dedent("""
     import json, os, sys
+    from executor.run.collector import collect_rarely
     from executor.run.cpu_devices import with_stand_in_flags
+    collect_rarely()
     os.environ["XLA_FLAGS"] = with_stand_in_flags(f"--xla_force_host_platform_device_count={sys.argv[1]}")
     from steps.evaluate.evaluate import EvaluateConfig, evaluate
     from steps.model.model_size import MoeShape
