@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jmp
 from levanter.checkpoint import CheckpointerConfig
 from levanter.tracker import NoopConfig
 from levanter.trainer import TrainerConfig
@@ -14,11 +15,18 @@ from steps.train.parallelism import precision_policy
 
 
 def scratch_trainer_config(
-    scratch: str, run_id: str, mesh: MeshConfig, batch: int, steps: int, per_device_parallelism: int = -1
+    scratch: str,
+    run_id: str,
+    mesh: MeshConfig,
+    batch: int,
+    steps: int,
+    per_device_parallelism: int = -1,
+    mp: jmp.Policy | None = None,
 ) -> TrainerConfig:
+    """`mp`: the precision policy (None: the train step's f32, `precision_policy("float32")`)."""
     return TrainerConfig(
         mesh=mesh,
-        mp=precision_policy("float32"),
+        mp=mp or precision_policy("float32"),
         train_batch_size=batch,
         per_device_parallelism=per_device_parallelism,
         num_train_steps=steps,
