@@ -65,7 +65,7 @@ from steps.model.expert_parallel import (
     token_axes,
 )
 from steps.model.model_size import DROPLESS_ROUND_FACTOR
-from steps.model.router_balance import RouterBalance, excess_histogram
+from steps.model.router_balance import RouterBalance, excess_histogram, router_dtype
 
 ROUTER_Z_LOSS = "router_z_loss"
 LOAD_BALANCING_LOSS = "load_balancing_loss"
@@ -235,7 +235,8 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         if split:
             x_flat = hax.named(shard_tokens(mesh, x_flat.array), x_flat.axes)
         token = x_flat.resolve_axis("token")
-        logits = self.gate(x_flat, key=k_gate).astype(jnp.float32).rename({config.RouterExperts: config.Experts})
+        logits = self.gate(x_flat, key=k_gate)
+        logits = logits.astype(router_dtype(logits.dtype)).rename({config.RouterExperts: config.Experts})
         logits = logits.rearrange((token, config.Experts))
         chosen, weights, carried = self._select(logits.array, mesh if split else None)
 

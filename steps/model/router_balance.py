@@ -61,14 +61,22 @@ ExcessBin = Axis("excess_bin", GRID.size)
 """The histogram's points, one per `GRID` value; an excess past either end counts at that end."""
 
 
+def router_dtype(dtype: Any) -> Any:
+    """The precision the router computes in for values of `dtype`: at least f32 (bf16 compute rounds the router's
+    logits and the excess masses too coarsely), f64 under a float64 policy (tests compare update rules there)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def excess_histogram(excess: jax.Array) -> jax.Array:
-    """Masses (experts, points) of `excess` (tokens, experts) at the `GRID` points, as f32: each excess shared
-    between the two points around it, linearly (module docstring); each token adds 1 per expert.
+    """Masses (experts, points) of `excess` (tokens, experts) at the `GRID` points, in at least f32 (`router_dtype`):
+    each excess shared between the two points around it, linearly (module docstring); each token adds 1 per
+    expert.
 
     The points around an excess are found by inverting the grid (asinh), so the cost is two sums per token and
     expert; over tokens split across devices that is a local sum and an all-reduce."""
-    grid = jnp.asarray(GRID, jnp.float32)
-    values = jnp.clip(excess.astype(jnp.float32), grid[0], grid[-1])
+    dtype = router_dtype(excess.dtype)
+    grid = jnp.asarray(GRID, dtype)
+    values = jnp.clip(excess.astype(dtype), grid[0], grid[-1])
     position = jnp.arcsinh(values / GRID_SCALE) / GRID_STEP + GRID_HALF
     lower = jnp.clip(jnp.floor(position).astype(jnp.int32), 0, GRID.size - 2)
     upper_share = jnp.clip((values - grid[lower]) / (grid[lower + 1] - grid[lower]), 0.0, 1.0)
@@ -77,7 +85,7 @@ def excess_histogram(excess: jax.Array) -> jax.Array:
     length = experts * ExcessBin.size
     masses = jnp.bincount(cell, weights=(1.0 - upper_share).reshape(-1), length=length)
     masses = masses + jnp.bincount(cell + 1, weights=upper_share.reshape(-1), length=length)
-    return masses.reshape(experts, -1).astype(jnp.float32)
+    return masses.reshape(experts, -1).astype(dtype)
 
 
 def excess_quantile(histogram: jax.Array, q: float) -> jax.Array:
@@ -97,7 +105,7 @@ def excess_quantile(histogram: jax.Array, q: float) -> jax.Array:
     reached = jnp.sum(cumulative < target[..., None], axis=-1)  # the first grid point with enough mass
     lower, upper = jnp.clip(reached - 1, 0, GRID.size - 1), jnp.clip(reached, 0, GRID.size - 1)
     below, above = (jnp.take_along_axis(cumulative, index[..., None], axis=-1)[..., 0] for index in (lower, upper))
-    grid = jnp.asarray(GRID, jnp.float32)
+    grid = jnp.asarray(GRID, router_dtype(histogram.dtype))
     fraction = jnp.where(above > below, (target - below) / jnp.where(above > below, above - below, 1), 0)
     quantile = grid[lower] + (grid[upper] - grid[lower]) * fraction
     return jnp.where(total > 0, quantile, 0)
@@ -121,12 +129,13 @@ class RouterBalance(hq.CustomGradientAccumulation):
         return RouterBalance(hax.zeros(experts), hax.zeros(experts), hax.zeros((experts, ExcessBin)), top_k)
 
     def routing_bias(self) -> NamedArray:
-        """The bias the next batch is routed by (f32): `bias` moved by the last batch's excess quantiles (of each
-        layer, for a state stacked over layers)."""
-        excess = self.excess.rearrange((*self.bias.axes, ExcessBin)).array.astype(jnp.float32)
+        """The bias the next batch is routed by (in at least f32, `router_dtype`): `bias` moved by the last batch's
+        excess quantiles (of each layer, for a state stacked over layers)."""
+        dtype = router_dtype(self.bias.dtype)
+        excess = self.excess.rearrange((*self.bias.axes, ExcessBin)).array.astype(dtype)
         quantile = excess_quantile(excess, 1.0 - self.top_k / self.bias.axes[-1].size)  # experts last, as built
         shift = quantile - jnp.mean(quantile, axis=-1, keepdims=True)
-        return hax.named(self.bias.array.astype(jnp.float32) - shift, self.bias.axes)
+        return hax.named(self.bias.array.astype(dtype) - shift, self.bias.axes)
 
     def counted(self, bias: NamedArray, load: jax.Array, excess: jax.Array | None) -> RouterBalance:
         """The state a batch routed by `bias` leaves: its `load` (experts,) and `excess` histogram (None:

@@ -143,15 +143,15 @@ def apart_optimizer(name: str) -> OptimizerConfig:
 
 def run_apart(optimizer_name: str, dtype: str) -> dict:
     """Each microbatch count's 20 steps run apart from one initial state, dropless and with capacity 1.15, in
-    `dtype`: "float64" (master weights and compute; the router's logits and excess histogram stay f32, as the model
-    computes them) or "float32" (the train step's own policy): per capacity and count other than 1, each step's loss
-    and routing bias against the whole batch's (absolute differences).
+    `dtype`: "float64" (master weights and compute, the router included: it computes in at least f32,
+    `router_dtype`; Levanter reports the loss in f32) or "float32" (the train step's own policy): per capacity and
+    count other than 1, each step's loss and routing bias against the whole batch's (absolute differences).
 
     Float64 because the comparison is of the update rule, not of f32 rounding: in f32 the gradient's sum over
     tokens is grouped per pass, and over 20 steps that noise compounds (Adam's normalised update amplifies it
     where a gradient is near zero) until a near-tied top-k choice flips (docs/training.md, "Microbatches and the
-    whole batch"). A rule that made a step depend on its passes (the quantile of each microbatch averaged, as
-    before the histograms) moves a float64 run apart as much as an f32 one."""
+    whole batch"). A rule that made a step depend on its passes moves a float64 run apart all the same (the last
+    microbatch's histogram kept in place of the sum: the bias 0.27 apart at the first step)."""
     optimizer = apart_optimizer(optimizer_name).build(APART_STEPS)
     policy = RouterStatePolicy(jnp.float64, jnp.float64, jnp.float64) if dtype == "float64" else None
     examples = batches(APART_STEPS)

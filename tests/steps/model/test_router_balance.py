@@ -221,11 +221,11 @@ def test_20_steps_in_2_4_and_8_microbatches_train_as_the_whole_batch(optimizer: 
     """Each microbatch count's 20 steps run apart from one initial state (tests/support/router_microbatch_run.py's
     `run_apart`: one device, balancing on, dropless and with capacity 1.15), in float64 so that what is compared is
     the update rule, not f32 rounding: at 2, 4 and 8 passes every step's loss is the whole batch's within 1e-5 and
-    its routing bias within 1e-5 of the bias's scale (as above). What is left (up to 5e-6 of loss, 8e-6 of bias) is
-    the model's own f32 parts, the router's logits and histogram, and it does not grow over the 20 steps. A rule
-    that depended on the passes moves these runs apart (the last microbatch's histogram kept in place of the sum:
-    the bias 0.27 apart at the first step); in f32 the same runs drift by rounding alone, a near-tied top-k or
-    capacity choice flipping within 1 to 13 steps (docs/training.md, "Microbatches and the whole batch")."""
+    its routing bias within 1e-5 of the bias's scale (as above). What is left is up to 5e-6 of loss (Levanter reports
+    the loss in f32) and of bias, at any of the 20 steps. A rule that depended on the passes moves these runs apart
+    (the last microbatch's histogram kept in place of the sum: the bias 0.27 apart at the first step); in f32 the
+    same runs drift by rounding alone, a near-tied top-k or capacity choice flipping within 1 to 13 steps
+    (docs/training.md, "Microbatches and the whole batch")."""
     result = microbatch_run("apart", optimizer)
     assert result["optimizer"] == optimizer
     assert result["weight_dtypes"] == ["float64"]
