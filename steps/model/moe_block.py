@@ -119,8 +119,8 @@ class MoeBlock(Qwen3MoeSparseMoeBlock):
         )
 
     def _select(self, logits: jax.Array, mesh: Any = None) -> tuple[jax.Array, jax.Array, RouterBalance]:
-        """(chosen experts (tokens, K), gate weights (tokens, K), the router state this batch leaves) from f32
-        logits (tokens, E).
+        """(chosen experts (tokens, K), gate weights (tokens, K), the router state this batch leaves) from
+        logits (tokens, E) in at least f32 (`router_dtype`).
 
         Top-k runs on each device's own tokens and the excess histogram only counts over tokens, so under
         expert parallelism no collective carries the logits (tokens x experts)."""

@@ -19,11 +19,11 @@ devices (an all-reduce of E x 257 numbers; no logit moves). Each excess is share
 it, in proportion to its distance from each (linear, "cloud-in-cell" deposition), so the histogram, its piecewise-
 linear CDF and the quantile read from it move continuously with the excesses: an excess that crosses a grid point by
 a rounding error moves the next bias by about as much. (Counting each excess whole in its bin made the bias jump by
-a share of a bin's width there.) The masses are f32 sums, equal over any split of the batch up to the order of
-additions. The quantile is read from the whole batch's histogram, where its CDF reaches the quantile's share, when
-the next step routes. The grid is fine where a balanced expert's quantile lies, near 0 (1e-4 apart), and coarse far
-out (10% of the offset), where a far-off quantile moves the bias a long way and the next step refines it: `GRID =
-1e-3 x sinh(0.1 j)`, j = -128..128, reaching +-181.
+a share of a bin's width there.) The masses are f32 sums (`router_dtype`: f64 under a float64 policy), equal over
+any split of the batch up to the order of additions. The quantile is read from the whole batch's histogram, where
+its CDF reaches the quantile's share, when the next step routes. The grid is fine where a balanced expert's quantile
+lies, near 0 (1e-4 apart), and coarse far out (10% of the offset), where a far-off quantile moves the bias a long
+way and the next step refines it: `GRID = 1e-3 x sinh(0.1 j)`, j = -128..128, reaching +-181.
 
 **The carried state** (`RouterBalance`, one per layer): the bias the last batch was routed by, that batch's
 histogram and expert loads. `routing_bias()` is the bias the next batch is routed by (the update applied),
@@ -34,7 +34,8 @@ folding microbatches adds histograms and loads and keeps the bias, the same in e
 
 **Precision.** Levanter casts the model to the compute dtype inside the loss, so under bf16 the gradient that
 carries the masses would round them past 256 (and the bias to three digits); `RouterStatePolicy`, the train
-step's policy, keeps this state in f32 while it casts the weights.
+step's policy, keeps this state in f32 while it casts the weights; the router's logits and this arithmetic run in
+at least f32 (`router_dtype`), in f64 under a float64 policy (where tests compare the update rule itself).
 
 **Cost.** Two grid positions and two weighted bincounts per token, expert and layer: less than the 32 counting
 rounds of the exact quantile it replaces, and an E x 257 state per layer.
