@@ -156,6 +156,7 @@ def run_apart(optimizer_name: str, dtype: str) -> dict:
     policy = RouterStatePolicy(jnp.float64, jnp.float64, jnp.float64) if dtype == "float64" else None
     examples = batches(APART_STEPS)
     result: dict = {"optimizer": optimizer_name, "routings": {}}
+    weight_dtypes: set[str] = set()  # of every run's weights
     with tempfile.TemporaryDirectory(prefix="router-microbatch-apart-") as scratch:
         mesh = trainer_mesh(None, SHAPE, DEVICES)
         for capacity in APART_CAPACITIES:
@@ -169,8 +170,8 @@ def run_apart(optimizer_name: str, dtype: str) -> dict:
                 with trainer:
                     state = trainer.initial_state(jax.random.PRNGKey(1), model_init=functools.partial(
                         model_config.build, Vocab, key=jax.random.PRNGKey(0)))  # fmt: skip
-                    result["weight_dtypes"] = sorted({str(leaf.dtype) for leaf in jax.tree.leaves(state.model)
-                                                      if isinstance(leaf, jax.Array)})  # fmt: skip
+                    weight_dtypes.update(str(leaf.dtype) for leaf in jax.tree.leaves(state.model)
+                                         if isinstance(leaf, jax.Array))  # fmt: skip
                     losses, biases = [], []
                     for example in examples:
                         info = trainer.train_step(state, hax.shard(example, trainer.compute_axis_mapping))
@@ -187,6 +188,7 @@ def run_apart(optimizer_name: str, dtype: str) -> dict:
                                        in zip(losses, whole_losses, biases, whole_biases, strict=True)]
                           for count, (losses, biases) in runs.items() if count != 1},
             }  # fmt: skip
+    result["weight_dtypes"] = sorted(weight_dtypes)
     return result
 
 
